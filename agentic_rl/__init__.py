@@ -1,0 +1,69 @@
+"""agentic_rl: an async, single-process agentic-RL rollout engine on colocated, in-process vLLM engines."""
+
+import logging
+
+from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.environments.base import Environment, Sample, StepResult
+from agentic_rl.environments.tool_env import ToolEnvironment
+from agentic_rl.errors import (
+    AgenticRLError,
+    ConfigError,
+    EngineError,
+    EnvStepError,
+    ModelError,
+    RewardError,
+    TemplateError,
+    ToolError,
+    TrajectoryError,
+)
+from agentic_rl.models import DEFAULT_MODEL, resolve_model
+from agentic_rl.parser import ToolCall, ToolCallError, parse_tool_calls
+from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
+from agentic_rl.rollout.rewards import gsm8k_reward
+from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.tokens import AlignmentReport, ChatRenderer, check_alignment
+from agentic_rl.rollout.wrapper import BaseEngineWrapper, ToolAgentEngineWrapper
+from agentic_rl.tools.base import StatefulTool, Tool
+from agentic_rl.tools.calculator import CalculatorTool
+from agentic_rl.types import Step, StepTrajectory, Trajectory
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "AgenticRLError",
+    "AlignmentReport",
+    "BaseEngineWrapper",
+    "CalculatorTool",
+    "ChatRenderer",
+    "ConfigError",
+    "Engine",
+    "EngineError",
+    "EnvStepError",
+    "Environment",
+    "Generation",
+    "HarnessConfig",
+    "ModelError",
+    "RewardError",
+    "Sample",
+    "StatefulTool",
+    "Step",
+    "StepResult",
+    "StepTrajectory",
+    "TemplateError",
+    "TerminationReason",
+    "Tool",
+    "ToolAgentEngineWrapper",
+    "ToolCall",
+    "ToolCallError",
+    "ToolEnvironment",
+    "ToolError",
+    "Trajectory",
+    "TrajectoryError",
+    "check_alignment",
+    "gsm8k_reward",
+    "parse_tool_calls",
+    "resolve_model",
+    "run_tasks",
+    "run_trajectory",
+]
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())

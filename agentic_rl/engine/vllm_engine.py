@@ -1,0 +1,332 @@
+"""vLLM running inside the caller's process, driven from the event loop by one engine thread.
+
+Why a thread around the synchronous `vllm.LLM` and not `AsyncLLM`: `AsyncLLM` always runs its engine core in a
+separate process, so weights could only reach it through files or serialized RPC. `vllm.LLM` with
+`VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the model in this process, so weight sync can hand over tensors
+directly. One thread builds the `LLM` (building it on the thread that steps it was ~30% faster here) and loops:
+take queued requests and control calls, then run one `LLMEngine.step()`. Each request resolves a
+`concurrent.futures.Future` that the awaiting coroutine wraps, so any number of trajectories share the engine's
+continuous batching.
+
+This module needs the asyncio backend of anyio (uvloop included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+
+from agentic_rl.engine.base import Generation
+from agentic_rl.errors import ConfigError, EngineError
+
+__all__ = ["VLLMEngine", "VLLMEngineConfig"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_ADD, _ABORT, _CALL, _STOP = "add", "abort", "call", "stop"
+
+
+@dataclass(slots=True)
+class VLLMEngineConfig:
+    """Options for building the in-process vLLM engine.
+
+    Attributes:
+        model: path of a local Hugging Face model folder.
+        dtype: weight and activation dtype (`bfloat16`, `float32`, `auto`).
+        max_model_len: model window in tokens (prompt + response).
+        kv_cache_gib: KV-cache size in GiB on the CPU (vLLM's `kv_cache_memory_bytes`); ignored on accelerators,
+            which use `gpu_memory_utilization`.
+        gpu_memory_utilization: fraction of accelerator memory vLLM may take.
+        enforce_eager: skip torch.compile / graph capture (faster start-up, ~10% lower throughput).
+        seed: engine seed.
+        max_num_seqs: most sequences batched in one engine step.
+        enable_prefix_caching: reuse KV blocks of shared prompt prefixes (every turn re-sends its history).
+        logprobs_mode: vLLM's `logprobs_mode`: `raw_logprobs` (before temperature / top-p) or
+            `processed_logprobs` (of the distribution actually sampled from).
+        engine_kwargs: any further `vllm.LLM` keyword arguments.
+    """
+
+    model: str | Path
+    dtype: str = "bfloat16"
+    max_model_len: int = 4096
+    kv_cache_gib: float = 1.0
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = True
+    seed: int = 0
+    max_num_seqs: int = 256
+    enable_prefix_caching: bool = True
+    logprobs_mode: str = "raw_logprobs"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 16:
+            raise ConfigError(f"max_model_len must be >= 16, got {self.max_model_len}")
+        if self.kv_cache_gib <= 0:
+            raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+
+def _on_accelerator() -> bool:
+    import torch
+
+    if torch.cuda.is_available():
+        return True
+    from ascend.platform import npu_available
+
+    return npu_available()
+
+
+def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "model": str(config.model),
+        "dtype": config.dtype,
+        "max_model_len": config.max_model_len,
+        "enforce_eager": config.enforce_eager,
+        "seed": config.seed,
+        "max_num_seqs": config.max_num_seqs,
+        "enable_prefix_caching": config.enable_prefix_caching,
+        "logprobs_mode": config.logprobs_mode,
+    }
+    if _on_accelerator():
+        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    else:
+        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * (1 << 30))
+    kwargs.update(config.engine_kwargs)
+    return kwargs
+
+
+def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
+    """The logprob of each sampled token, from vLLM's per-position logprob containers."""
+    if logprobs is None:
+        return [0.0] * len(token_ids)
+    starts = getattr(logprobs, "start_indices", None)
+    if starts is not None:  # FlatLogprobs: primitive lists, the sampled token is among each position's entries
+        ends, ids, values = logprobs.end_indices, logprobs.token_ids, logprobs.logprobs
+        out = []
+        for pos, tok in enumerate(token_ids):
+            for j in range(starts[pos], ends[pos]):
+                if ids[j] == tok:
+                    out.append(values[j])
+                    break
+            else:
+                raise EngineError(f"engine returned no logprob for sampled token {tok} at position {pos}")
+        return out
+    return [position[tok].logprob for tok, position in zip(token_ids, logprobs, strict=True)]
+
+
+class VLLMEngine:
+    """An in-process vLLM engine that many coroutines can await at once.
+
+    Use as `async with VLLMEngine(config) as engine:` or call `start()` / `close()`.
+
+    Raises:
+        EngineError: from `generate` when the engine is not started, was closed, failed, or rejected the request.
+    """
+
+    def __init__(self, config: VLLMEngineConfig) -> None:
+        self.config = config
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._ready: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._ids = itertools.count()
+        self._max_model_len = config.max_model_len
+        self._dead: BaseException | None = None
+        self._closed = False
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def start(self) -> None:
+        """Build the engine on its own thread and wait until it accepts requests.
+
+        Raises:
+            EngineError: if vLLM fails to build the engine.
+        """
+        self._launch()
+        try:
+            self._max_model_len = await asyncio.wrap_future(self._ready)
+        except Exception as exc:
+            raise EngineError(f"vLLM engine failed to start for {self.config.model}: {exc}") from exc
+        logger.info("vLLM engine ready: %s, max_model_len=%d", self.config.model, self._max_model_len)
+
+    def start_sync(self) -> None:
+        """Like `start()`, blocking the calling thread until the engine is ready (for synchronous set-up code)."""
+        self._launch()
+        try:
+            self._max_model_len = self._ready.result()
+        except Exception as exc:
+            raise EngineError(f"vLLM engine failed to start for {self.config.model}: {exc}") from exc
+        logger.info("vLLM engine ready: %s, max_model_len=%d", self.config.model, self._max_model_len)
+
+    def _launch(self) -> None:
+        if self._thread is not None:
+            raise EngineError("engine already started")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self._thread = threading.Thread(target=self._run, name="agentic-rl-engine", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        """Stop the engine thread and free the model; pending requests fail with EngineError. Idempotent."""
+        if self._closed or self._thread is None:
+            self._closed = True
+            return
+        self._closed = True
+        self._inbox.put((_STOP,))
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._thread.join)
+
+    async def __aenter__(self) -> VLLMEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _check_alive(self) -> None:
+        if self._thread is None or not self._ready.done():
+            raise EngineError("engine not started: call `await engine.start()` first")
+        if self._closed:
+            raise EngineError("engine is closed")
+        if self._dead is not None:
+            raise EngineError(f"engine failed earlier: {self._dead}")
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
+        """Sample a continuation of `prompt_ids`; see `Engine.generate`.
+
+        `sampling` takes `vllm.SamplingParams` keyword arguments. The engine always records the sampled token's
+        logprob and skips detokenization unless stop strings need it. Cancelling the awaiting task aborts the
+        request in the engine.
+        """
+        self._check_alive()
+        request_id = str(next(self._ids))
+        result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
+        self._inbox.put((_ADD, request_id, list(prompt_ids), dict(sampling), result))
+        try:
+            return await asyncio.wrap_future(result)
+        finally:
+            if not result.done() or result.cancelled():
+                self._inbox.put((_ABORT, request_id))
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """Run `fn(llm)` on the engine thread between two engine steps and return its result.
+
+        In-flight requests stay queued and continue afterwards; this is how weights are swapped in place.
+
+        Raises:
+            EngineError: if the engine is not running or `fn` raised (chained).
+        """
+        self._check_alive()
+        result: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._inbox.put((_CALL, fn, result))
+        try:
+            return await asyncio.wrap_future(result)
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"engine call {getattr(fn, '__name__', fn)!r} failed: {exc}") from exc
+
+    # ---- engine thread -------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            from vllm import LLM
+
+            llm = LLM(**_llm_kwargs(self.config))
+        except BaseException as exc:  # surfaces in start(); the thread ends
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(int(llm.llm_engine.model_config.max_model_len))
+        pending: dict[str, concurrent.futures.Future[Generation]] = {}
+        try:
+            self._loop(llm, pending)
+        except BaseException as exc:
+            logger.exception("vLLM engine thread failed")
+            self._dead = exc
+        finally:
+            self._fail_all(pending, EngineError("engine closed" if self._dead is None else f"engine failed: {self._dead}"))
+            del llm
+
+    def _loop(self, llm: Any, pending: dict[str, concurrent.futures.Future[Generation]]) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine = llm.llm_engine
+        while True:
+            block = not engine.has_unfinished_requests()
+            while True:
+                try:
+                    command = self._inbox.get(block=block)
+                except queue.Empty:
+                    break
+                block = False
+                kind = command[0]
+                if kind == _STOP:
+                    return
+                if kind == _ADD:
+                    _, request_id, prompt_ids, sampling, result = command
+                    if not result.set_running_or_notify_cancel():
+                        continue
+                    try:
+                        if sampling.get("stop"):
+                            sampling.setdefault("detokenize", True)
+                        sampling.setdefault("detokenize", False)
+                        sampling.setdefault("logprobs", 0)
+                        params = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **sampling)
+                        engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+                    except Exception as exc:  # a bad request fails alone
+                        result.set_exception(EngineError(f"request rejected by vLLM: {exc}"))
+                        continue
+                    pending[request_id] = result
+                elif kind == _ABORT:
+                    if pending.pop(command[1], None) is not None:
+                        engine.abort_request([command[1]])
+                elif kind == _CALL:
+                    _, fn, result = command
+                    if result.set_running_or_notify_cancel():
+                        try:
+                            result.set_result(fn(llm))
+                        except Exception as exc:
+                            result.set_exception(exc)
+            if not engine.has_unfinished_requests():
+                continue
+            for output in engine.step():
+                if not output.finished:
+                    continue
+                result = pending.pop(output.request_id, None)
+                if result is None:
+                    continue
+                completion = output.outputs[0]
+                token_ids = list(completion.token_ids)
+                try:
+                    generation = Generation(
+                        token_ids=token_ids,
+                        logprobs=_sampled_logprobs(token_ids, completion.logprobs),
+                        finish_reason=completion.finish_reason or "abort",
+                        stop_reason=completion.stop_reason,
+                    )
+                except Exception as exc:
+                    result.set_exception(EngineError(f"could not read engine output: {exc}"))
+                    continue
+                result.set_result(generation)
+
+    @staticmethod
+    def _fail_all(pending: dict[str, concurrent.futures.Future[Generation]], exc: EngineError) -> None:
+        for result in pending.values():
+            if not result.done():
+                result.set_exception(exc)
+        pending.clear()

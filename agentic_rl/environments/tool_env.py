@@ -1,0 +1,180 @@
+"""An environment that executes the tool calls of each assistant turn and ends on a turn without one."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from agentic_rl.environments.base import Environment, Sample, StepResult
+from agentic_rl.errors import ConfigError, EnvStepError, ToolError
+from agentic_rl.parser import ToolCall, parse_tool_calls
+from agentic_rl.tools.base import StatefulTool, Tool
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "ToolEnvironment"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant that solves problems step by step. "
+    "Use the tools when they help; give the final answer as a number on the last line."
+)
+
+_TOOL_PROMPT = """
+
+You can call functions. Their signatures, as JSON, are:
+{schemas}
+
+To call a function, write exactly:
+<tool_call>
+{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}
+</tool_call>
+You may make several calls in one reply; each result comes back in a tool message. When you have the answer, reply
+without a tool call."""
+
+MAX_OBSERVATION_CHARS = 8192
+
+
+def tools_system_prompt(base: str, schemas: Sequence[dict[str, Any]]) -> str:
+    """A system prompt describing `schemas` in the Hermes format, for chat templates without `tools` support."""
+    if not schemas:
+        return base
+    listed = "\n".join(json.dumps(schema["function"], ensure_ascii=False) for schema in schemas)
+    return base + _TOOL_PROMPT.format(schemas=listed)
+
+
+class ToolEnvironment(Environment):
+    """Runs the `<tool_call>` blocks of the latest assistant message and returns one tool message per call.
+
+    A turn with no tool call is the final answer and ends the trajectory. Malformed calls (invalid JSON, no name,
+    unknown tool, non-object arguments) and failing or slow tools come back to the model as error text.
+
+    Args:
+        tools: the tools offered; names must be unique.
+        system_prompt: the system message; tool descriptions are appended when `tools_in_system_prompt`.
+        tools_in_system_prompt: describe the tools in the system prompt (for chat templates that ignore the
+            `tools` argument). When False, tools reach the model only through the template's `tools` argument.
+        max_observation_chars: each tool result is cut to this many characters, with a marker.
+        max_tool_threads: most synchronous tool calls running at once in worker threads.
+
+    Raises:
+        ConfigError: if two tools share a name or a tool has no name.
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[Tool],
+        *,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        tools_in_system_prompt: bool = True,
+        max_observation_chars: int = MAX_OBSERVATION_CHARS,
+        max_tool_threads: int = 16,
+    ) -> None:
+        self.tools: dict[str, Tool] = {}
+        for tool in tools:
+            if not tool.name:
+                raise ConfigError(f"tool {type(tool).__name__} has no name")
+            if tool.name in self.tools:
+                raise ConfigError(f"two tools are named {tool.name!r}")
+            self.tools[tool.name] = tool
+        self.system_prompt = system_prompt
+        self.tools_in_system_prompt = tools_in_system_prompt
+        self.max_observation_chars = max_observation_chars
+        self._thread_limiter = anyio.CapacityLimiter(max_tool_threads)
+        self._sessions: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        return [tool.schema for tool in self.tools.values()]
+
+    async def reset(self, request: dict[str, Any]) -> Sample:
+        question = request.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise EnvStepError("task needs a non-empty 'question' string")
+        system = self.system_prompt
+        if self.tools_in_system_prompt:
+            system = tools_system_prompt(system, self.schemas)
+        messages = [{"role": "user", "content": question}]
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
+        sample_id = str(request.get("trajectory_id", request.get("id", "")))
+        return Sample(id=sample_id, task=request, messages=messages, tools=self.schemas)
+
+    async def step(self, sample: Sample) -> StepResult:
+        if not sample.messages or sample.messages[-1]["role"] != "assistant":
+            raise EnvStepError("step() needs the latest message to be the assistant's")
+        calls = parse_tool_calls(sample.messages[-1]["content"])
+        if not calls:
+            return StepResult([], True, {"tool_calls": 0, "tool_errors": 0, "well_formed_calls": 0})
+        observation = []
+        errors = 0
+        for call in calls:
+            if isinstance(call, ToolCall):
+                ok, text = await self._run_call(sample, call)
+            else:
+                ok, text = False, f"Error: {call.message}"
+            errors += not ok
+            observation.append({"role": "tool", "content": self._cap(text)})
+        well_formed = sum(isinstance(c, ToolCall) for c in calls)
+        info = {"tool_calls": len(calls), "tool_errors": errors, "well_formed_calls": well_formed}
+        return StepResult(observation, False, info)
+
+    async def close(self, sample: Sample) -> None:
+        with self._lock:
+            names = self._sessions.pop(sample.id, set())
+        for name in names:
+            tool = self.tools[name]
+            assert isinstance(tool, StatefulTool)
+            try:
+                with anyio.move_on_after(tool.timeout_s), anyio.CancelScope(shield=True):
+                    await self._invoke(tool.session_end, sample.id)
+            except Exception:
+                logger.exception("session_end of tool %s failed for trajectory %s", name, sample.id)
+
+    def _cap(self, text: str) -> str:
+        if len(text) <= self.max_observation_chars:
+            return text
+        cut = len(text) - self.max_observation_chars
+        return text[: self.max_observation_chars] + f"\n...[truncated {cut} characters]"
+
+    async def _invoke(self, fn: Any, *args: Any) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args)
+        return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=self._thread_limiter)
+
+    async def _run_call(self, sample: Sample, call: ToolCall) -> tuple[bool, str]:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(self.tools)) or "none"
+            return False, f"Error: unknown tool {call.name!r}; available tools: {known}"
+        try:
+            with anyio.fail_after(tool.timeout_s):
+                if isinstance(tool, StatefulTool):
+                    await self._ensure_session(sample.id, tool)
+                    result = await self._invoke(tool.execute_session, sample.id, call.arguments)
+                else:
+                    result = await self._invoke(tool.execute, call.arguments)
+        except TimeoutError:
+            return False, f"Error: tool {call.name!r} timed out after {tool.timeout_s:g} s"
+        except ToolError as exc:
+            return False, f"Error: {exc}"
+        except Exception as exc:  # a broken tool is reported to the model, never fatal to the trajectory
+            logger.warning("tool %s raised %s: %s", call.name, type(exc).__name__, exc)
+            return False, f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+        if not isinstance(result, str):
+            result = json.dumps(result, ensure_ascii=False, default=str)
+        return True, result
+
+    async def _ensure_session(self, sample_id: str, tool: StatefulTool) -> None:
+        with self._lock:
+            started = self._sessions.setdefault(sample_id, set())
+            if tool.name in started:
+                return
+            started.add(tool.name)
+        await self._invoke(tool.session_start, sample_id)

@@ -1,0 +1,67 @@
+"""Exceptions raised by agentic_rl.
+
+Hierarchy::
+
+    AgenticRLError
+    ├── ConfigError (also ValueError)      a parameter, task or config value is out of range or of the wrong type
+    │   └── TrajectoryError                a trajectory record is inconsistent (lengths, NaN/Inf values)
+    ├── ModelError                          a model name cannot be resolved into a local Hugging Face folder
+    ├── TemplateError                       a chat template cannot be used for exact token bookkeeping
+    ├── EngineError                         the inference engine failed, or was used before start / after close
+    ├── ToolError                           a tool failed while executing (turned into error text for the model)
+    ├── EnvStepError                        an environment's reset/step failed (fails that trajectory only)
+    └── RewardError                         a reward function failed or returned a non-finite value
+
+Expected outcomes are not exceptions: a malformed tool call is error text for the model, a full context window
+is a termination reason of the trajectory.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgenticRLError",
+    "ConfigError",
+    "EngineError",
+    "EnvStepError",
+    "ModelError",
+    "RewardError",
+    "TemplateError",
+    "ToolError",
+    "TrajectoryError",
+]
+
+
+class AgenticRLError(Exception):
+    """Root of every exception raised on purpose by agentic_rl."""
+
+
+class ConfigError(AgenticRLError, ValueError):
+    """Raised when a parameter, task or config value is out of range or of the wrong type."""
+
+
+class TrajectoryError(ConfigError):
+    """Raised when a trajectory record is inconsistent: mismatched lengths, NaN or Inf values."""
+
+
+class ModelError(AgenticRLError):
+    """Raised when a model name or path cannot be turned into a local Hugging Face folder."""
+
+
+class TemplateError(AgenticRLError):
+    """Raised when a chat template renders in a way exact token bookkeeping cannot follow."""
+
+
+class EngineError(AgenticRLError):
+    """Raised when the inference engine fails, or is used before `start()` or after `close()`."""
+
+
+class ToolError(AgenticRLError):
+    """Raised inside a tool when it cannot complete; the environment turns it into error text."""
+
+
+class EnvStepError(AgenticRLError):
+    """Raised when an environment's `reset` or `step` fails; only that trajectory fails."""
+
+
+class RewardError(AgenticRLError):
+    """Raised when a reward function fails or returns a non-finite value."""

