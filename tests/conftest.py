@@ -1,0 +1,72 @@
+"""Shared fixtures: the real SmolLM2 model, its tokenizer and one in-process vLLM engine per test session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import anyio  # noqa: E402
+import pytest  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+QWEN25_TEMPLATE = Path(__file__).parent / "fixtures" / "qwen2_5_chat_template.jinja"
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from agentic_rl.models import DEFAULT_MODEL, resolve_model
+
+    return resolve_model(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(model_dir: Path) -> Any:
+    """SmolLM2's tokenizer carrying Qwen2.5's chat template (tools in the system turn, tool results as user turns)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok.chat_template = QWEN25_TEMPLATE.read_text()
+    return tok
+
+
+@pytest.fixture(scope="session")
+def engine(model_dir: Path) -> Iterator[Any]:
+    """One real in-process vLLM engine (CPU build) on SmolLM2-135M-Instruct, shared by the whole session."""
+    from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+    eng = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=2048, kv_cache_gib=0.5, dtype="bfloat16"))
+    eng.start_sync()
+    yield eng
+    anyio.run(eng.close)
+
+
+@pytest.fixture
+def gsm8k_rows() -> list[dict[str, Any]]:
+    import json
+
+    path = DATA_DIR / "gsm8k_test.jsonl"
+    if not path.is_file():
+        pytest.skip(f"shared data not found at {path}")
+    with path.open() as f:
+        return [json.loads(line) for _, line in zip(range(64), f)]
+
+
+@pytest.fixture
+def make_task():
+    def make(i: int = 0, question: str = "What is 12 * 7? Use the calculator.", ground_truth: str = "84") -> dict:
+        return {"id": i, "question": question, "ground_truth": ground_truth}
+
+    return make
