@@ -1,0 +1,54 @@
+"""The `agentic-rl rollout` command end to end, in a subprocess, on the real engine and real GSM8K rows."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from agentic_rl.cli import load_tasks
+
+
+@pytest.mark.slow
+def test_rollout_command_writes_trajectories_and_summary(tmp_path, gsm8k_rows, model_dir):
+    data = tmp_path / "tasks.jsonl"
+    rows = [json.dumps(r) for r in gsm8k_rows[:3]] + [json.dumps({"answer": "#### 3"})]  # last row has no question
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agentic_rl.cli", "rollout", "--model", str(model_dir), "--data", str(data),
+           "--limit", "10", "--n-parallel", "4", "--max-tokens", "48", "--max-response-length", "256",
+           "--kv-cache-gib", "0.25", "--output-dir", str(out), "--no-progress"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "token-alignment mismatches" in proc.stdout
+
+    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [r["idx"] for r in records] == [0, 1, 2, 3]
+    for r in records[:3]:
+        assert not r["failed"], r["error"]
+        assert len(r["response_ids"]) == len(r["response_mask"]) == len(r["response_logprobs"]) > 0
+        assert r["prompt_ids"] and r["chat_completions"][-1]["role"] == "assistant"
+        assert r["termination_reason"] in {"env_done", "truncated", "context_limit", "max_steps"}
+        assert r["metrics"]["alignment_mismatches"] == 0
+    assert records[3]["failed"] and records[3]["termination_reason"] == "invalid_task"
+    assert "question" in records[3]["error"]
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tasks"] == 4 and summary["failed"] == 1
+    assert summary["alignment_mismatches"] == 0
+    assert summary["generated_tokens"] == sum(sum(r["response_mask"]) for r in records)
+
+
+def test_load_tasks_maps_gsm8k_rows_and_names_bad_lines(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"question": "q1", "answer": "x #### 5"}\n\n{"id": "a", "question": "q2", "ground_truth": "7"}\n')
+    assert load_tasks(path) == [
+        {"question": "q1", "answer": "x #### 5", "id": 0, "ground_truth": "x #### 5"},
+        {"id": "a", "question": "q2", "ground_truth": "7"},
+    ]
+    assert len(load_tasks(path, limit=1)) == 1
+    path.write_text('{"question": "q1"}\nnot json\n')
+    with pytest.raises(ValueError, match=":2: not valid JSON"):
+        load_tasks(path)
