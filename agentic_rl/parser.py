@@ -96,8 +96,9 @@ def parse_tool_calls(text: str) -> list[ParsedToolCall]:
         try:
             obj, end = _DECODER.raw_decode(text, start)
         except json.JSONDecodeError as exc:
-            close = text.find(TOOL_CALL_CLOSE, body_start)
-            stop = len(text) if close == -1 else close
+            # The bad call ends at its closing tag, or at the next opening tag if that comes first.
+            ends = [i for i in (text.find(TOOL_CALL_CLOSE, body_start), text.find(TOOL_CALL_OPEN, body_start)) if i != -1]
+            stop = min(ends, default=len(text))
             raw = text[body_start:stop].strip()
             detail = "empty tool call" if not raw else f"invalid JSON in tool call: {exc.msg} at offset {exc.pos - start}"
             calls.append(ToolCallError(detail, raw))

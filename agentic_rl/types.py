@@ -33,17 +33,25 @@ def default_metrics() -> dict[str, Any]:
 def _as_1d_tensor(name: str, value: Any, dtype: torch.dtype) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         try:
-            value = torch.as_tensor(value, dtype=dtype)
+            value = torch.as_tensor(value, dtype=torch.float64 if dtype.is_floating_point else None)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise TrajectoryError(f"{name} must be a 1-D tensor or a list of numbers, got {type(value).__name__}") from exc
+        if value.numel() == 0:
+            value = value.to(dtype)
     if value.dim() != 1:
         raise TrajectoryError(f"{name} must be 1-D, got shape {tuple(value.shape)}")
-    if value.is_floating_point() or value.is_complex():
+    if value.is_complex():
+        raise TrajectoryError(f"{name} must be real, got {value.dtype}")
+    if value.is_floating_point():
         finite = torch.isfinite(value)
         if not bool(finite.all()):
-            bad = int((~finite).sum())
-            raise TrajectoryError(f"{name} contains {bad} NaN or Inf value(s)")
-    return value
+            raise TrajectoryError(f"{name} contains {int((~finite).sum())} NaN or Inf value(s)")
+    if dtype.is_floating_point:
+        return value.to(dtype)
+    if value.is_floating_point():
+        if not bool((value == value.round()).all()):
+            raise TrajectoryError(f"{name} holds token ids, got non-integer values")
+    return value.to(dtype)
 
 
 @dataclass
@@ -51,7 +59,8 @@ class Trajectory:
     """One rollout of one task, as token ids ready for packing.
 
     Attributes:
-        prompt_tokens: (P,) int64, the rendered first prompt (system + user turn + generation prompt).
+        prompt_tokens: (P,) int64, the rendered first prompt (system + user turn + generation prompt). Lists and
+            integer-valued float tensors are converted to int64.
         response_tokens: (R,) int64, everything after the prompt: sampled tokens and inserted observation tokens.
         response_masks: (R,) int64, 1 where the engine sampled the token, 0 where the environment inserted it.
         idx: position of the task in the input batch.
@@ -67,8 +76,8 @@ class Trajectory:
         error: the error message of a failed trajectory.
 
     Raises:
-        TrajectoryError: if a token tensor is not 1-D, holds NaN or Inf, or the mask or logprobs length differs from
-            `response_tokens`.
+        TrajectoryError: if a token tensor is not 1-D, holds NaN, Inf or non-integer ids, the mask holds values
+            other than 0 and 1, or the mask or logprobs length differs from `response_tokens`.
     """
 
     prompt_tokens: torch.Tensor
@@ -87,6 +96,8 @@ class Trajectory:
         self.prompt_tokens = _as_1d_tensor("prompt_tokens", self.prompt_tokens, torch.long)
         self.response_tokens = _as_1d_tensor("response_tokens", self.response_tokens, torch.long)
         self.response_masks = _as_1d_tensor("response_masks", self.response_masks, torch.long)
+        if bool(((self.response_masks != 0) & (self.response_masks != 1)).any()):
+            raise TrajectoryError("response_masks must hold only 0 and 1")
         n = self.response_tokens.numel()
         if self.response_masks.numel() != n:
             raise TrajectoryError(
@@ -101,8 +112,7 @@ class Trajectory:
         reward = self.trajectory_reward
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise TrajectoryError(f"trajectory_reward must be a finite number, got {reward!r}")
-        for key, value in default_metrics().items():
-            self.metrics.setdefault(key, value)
+        self.metrics = {**default_metrics(), **self.metrics}
 
     @property
     def num_generated_tokens(self) -> int:

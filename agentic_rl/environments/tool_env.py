@@ -132,7 +132,7 @@ class ToolEnvironment(Environment):
             tool = self.tools[name]
             assert isinstance(tool, StatefulTool)
             try:
-                with anyio.move_on_after(tool.timeout_s), anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(tool.timeout_s):
                     await self._invoke(tool.session_end, sample.id)
             except Exception:
                 logger.exception("session_end of tool %s failed for trajectory %s", name, sample.id)
@@ -173,8 +173,8 @@ class ToolEnvironment(Environment):
 
     async def _ensure_session(self, sample_id: str, tool: StatefulTool) -> None:
         with self._lock:
-            started = self._sessions.setdefault(sample_id, set())
-            if tool.name in started:
+            if tool.name in self._sessions.get(sample_id, ()):
                 return
-            started.add(tool.name)
-        await self._invoke(tool.session_start, sample_id)
+        await self._invoke(tool.session_start, sample_id)  # a failure leaves the session unstarted: retried next call
+        with self._lock:
+            self._sessions.setdefault(sample_id, set()).add(tool.name)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from agentic_rl.engine.base import Engine
 from agentic_rl.errors import ConfigError
@@ -52,8 +52,8 @@ class Task(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: StrictStr | StrictInt
-    question: Annotated[StrictStr, Field(min_length=1)]
-    ground_truth: StrictStr | StrictInt | float
+    question: Annotated[StrictStr, Field(min_length=1, pattern=r"\S")]
+    ground_truth: StrictStr | StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]
 
 
 def _first_error(exc: ValidationError) -> tuple[str, Any, str]:

@@ -28,32 +28,37 @@ _BINARY = {
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
-def _digits(x: int | float) -> float:
-    """Decimal digits of |x| (a float estimate, 0 for |x| < 1)."""
+def _log10(x: int | float) -> float:
+    """log10 of |x| (Python's log10 is exact enough for huge ints); 0 for |x| < 1."""
     x = abs(x)
-    if x < 1:
-        return 0.0
-    if isinstance(x, int):
-        return x.bit_length() * math.log10(2)
-    return math.log10(x)
+    return math.log10(x) if x >= 1 else 0.0
+
+
+def _too_large() -> ToolError:
+    return ToolError(f"result too large (more than {MAX_RESULT_DIGITS} digits)")
 
 
 def _check_size(value: int | float) -> int | float:
     if isinstance(value, float) and not math.isfinite(value):
         raise ToolError("result is not a finite number")
-    if _digits(value) > MAX_RESULT_DIGITS:
-        raise ToolError(f"result too large (more than {MAX_RESULT_DIGITS} digits)")
+    if isinstance(value, int) and value.bit_length() > 4 * MAX_RESULT_DIGITS:
+        raise _too_large()  # > 1200 digits: no need to count exactly
+    if isinstance(value, int) and len(str(abs(value))) > MAX_RESULT_DIGITS:
+        raise _too_large()
+    if isinstance(value, float) and _log10(value) >= MAX_RESULT_DIGITS:
+        raise _too_large()
     return value
 
 
 def _binary(op: ast.operator, left: int | float, right: int | float) -> int | float:
+    # Refuse before computing what would clearly exceed the limit (a result of d digits has log10 >= d - 1).
     if isinstance(op, ast.Pow):
-        if _digits(left) > 0 and right > 0 and right * max(_digits(left), math.log10(abs(left))) > MAX_RESULT_DIGITS:
-            raise ToolError(f"result too large (more than {MAX_RESULT_DIGITS} digits)")
         if left == 0 and right < 0:
             raise ToolError("division by zero")
-    elif isinstance(op, ast.Mult) and _digits(left) + _digits(right) > MAX_RESULT_DIGITS + 1:
-        raise ToolError(f"result too large (more than {MAX_RESULT_DIGITS} digits)")
+        if right > 0 and right * _log10(left) >= MAX_RESULT_DIGITS:
+            raise _too_large()
+    elif isinstance(op, ast.Mult) and _log10(left) + _log10(right) >= MAX_RESULT_DIGITS:
+        raise _too_large()
     try:
         result = _BINARY[type(op)](left, right)
     except ZeroDivisionError as exc:
@@ -95,8 +100,9 @@ def evaluate_expression(expression: str) -> str:
         The value as text: integers exactly, other numbers to 10 significant digits.
 
     Raises:
-        ToolError: for names, attributes, calls or any other syntax, a too long input, division by zero, or a
-            result (or intermediate) of more than 400 digits. Checked before computing, so `9**9**9**9` fails fast.
+        ToolError: for names, attributes, calls or any other syntax, a too long input or more than 128 syntax
+            nodes, division by zero, or a result (or intermediate) of more than 400 digits. Powers and products
+            are checked before computing, so `9**9**9**9` fails fast.
     """
     if not isinstance(expression, str) or not expression.strip():
         raise ToolError("expression must be a non-empty string")
