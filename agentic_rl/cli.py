@@ -119,7 +119,7 @@ def _run_rollout(args: argparse.Namespace) -> int:
     wrapper = ToolAgentEngineWrapper(
         "cli_agent", tokenizer, sampling, args.max_prompt_length, args.max_response_length, args.n_parallel,
         args.max_steps, model=model_dir, tools=_build_tools(tool_names),
-        engine_options={"dtype": args.dtype, "kv_cache_gib": args.kv_cache_gib, "seed": args.seed},
+        engine_options={"dtype": args.dtype, "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=False,
     )  # fmt: skip
     console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}; starting the engine...")
     wrapper.initialize()

@@ -135,6 +135,10 @@ class Step:
         reward: step reward.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).
+        prompt_ids: the exact prompt ids of this step, when the trajectory is not one continuous token sequence
+            (server capture, memory that rewrites history); [] otherwise.
+        response_ids: the ids the engine sampled in this step, recorded with `prompt_ids`.
+        response_logprobs: the engine's logprobs of `response_ids` (nats).
     """
 
     chat_completions: list[dict[str, str]] = field(default_factory=list)
@@ -146,6 +150,9 @@ class Step:
     reward: float = 0.0
     done: bool = False
     mc_return: float = 0.0
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    response_logprobs: list[float] = field(default_factory=list)
 
 
 @dataclass

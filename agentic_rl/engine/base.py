@@ -18,12 +18,15 @@ class Generation:
         logprobs: log-probability (nats) of each sampled token under the engine, same length as `token_ids`.
         finish_reason: `stop` (end-of-turn token or stop string), `length` (hit `max_tokens`) or `abort`.
         stop_reason: the stop token id or stop string that ended generation, None for an end-of-sequence token.
+        top_logprobs: per position, the engine's most likely tokens `{token_id: logprob}`, when requested with
+            `sampling["logprobs"] = k > 0`; otherwise None.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     stop_reason: int | str | None = None
+    top_logprobs: list[dict[int, float]] | None = None
 
 
 @runtime_checkable

@@ -128,6 +128,11 @@ def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
     return [position[tok].logprob for tok, position in zip(token_ids, logprobs, strict=True)]
 
 
+def _top_logprobs(logprobs: Any) -> list[dict[int, float]]:
+    """Per position, `{token_id: logprob}` of the top candidates vLLM returned (plus the sampled token)."""
+    return [{tok: lp.logprob for tok, lp in position.items()} for position in logprobs]
+
+
 class VLLMEngine:
     """An in-process vLLM engine that many coroutines can await at once.
 
@@ -266,6 +271,7 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         engine = llm.llm_engine
+        top_k: dict[str, int] = {}  # requests that asked for top-k logprobs
         while True:
             block = not engine.has_unfinished_requests()
             while True:
@@ -292,7 +298,10 @@ class VLLMEngine:
                         result.set_exception(EngineError(f"request rejected by vLLM: {exc}"))
                         continue
                     pending[request_id] = result
+                    if sampling["logprobs"]:
+                        top_k[request_id] = sampling["logprobs"]
                 elif kind == _ABORT:
+                    top_k.pop(command[1], None)
                     if pending.pop(command[1], None) is not None:
                         engine.abort_request([command[1]])
                 elif kind == _CALL:
@@ -318,6 +327,7 @@ class VLLMEngine:
                         logprobs=_sampled_logprobs(token_ids, completion.logprobs),
                         finish_reason=completion.finish_reason or "abort",
                         stop_reason=completion.stop_reason,
+                        top_logprobs=_top_logprobs(completion.logprobs) if top_k.pop(output.request_id, 0) else None,
                     )
                 except Exception as exc:
                     result.set_exception(EngineError(f"could not read engine output: {exc}"))

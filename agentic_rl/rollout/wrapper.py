@@ -140,6 +140,91 @@ class BaseEngineWrapper(abc.ABC):
         self.max_response_length = args.max_response_length
         self.n_parallel_agents = args.n_parallel_agents
         self.max_steps = args.max_steps
+        self.engines: list[Engine] = []  # filled by initialize()
+        self._servings: list[Any] = []
+        self._servers: list[Any] = []
+
+    # ---- OpenAI-compatible access to the engines ------------------------------------------------------------
+
+    def _ensure_servings(self) -> list[Any]:
+        if not self._servings:
+            if not self.engines:
+                raise ConfigError("no engines yet: call initialize() first")
+            from agentic_rl.server.serving import OpenAIServing
+
+            self._servings = [OpenAIServing(e, self.tokenizer, model_name=self.agent_name) for e in self.engines]
+        return self._servings
+
+    def start_servers(self, *, host: str = "127.0.0.1", ports: Sequence[int] | None = None) -> list[str]:
+        """Serve each engine over HTTP (OpenAI API) on `host`, one port per engine (0 = a free port).
+
+        Returns:
+            `server_addresses`.
+        """
+        from agentic_rl.server.app import create_app
+        from agentic_rl.server.thread import ServerThread
+
+        if self._servers:
+            return self.server_addresses
+        servings = self._ensure_servings()
+        ports = list(ports) if ports is not None else [0] * len(servings)
+        for serving, port in zip(servings, ports, strict=True):
+            server = ServerThread(create_app(serving), host=host, port=port)
+            server.start()
+            self._servers.append(server)
+        return self.server_addresses
+
+    def stop_servers(self) -> None:
+        """Stop the HTTP servers. Idempotent."""
+        for server in self._servers:
+            server.stop()
+        self._servers.clear()
+
+    @property
+    def server_addresses(self) -> list[str]:
+        """`"IP:PORT"` of each engine's OpenAI-compatible server ([] before `start_servers`)."""
+        return [server.address for server in self._servers]
+
+    @property
+    def completions(self) -> list[Callable[[dict[str, Any]], dict[str, Any]]]:
+        """One callable per engine: `completions[i](request) -> response`, the server's logic without HTTP.
+
+        `request` is the JSON body of `/v1/completions` (with `prompt`) or `/v1/chat/completions` (with
+        `messages`); the response is the same JSON. It blocks until done; call it from synchronous code or a worker
+        thread (from async code, use `acompletions`). Invalid requests raise `RequestError` (`.status` 400/404).
+        """
+        return [self._sync_completion(i) for i in range(len(self._ensure_servings()))]
+
+    @property
+    def acompletions(self) -> list[Callable[..., Any]]:
+        """Async twins of `completions`: `await acompletions[i](request, trajectory_id=None)`."""
+        return [serving.handle for serving in self._ensure_servings()]
+
+    def _sync_completion(self, index: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        serving = self._ensure_servings()[index]
+
+        def complete(request: dict[str, Any], trajectory_id: str | None = None) -> dict[str, Any]:
+            coro = serving.handle(request, trajectory_id=trajectory_id)
+            if index < len(self._servers):
+                return self._servers[index].run_coroutine(coro)
+            import asyncio
+
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return asyncio.run(coro)
+            coro.close()
+            raise ConfigError("completions[i] blocks; inside an event loop use `await acompletions[i](request)`")
+
+        return complete
+
+    def captured_trajectory(self, trajectory_id: str, *, engine_index: int = 0, pop: bool = True) -> StepTrajectory:
+        """The trajectory recorded from calls tagged with `trajectory_id` (header `X-Trajectory-Id`).
+
+        Raises:
+            KeyError: if no call was captured under that id.
+        """
+        return self._ensure_servings()[engine_index].recorder.build(trajectory_id, pop=pop)
 
     @abc.abstractmethod
     def initialize(self) -> None:
@@ -192,6 +277,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         engine_options: extra `VLLMEngineConfig` fields (`dtype`, `kv_cache_gib`, `max_model_len`, ...).
         toolcall_weight: scale of the well-formed tool-call reward.
         check_alignment: verify each trajectory's ids against a full template re-render.
+        serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
     """
 
     def __init__(
@@ -212,6 +298,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         engine_options: dict[str, Any] | None = None,
         toolcall_weight: float = 0.1,
         check_alignment: bool = True,
+        serve: bool = True,
     ) -> None:
         super().__init__(
             agent_name, tokenizer, sampling_params, max_prompt_length, max_response_length, n_parallel_agents,
@@ -236,6 +323,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             toolcall_weight=toolcall_weight,
             check_alignment=check_alignment,
         )
+        self.serve = serve
         self.renderer: Any = None
         self.environment: Any = None
 
@@ -259,6 +347,9 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             engine.start_sync()
             logger.info("engine started in %.1f s", time.perf_counter() - t0)
             self.engine = engine
+        self.engines = [self.engine]
+        if self.serve:
+            self.start_servers()
 
     def _default_window(self) -> int:
         from transformers import AutoConfig
@@ -276,6 +367,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         )  # fmt: skip
 
     async def close(self) -> None:
-        """Stop the engine this wrapper built (an engine passed in is left running)."""
+        """Stop the servers, and the engine this wrapper built (an engine passed in is left running)."""
+        self.stop_servers()
         if self._owns_engine and self.engine is not None:
             await self.engine.close()  # type: ignore[attr-defined]
