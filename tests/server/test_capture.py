@@ -1,0 +1,115 @@
+"""Token-exact capture of multi-turn agents that only speak the OpenAI API, and the wrapper's server API."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import httpx
+import pytest
+from conftest import MODEL_NAME
+
+from agentic_rl.server.protocol import RequestError
+
+CALL = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "2 \+ 2"\}\}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "math",
+          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]  # fmt: skip
+
+
+def _chat(base_url, tid, messages, **extra):
+    body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 48, "tools": TOOLS, **extra}
+    r = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers={"X-Trajectory-Id": tid}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_openai_style_tool_loop_is_captured_as_one_exact_token_sequence(base_url, tokenizer):
+    tid = f"t-{uuid.uuid4().hex}"
+    messages = [{"role": "user", "content": "What is 2 + 2? Use the calculator."}]
+    first = _chat(base_url, tid, messages, structured_outputs={"regex": CALL}, max_tokens=128)
+    assistant = first["choices"][0]["message"]
+    assert first["choices"][0]["finish_reason"] == "tool_calls"
+    # The agent appends the message as the openai SDK returns it, then its own tool result.
+    messages += [assistant, {"role": "tool", "tool_call_id": assistant["tool_calls"][0]["id"], "content": "4"}]
+    second = _chat(base_url, tid, messages)
+
+    glue_text = "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
+    glue = tokenizer.encode(glue_text, add_special_tokens=False)
+    head = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    assert second["prompt_token_ids"] == head + glue
+
+    record = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()
+    t1, t2 = first["choices"][0]["token_ids"], second["choices"][0]["token_ids"]
+    assert record["prompt_ids"] == first["prompt_token_ids"]
+    assert record["response_ids"] == t1 + glue + t2
+    assert record["response_mask"] == [1] * len(t1) + [0] * len(glue) + [1] * len(t2)
+    assert record["response_logprobs"][: len(t1)] == first["choices"][0]["sampled_logprobs"]
+    assert record["metrics"]["continuous"] is True and record["metrics"]["steps"] == 2
+    assert record["chat_completions"][1]["content"].startswith("<tool_call>")  # calls kept as the model wrote them
+
+
+def test_rewritten_history_starts_a_new_exact_run_and_steps_keep_their_ids(base_url):
+    tid = f"t-{uuid.uuid4().hex}"
+    first = _chat(base_url, tid, [{"role": "user", "content": "Name a color."}])
+    # The agent summarizes instead of appending: the history no longer extends the previous call.
+    second = _chat(base_url, tid, [{"role": "user", "content": "Summary: a color was named. Name another."}])
+
+    record = httpx.get(f"{base_url}/v1/trajectories/{tid}", params={"pop": "true"}).json()
+    assert record["metrics"]["continuous"] is False
+    assert record["prompt_ids"] == second["prompt_token_ids"]
+    assert record["response_ids"] == second["choices"][0]["token_ids"]
+    assert [s["info"]["continued"] for s in record["steps"]] == [False, False]
+    assert httpx.get(f"{base_url}/v1/trajectories/{tid}").status_code == 404  # popped
+    assert first["choices"][0]["token_ids"]
+
+
+def test_echoed_assistant_message_that_was_edited_is_not_treated_as_a_continuation(base_url, serving):
+    tid = f"t-{uuid.uuid4().hex}"
+    messages = [{"role": "user", "content": "Say something."}]
+    first = _chat(base_url, tid, messages)
+    edited = {"role": "assistant", "content": first["choices"][0]["message"]["content"] + " (edited)"}
+    second = _chat(base_url, tid, [*messages, edited, {"role": "user", "content": "More."}])
+    built = serving.recorder.build(tid)
+    assert built.metrics["continuous"] is False
+    assert built.steps[1].prompt_ids == second["prompt_token_ids"]
+
+
+def test_trajectory_id_in_the_body_works_like_the_header_and_requires_n_1(base_url):
+    tid = f"t-{uuid.uuid4().hex}"
+    body = {"model": MODEL_NAME, "prompt": "One, two,", "max_tokens": 4, "trajectory_id": tid}
+    assert httpx.post(f"{base_url}/v1/completions", json=body).status_code == 200
+    assert httpx.get(f"{base_url}/v1/trajectories/{tid}").json()["metrics"]["steps"] == 1
+    r = httpx.post(f"{base_url}/v1/completions", json={**body, "n": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_wrapper_serves_each_engine_and_in_process_completions_match_http(engine, tokenizer):
+    import anyio
+
+    from agentic_rl import ToolAgentEngineWrapper
+
+    wrapper = ToolAgentEngineWrapper("served_agent", tokenizer, engine=engine, max_prompt_length=1024,
+                                     max_response_length=512)  # fmt: skip
+    wrapper.initialize()
+    try:
+        (address,) = wrapper.server_addresses
+        assert address.startswith("127.0.0.1:")
+        request = {"model": "served_agent", "prompt": "The sky is", "max_tokens": 6, "temperature": 0.0}
+        via_http = httpx.post(f"http://{address}/v1/completions", json=request, timeout=60).json()
+        in_process = wrapper.completions[0](request)
+        assert in_process["choices"][0]["token_ids"] == via_http["choices"][0]["token_ids"]
+        assert in_process["prompt_token_ids"] == via_http["prompt_token_ids"]
+        with pytest.raises(RequestError, match="temperature") as info:
+            wrapper.completions[0]({**request, "temperature": 5})
+        assert info.value.status == 400
+        chat = wrapper.completions[0]({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+                                      trajectory_id="w1")  # fmt: skip
+        assert wrapper.captured_trajectory("w1").response_tokens.tolist() == chat["choices"][0]["token_ids"]
+        with pytest.raises(KeyError):
+            wrapper.captured_trajectory("w1")  # popped
+    finally:
+        anyio.run(wrapper.close)
+    assert wrapper.server_addresses == []
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://{address}/health", timeout=2)
+    assert json.dumps(via_http)  # the HTTP body was plain JSON
