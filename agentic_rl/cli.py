@@ -76,17 +76,28 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", default=None, help="default: runs/rollout-<time>")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true")
+    s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)")
+    s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
+    s.add_argument("--name", default=None, help="model name clients pass (default: the --model value)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    s.add_argument("--max-model-len", type=int, default=4096)
+    s.add_argument("--dtype", default="bfloat16")
+    s.add_argument("--kv-cache-gib", type=float, default=1.0)
+    s.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 
 def _configure_logging(verbose: bool) -> None:
+    from rich.console import Console
     from rich.logging import RichHandler
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries results only
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(name)s: %(message)s",
-        handlers=[RichHandler(show_path=False, rich_tracebacks=True)],
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=True)],
     )
     logging.getLogger("agentic_rl").setLevel(logging.INFO)
 
@@ -176,12 +187,44 @@ def _run_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    import anyio
+    from transformers import AutoTokenizer
+
+    from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from agentic_rl.models import resolve_model
+    from agentic_rl.server.app import create_app
+    from agentic_rl.server.serving import OpenAIServing
+    from agentic_rl.server.thread import ServerThread
+
+    model_dir = resolve_model(args.model)
+    engine = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=args.max_model_len, dtype=args.dtype,
+                                         kv_cache_gib=args.kv_cache_gib))  # fmt: skip
+    engine.start_sync()
+    serving = OpenAIServing(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name=args.name or args.model)
+    server = ServerThread(create_app(serving), host=args.host, port=args.port)
+    server.start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"serving {serving.model_name} on http://{server.address}/v1", flush=True)
+    stop.wait()
+    server.stop()
+    anyio.run(engine.close)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `agentic-rl` command."""
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
     if args.command == "rollout":
         return _run_rollout(args)
+    if args.command == "serve":
+        return _run_serve(args)
     return 2
 
 

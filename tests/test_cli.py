@@ -52,3 +52,44 @@ def test_load_tasks_maps_gsm8k_rows_and_names_bad_lines(tmp_path):
     path.write_text('{"question": "q1"}\nnot json\n')
     with pytest.raises(ValueError, match=":2: not valid JSON"):
         load_tasks(path)
+
+
+@pytest.mark.slow
+def test_serve_command_answers_on_loopback_and_stops_on_sigterm(model_dir):
+    import signal
+    import time
+
+    import httpx
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentic_rl.cli", "serve", "--model", str(model_dir), "--name", "smol", "--port", "0",
+         "--max-model-len", "1024", "--kv-cache-gib", "0.25"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()  # logs go to stderr: the first stdout line is the address
+        assert line.startswith("serving smol on http://127.0.0.1:"), line
+        url = line.split()[-1]
+        r = httpx.post(f"{url}/chat/completions", json={"model": "smol", "messages": [{"role": "user", "content": "hi"}],
+                                                        "max_tokens": 4}, timeout=120)  # fmt: skip
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"]
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert proc.wait(timeout=60) == 0
+        assert time.monotonic() - t0 < 60
+    finally:
+        proc.kill()
+
+
+@pytest.mark.slow
+def test_openai_sdk_example_captures_exact_trajectories():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "examples/openai_agent/gsm8k_openai_agent.py", "--limit", "2"],
+                          cwd=root, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("gsm8k-")]
+    assert len(lines) == 2
+    for line in lines:
+        assert "exact=True" in line and "continuous=True" in line and "tool_calls=1" in line

@@ -5,7 +5,8 @@ would re-tokenize earlier model output (and drift). Instead, when a chat request
 same trajectory (same messages, then the assistant message this server returned, then new observation messages),
 its prompt is built as: previous prompt ids + the ids the engine sampled + the template glue of the new messages.
 Otherwise (history rewritten, e.g. summarized) the prompt is rendered from the messages and a new run begins; the
-trajectory then has several runs, each exact, kept per step.
+trajectory then has several runs, each exact, kept per step. For chat templates without `tools` support, the tool
+schemas of a request are described in the system message.
 """
 
 from __future__ import annotations
@@ -97,6 +98,15 @@ def template_messages(messages: Sequence[dict[str, Any]], renderer: ChatRenderer
     return out
 
 
+def _with_tools_in_system_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For templates without `tools` support: describe the tools in the system message (added if missing)."""
+    from agentic_rl.environments.tool_env import tools_system_prompt
+
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": tools_system_prompt(messages[0]["content"], tools)}, *messages[1:]]
+    return [{"role": "system", "content": tools_system_prompt("You are a helpful assistant.", tools)}, *messages]
+
+
 class TrajectoryRecorder:
     """Thread-safe store of captured calls, keyed by trajectory id (oldest dropped past `max_trajectories`)."""
 
@@ -136,7 +146,10 @@ class TrajectoryRecorder:
             ):
                 glue = self.renderer.observation_ids(template_messages(new, self.renderer), tools)
                 return prev.prompt_ids + prev.response_ids + glue, True
-        return self.renderer.prompt_ids(template_messages(messages, self.renderer), tools), False
+        rendered = template_messages(messages, self.renderer)
+        if tools and not self.renderer.supports_tools:
+            rendered = _with_tools_in_system_prompt(rendered, tools)
+        return self.renderer.prompt_ids(rendered, tools), False
 
     def completion_continues(self, trajectory_id: str | None, prompt_ids: list[int]) -> bool:
         """Whether raw prompt ids start with the trajectory's previous prompt + response ids."""
