@@ -17,6 +17,7 @@ import anyio
 from agentic_rl.engine.base import Engine, Generation
 from agentic_rl.environments.base import Environment, Sample
 from agentic_rl.errors import RewardError
+from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import TOOL_CALL_OPEN, split_thought
 from agentic_rl.rollout.tokens import ChatRenderer, Segment, check_alignment
 from agentic_rl.types import Step, StepTrajectory
@@ -66,14 +67,21 @@ RewardCallable = Callable[[dict[str, Any], Sequence[dict[str, str]]], float]
 
 
 class _Record:
-    """Growing token record of one trajectory."""
+    """Growing token record of one continuous run of a trajectory, and the messages that run renders."""
 
-    def __init__(self, prompt_ids: list[int]) -> None:
+    def __init__(self, prompt_ids: list[int], messages: list[dict[str, str]] | None = None) -> None:
+        self.restart(prompt_ids, messages or [])
+        self.runs = 0
+
+    def restart(self, prompt_ids: list[int], messages: list[dict[str, str]]) -> None:
+        """Begin a new run (the first, or after memory rewrote the history)."""
         self.prompt_ids = prompt_ids
+        self.messages = messages
         self.response_ids: list[int] = []
         self.mask: list[int] = []
         self.logprobs: list[float] = []
         self.segments: list[Segment] = [Segment(tuple(prompt_ids), sampled=False)]
+        self.runs = getattr(self, "runs", 0) + 1
 
     def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
         self.response_ids.extend(ids)
@@ -114,6 +122,7 @@ async def run_trajectory(
     renderer: ChatRenderer,
     config: HarnessConfig,
     reward_fn: RewardCallable | None = None,
+    memory_factory: Callable[[], MemorySimple] | None = None,
 ) -> StepTrajectory:
     """Run one task to the end and record it token-exactly.
 
@@ -125,6 +134,10 @@ async def run_trajectory(
         renderer: the chat template of the engine's model.
         config: limits and sampling.
         reward_fn: `reward_fn(task, messages) -> float` for the final answer, run in a worker thread.
+        memory_factory: builds a fresh memory per trajectory (`MemorySimple`/`MemorySummary`). Each turn is then
+            prompted with the memory's messages; when they differ from the running history (summarized, thinking
+            dropped) a new exact run starts, `metrics["continuous"]` becomes False, the top-level token fields hold
+            the last run, and every step keeps its own `prompt_ids` / `response_ids` / `response_logprobs`.
 
     Returns:
         A `StepTrajectory`. An exception inside the loop does not propagate: it returns a trajectory with
@@ -134,7 +147,7 @@ async def run_trajectory(
     started = time.perf_counter()
     metrics: dict[str, Any] = {
         "llm_time": 0.0, "env_time": 0.0, "reward_time": 0.0, "tool_calls": 0, "tool_errors": 0,
-        "well_formed_calls": 0, "generated_tokens": 0,
+        "well_formed_calls": 0, "generated_tokens": 0, "continuous": True,
     }  # fmt: skip
     steps: list[Step] = []
     record = _Record([])
@@ -146,7 +159,12 @@ async def run_trajectory(
         t0 = time.perf_counter()
         sample = await environment.reset({**task, "trajectory_id": f"{task.get('id', idx)}-{idx}"})
         metrics["env_time"] += time.perf_counter() - t0
-        reason = await _turn_loop(sample, idx, engine, environment, renderer, config, record, steps, metrics)
+        memory = None
+        if memory_factory is not None:
+            memory = memory_factory()
+            for message in sample.messages:
+                memory.add_message(message)
+        reason = await _turn_loop(sample, idx, engine, environment, renderer, config, record, steps, metrics, memory)
         if reason == TerminationReason.PROMPT_TOO_LONG:
             error = f"prompt has {len(record.prompt_ids)} tokens, max_prompt_length is {config.max_prompt_length}"
         elif reward_fn is not None:
@@ -178,7 +196,7 @@ async def run_trajectory(
     if failed:
         toolcall_reward = 0.0
     elif config.check_alignment and record.prompt_ids:
-        report = check_alignment(renderer, messages, record.segments, sample.tools if sample else None)
+        report = check_alignment(renderer, record.messages, record.segments, sample.tools if sample else None)
         metrics["alignment_mismatches"] = report.mismatches
         metrics["retokenize_drift"] = report.retokenize_drift
         if report.mismatches:
@@ -188,7 +206,6 @@ async def run_trajectory(
         res_reward=res_reward,
         toolcall_reward=toolcall_reward,
         total_time=time.perf_counter() - started,
-        generated_tokens=sum(record.mask),
     )
     if steps:
         steps[-1].done = True
@@ -220,26 +237,34 @@ async def _turn_loop(
     record: _Record,
     steps: list[Step],
     metrics: dict[str, Any],
+    memory: MemorySimple | None,
 ) -> str:
-    prompt_ids = renderer.prompt_ids(sample.messages, sample.tools)
-    record.prompt_ids = prompt_ids
-    record.segments[0] = Segment(tuple(prompt_ids), sampled=False)
-    if len(prompt_ids) > config.max_prompt_length or len(prompt_ids) >= engine.max_model_len:
+    record.restart(renderer.prompt_ids(sample.messages, sample.tools), list(sample.messages))
+    record.runs = 1
+    if len(record.prompt_ids) > config.max_prompt_length or len(record.prompt_ids) >= engine.max_model_len:
         return TerminationReason.PROMPT_TOO_LONG
     observation: Any = sample.messages[-1]["content"]
     for turn in range(config.max_steps):
+        if memory is not None:
+            await _apply_memory(memory, sample, renderer, record, metrics)
         room = min(engine.max_model_len - record.total_length, config.max_response_length - len(record.response_ids))
         if room <= 0:
             return TerminationReason.CONTEXT_LIMIT
         sampling = _turn_sampling(config, renderer, idx, turn, room)
+        prompt = record.prompt_ids + record.response_ids
         t0 = time.perf_counter()
-        generation: Generation = await engine.generate(record.prompt_ids + record.response_ids, sampling)
+        generation: Generation = await engine.generate(prompt, sampling)
         metrics["llm_time"] += time.perf_counter() - t0
         ids = generation.token_ids
         record.add_sampled(ids, generation.logprobs)
+        metrics["generated_tokens"] += len(ids)
         closed = bool(ids) and ids[-1] == renderer.end_of_turn_id
         text = renderer.decode(ids[:-1] if closed else ids)
-        sample.messages.append({"role": "assistant", "content": text})
+        assistant = {"role": "assistant", "content": text}
+        sample.messages.append(assistant)
+        record.messages.append(assistant)
+        if memory is not None:
+            memory.add_message({"role": "assistant", "content": text or "(no output)"})
         thought, _ = split_thought(text)
         info: dict[str, Any] = {"finish_reason": generation.finish_reason, "sampled_tokens": len(ids)}
         step = Step(
@@ -250,6 +275,8 @@ async def _turn_loop(
             model_response=text,
             info=info,
         )
+        if memory is not None:  # runs may be cut by memory rewrites: each step keeps its exact ids
+            step.prompt_ids, step.response_ids, step.response_logprobs = prompt, list(ids), list(generation.logprobs)
         steps.append(step)
         if not closed:
             # Cut by max_tokens (or the budget): a half-written tool call must not run.
@@ -273,9 +300,30 @@ async def _turn_loop(
             engine.max_model_len - record.total_length - len(obs_ids),
             config.max_response_length - len(record.response_ids) - len(obs_ids),
         )
-        if room_after <= 0:
+        fits = room_after > 0
+        if not fits and memory is None:
             info["observation_not_shown"] = observation
             return TerminationReason.CONTEXT_LIMIT
         sample.messages.extend(result.observation)
-        record.add_inserted(obs_ids)
+        if fits:
+            record.messages.extend(result.observation)
+            record.add_inserted(obs_ids)
+        if memory is not None:  # an observation that did not fit makes the next turn start a new, shorter run
+            for message in result.observation:
+                memory.add_message({"role": message["role"], "content": message.get("content") or "(empty)"})
     return TerminationReason.MAX_STEPS
+
+
+async def _apply_memory(
+    memory: MemorySimple, sample: Sample, renderer: ChatRenderer, record: _Record, metrics: dict[str, Any]
+) -> None:
+    """Ask memory for the prompt messages; if it rewrote the history, start a new exact run from them."""
+    if isinstance(memory, MemorySummary):
+        prompt_messages = await memory.aget_prompt_messages()
+        metrics["summaries"], metrics["summary_fallbacks"] = memory.summaries, memory.fallbacks
+    else:
+        prompt_messages = memory.get_prompt_messages()
+    wanted = to_template_messages(prompt_messages)
+    if wanted != [{"role": m["role"], "content": m["content"]} for m in record.messages]:
+        record.restart(renderer.prompt_ids(wanted, sample.tools), wanted)
+        metrics["continuous"] = False
