@@ -138,11 +138,13 @@ class OpenAISummaryClient:
             "max_tokens": max_tokens,
             "temperature": 0.0,
         }  # fmt: skip
+        import openai
+
         create = self.client.chat.completions.create
         with anyio.fail_after(self.timeout_s):
-            if inspect.iscoroutinefunction(create):
+            if isinstance(self.client, openai.AsyncOpenAI) or inspect.iscoroutinefunction(create):
                 response = await create(**request)
-            else:
+            else:  # a synchronous client: keep it off the event loop
                 response = await anyio.to_thread.run_sync(lambda: create(**request), abandon_on_cancel=True)
         text = (response.choices[0].message.content or "").strip()
         if not text:

@@ -278,6 +278,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         toolcall_weight: scale of the well-formed tool-call reward.
         check_alignment: verify each trajectory's ids against a full template re-render.
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
+        memory: a `MemoryConfig` (or dict) to prompt each turn through agent memory; with `use_summary` and no
+            `oai_client`, summaries come from this wrapper's own server.
     """
 
     def __init__(
@@ -299,6 +301,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         toolcall_weight: float = 0.1,
         check_alignment: bool = True,
         serve: bool = True,
+        memory: Any = None,
     ) -> None:
         super().__init__(
             agent_name, tokenizer, sampling_params, max_prompt_length, max_response_length, n_parallel_agents,
@@ -324,6 +327,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             check_alignment=check_alignment,
         )
         self.serve = serve
+        self.memory_config = memory
+        self.memory_factory: Callable[[], Any] | None = None
         self.renderer: Any = None
         self.environment: Any = None
 
@@ -350,6 +355,20 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         self.engines = [self.engine]
         if self.serve:
             self.start_servers()
+        if self.memory_config is not None:
+            self.memory_factory = self._memory_factory()
+
+    def _memory_factory(self) -> Callable[[], Any]:
+        from agentic_rl.memory import MemoryConfig, MemorySimple, MemorySummary, OpenAISummaryClient
+
+        config = self.memory_config if isinstance(self.memory_config, MemoryConfig) else MemoryConfig(**self.memory_config)
+        if not config.use_summary:
+            return lambda: MemorySimple(config, tokenizer=self.tokenizer)
+        client = None
+        if config.oai_client is None:  # summaries from our own server, same process
+            address = self.start_servers()[0]
+            client = OpenAISummaryClient(f"http://{address}/v1", model=self.agent_name)
+        return lambda: MemorySummary(config, chat_client=client, tokenizer=self.tokenizer)
 
     def _default_window(self) -> int:
         from transformers import AutoConfig
@@ -363,7 +382,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             raise ConfigError("call initialize() before generating trajectories")
         return await run_trajectory(
             task, idx, engine=self.engine, environment=self.environment, renderer=self.renderer,
-            config=self.harness_config, reward_fn=self.reward_fn,
+            config=self.harness_config, reward_fn=self.reward_fn, memory_factory=self.memory_factory,
         )  # fmt: skip
 
     async def close(self) -> None:
