@@ -54,36 +54,57 @@ def _build_tools(names: list[str]) -> list[Any]:
     return [factories[name]() for name in names]
 
 
+def _bounded(kind: type, low: float | None = None, high: float | None = None) -> Any:
+    """An argparse type that converts with `kind` and enforces [low, high]."""
+
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if (low is not None and value < low) or (high is not None and value > high):
+            lo = "-inf" if low is None else low
+            hi = "inf" if high is None else high
+            raise argparse.ArgumentTypeError(f"{text} is outside [{lo}, {hi}]")
+        return value
+
+    return convert
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentic-rl", description="Agentic RL rollouts on a colocated vLLM engine.")
     sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("rollout", help="run tool-using agents on a JSONL task file and save trajectories")
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    r = sub.add_parser("rollout", help="run tool-using agents on a JSONL task file and save trajectories",
+                       formatter_class=fmt)  # fmt: skip
     r.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
     r.add_argument("--data", default=DEFAULT_DATA, help="JSONL tasks (GSM8K rows work as they are)")
-    r.add_argument("--limit", type=int, default=32, help="use the first N tasks")
-    r.add_argument("--n-parallel", type=int, default=16, help="trajectories in flight (1-64)")
-    r.add_argument("--max-steps", type=int, default=3, help="assistant turns per trajectory (1-10)")
-    r.add_argument("--max-prompt-length", type=int, default=2048)
-    r.add_argument("--max-response-length", type=int, default=1024, help="token budget after the prompt (1-8192)")
-    r.add_argument("--max-tokens", type=int, default=384, help="cap of one turn in tokens")
-    r.add_argument("--temperature", type=float, default=0.7)
-    r.add_argument("--top-p", type=float, default=1.0)
-    r.add_argument("--top-k", type=int, default=-1)
+    r.add_argument("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
+    r.add_argument("--n-parallel", type=_bounded(int, 1, 64), default=16, help="trajectories in flight")
+    r.add_argument("--max-steps", type=_bounded(int, 1, 10), default=3, help="assistant turns per trajectory")
+    r.add_argument("--max-prompt-length", type=_bounded(int, 1, 128 * 1024), default=2048)
+    r.add_argument("--max-response-length", type=_bounded(int, 1, 8192), default=1024,
+                   help="token budget after the prompt")  # fmt: skip
+    r.add_argument("--max-tokens", type=_bounded(int, 1), default=384, help="cap of one turn in tokens")
+    r.add_argument("--temperature", type=_bounded(float, 0.0, 2.0), default=0.7)
+    r.add_argument("--top-p", type=_bounded(float, 1e-8, 1.0), default=1.0)
+    r.add_argument("--top-k", type=_bounded(int, -1), default=-1, help="-1 or 0 = off")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--tools", default="calculator", help=f"comma-separated, from: {', '.join(TOOLS)}")
-    r.add_argument("--dtype", default="bfloat16")
-    r.add_argument("--kv-cache-gib", type=float, default=1.0, help="KV cache on the CPU, GiB")
+    r.add_argument("--tools", default="calculator", help=f"comma-separated, from: {', '.join(TOOLS)}; '' = none")
+    r.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
+    r.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
     r.add_argument("--output-dir", default=None, help="default: runs/rollout-<time>")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true")
-    s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)")
+    s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
+                       formatter_class=fmt)  # fmt: skip
     s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
     s.add_argument("--name", default=None, help="model name clients pass (default: the --model value)")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    s.add_argument("--max-model-len", type=int, default=4096)
-    s.add_argument("--dtype", default="bfloat16")
-    s.add_argument("--kv-cache-gib", type=float, default=1.0)
+    s.add_argument("--port", type=_bounded(int, 0, 65535), default=8000, help="0 picks a free port")
+    s.add_argument("--max-model-len", type=_bounded(int, 16), default=4096)
+    s.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
+    s.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0)
     s.add_argument("-v", "--verbose", action="store_true")
     return parser
 
@@ -123,6 +144,8 @@ def _run_rollout(args: argparse.Namespace) -> int:
     if not tasks:
         console.print(f"[red]no tasks in {args.data}")
         return 2
+    out_dir = Path(args.output_dir or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
@@ -134,21 +157,20 @@ def _run_rollout(args: argparse.Namespace) -> int:
     )  # fmt: skip
     console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}; starting the engine...")
     wrapper.initialize()
-    out_dir = Path(args.output_dir or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    records = (out_dir / "trajectories.jsonl").open("w", encoding="utf-8")
+
+    def finished(trajectory: Any) -> None:  # written as each one finishes: an interrupted run keeps them
+        records.write(json.dumps(trajectory_to_dict(trajectory), ensure_ascii=False) + "\n")
+        records.flush()
+        progress.advance(bar)
 
     async def rollout() -> tuple[list[Any], float]:
-        columns = [TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-        with Progress(*columns, console=console, disable=args.no_progress) as progress:
-            bar = progress.add_task("rollout", total=len(tasks))
-            t0 = time.perf_counter()
-            try:
-                trajectories = await wrapper.generate_agent_trajectories_async(
-                    tasks, on_result=lambda _: progress.advance(bar)
-                )
-            finally:
-                await wrapper.close()
-            return trajectories, time.perf_counter() - t0
+        t0 = time.perf_counter()
+        try:
+            trajectories = await wrapper.generate_agent_trajectories_async(tasks, on_result=finished)
+        finally:
+            await wrapper.close()
+        return trajectories, time.perf_counter() - t0
 
     try:
         import uvloop  # noqa: F401
@@ -156,10 +178,10 @@ def _run_rollout(args: argparse.Namespace) -> int:
         backend_options = {"use_uvloop": True}
     except ImportError:
         backend_options = {}
-    trajectories, wall = anyio.run(rollout, backend_options=backend_options)
-    with (out_dir / "trajectories.jsonl").open("w", encoding="utf-8") as f:
-        for trajectory in trajectories:
-            f.write(json.dumps(trajectory_to_dict(trajectory), ensure_ascii=False) + "\n")
+    columns = [TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with records, Progress(*columns, console=console, disable=args.no_progress) as progress:
+        bar = progress.add_task("rollout", total=len(tasks))
+        trajectories, wall = anyio.run(rollout, backend_options=backend_options)
     summary = summarize(trajectories, wall)
     summary.update(model=str(model_dir), data=str(args.data), sampling=sampling)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -171,6 +193,7 @@ def _run_rollout(args: argparse.Namespace) -> int:
         ("tasks", summary["tasks"]),
         ("failed", summary["failed"]),
         ("accuracy", f"{summary['accuracy']:.3f}"),
+        ("mean reward", f"{summary['mean_reward']:.3f}"),
         ("tool-call rate", f"{summary['tool_call_rate']:.3f}"),
         ("mean turns", f"{summary['mean_turns']:.2f}"),
         ("generated tokens", summary["generated_tokens"]),
@@ -184,6 +207,9 @@ def _run_rollout(args: argparse.Namespace) -> int:
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
+    if summary["failed"] == summary["tasks"]:
+        console.print("[red]every trajectory failed; see the errors in trajectories.jsonl")
+        return 1
     return 0
 
 
@@ -218,13 +244,30 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `agentic-rl` command."""
+    """Entry point of the `agentic-rl` command.
+
+    Returns:
+        0 on success, 1 if every trajectory failed, 2 for a usage or input error (one line on stderr), 130 when
+        interrupted.
+    """
+    from agentic_rl.errors import AgenticRLError
+
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
-    if args.command == "rollout":
-        return _run_rollout(args)
-    if args.command == "serve":
-        return _run_serve(args)
+    try:
+        if args.command == "rollout":
+            return _run_rollout(args)
+        if args.command == "serve":
+            return _run_serve(args)
+    except (AgenticRLError, OSError, ValueError) as exc:
+        hint = ""
+        if isinstance(exc, FileNotFoundError) and getattr(args, "data", None) == DEFAULT_DATA:
+            hint = " (the default data path is relative: run from the repository root, or pass --data)"
+        print(f"agentic-rl {args.command}: error: {exc}{hint}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"agentic-rl {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 2
 
 

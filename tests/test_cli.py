@@ -93,3 +93,27 @@ def test_openai_sdk_example_captures_exact_trajectories():
     assert len(lines) == 2
     for line in lines:
         assert "exact=True" in line and "continuous=True" in line and "tool_calls=1" in line
+
+
+def test_out_of_range_options_are_rejected_before_anything_starts(capsys):
+    from agentic_rl.cli import main
+
+    for argv in (["--n-parallel", "0"], ["--temperature", "-1"], ["--max-tokens", "0"], ["--max-steps", "20"],
+                 ["--max-response-length", "9000"], ["--dtype", "nonsense"]):  # fmt: skip
+        with pytest.raises(SystemExit) as info:
+            main(["rollout", *argv])
+        assert info.value.code == 2
+        assert argv[0] in capsys.readouterr().err
+
+
+def test_input_errors_are_one_line_messages_with_exit_code_2(tmp_path, capsys):
+    from agentic_rl.cli import main
+
+    assert main(["rollout", "--data", str(tmp_path / "missing.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "No such file" in err and "Traceback" not in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "q", "answer": "#### 1"}\n{oops\n')
+    assert main(["rollout", "--data", str(bad)]) == 2
+    assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
+    assert main(["rollout", "--data", str(bad), "--tools", "nope"]) == 2

@@ -22,10 +22,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant that solves problems step by step. "
-    "Use the tools when they help; give the final answer as a number on the last line."
+    "Give the final answer as a number on the last line."
 )
 
-_TOOL_PROMPT = """
+_TOOL_PROMPT = """ Use the tools when they help.
 
 You can call functions. Their signatures, as JSON, are:
 {schemas}

@@ -16,7 +16,7 @@ import anyio
 
 from agentic_rl.engine.base import Engine, Generation
 from agentic_rl.environments.base import Environment, Sample
-from agentic_rl.errors import RewardError
+from agentic_rl.errors import AgenticRLError, RewardError
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import TOOL_CALL_OPEN, split_thought
 from agentic_rl.rollout.tokens import ChatRenderer, Segment, check_alignment
@@ -49,7 +49,8 @@ class HarnessConfig:
         max_response_length: most tokens after the first prompt (sampled + inserted), the response budget.
         sampling: `vllm.SamplingParams` keyword arguments for every turn. `max_tokens`, if given, caps each turn; it
             is always clamped to what is left of the window and of the response budget. A `seed` is offset per
-            trajectory and turn so that samples of one group differ but stay reproducible.
+            trajectory and turn so that samples of one group differ. Seeded runs repeat exactly only with the same
+            batch composition (`n_parallel_agents`, task order): the engine's numerics depend on the batch.
         toolcall_weight: `toolcall_reward = toolcall_weight * well-formed calls / attempted calls` (0 without calls).
         check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
             `alignment_mismatches`, `retokenize_drift`).
@@ -176,7 +177,10 @@ async def run_trajectory(
     except anyio.get_cancelled_exc_class():
         raise
     except Exception as exc:
-        logger.exception("trajectory %s (task %r) failed", idx, task.get("id"))
+        if isinstance(exc, AgenticRLError):  # an expected kind of failure: its message says it all
+            logger.error("trajectory %s (task %r) failed: %s: %s", idx, task.get("id"), type(exc).__name__, exc)
+        else:
+            logger.exception("trajectory %s (task %r) failed", idx, task.get("id"))
         reason, error = TerminationReason.ERROR, f"{type(exc).__name__}: {exc}"
         res_reward = 0.0
     finally:

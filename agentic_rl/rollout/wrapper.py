@@ -59,7 +59,8 @@ class Task(BaseModel):
 def _first_error(exc: ValidationError) -> tuple[str, Any, str]:
     err = exc.errors()[0]
     field = str(err["loc"][0]) if err["loc"] else "?"
-    return field, err.get("input"), err["msg"]
+    value = None if err["type"] == "missing" else err.get("input")  # a missing field's "input" is the whole row
+    return field, value, err["msg"]
 
 
 def validate_task(task: Any) -> dict[str, Any]:
@@ -74,7 +75,8 @@ def validate_task(task: Any) -> dict[str, Any]:
         return Task.model_validate(task).model_dump()
     except ValidationError as exc:
         field, value, msg = _first_error(exc)
-        raise ConfigError(f"invalid task field {field!r} ({value!r}): {msg}") from exc
+        shown = "" if value is None else f" ({value!r})"
+        raise ConfigError(f"invalid task field {field!r}{shown}: {msg}") from exc
 
 
 def _failed_trajectory(idx: int, task: Any, reason: str, error: str) -> StepTrajectory:
@@ -248,8 +250,15 @@ class BaseEngineWrapper(abc.ABC):
 
         Returns:
             Trajectories in task order. A malformed task gives a failed trajectory (`termination_reason`
-            `invalid_task`, the problem in `error`); the other tasks still run.
+            `invalid_task`, the problem in `error`); an exception from `generate_trajectory` (or a result that is
+            not a `Trajectory`) gives a failed trajectory with `termination_reason` `error`; the other tasks still
+            run.
+
+        Raises:
+            ConfigError: before any task runs, if the wrapper is not ready (e.g. `initialize()` was not called).
         """
+
+        self._check_ready()
 
         async def run_one(task: Any, idx: int) -> Trajectory:
             try:
@@ -257,9 +266,21 @@ class BaseEngineWrapper(abc.ABC):
             except ConfigError as exc:
                 logger.warning("task %d rejected: %s", idx, exc)
                 return _failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
-            return await self.generate_trajectory(checked, idx)
+            try:
+                result = await self.generate_trajectory(checked, idx)
+            except Exception as exc:  # a subclass that raises fails this task only
+                logger.exception("generate_trajectory failed for task %d", idx)
+                return _failed_trajectory(idx, checked, TerminationReason.ERROR, f"{type(exc).__name__}: {exc}")
+            if not isinstance(result, Trajectory):
+                error = f"generate_trajectory returned {type(result).__name__}, expected a Trajectory"
+                logger.error("task %d: %s", idx, error)
+                return _failed_trajectory(idx, checked, TerminationReason.ERROR, error)
+            return result
 
         return await run_tasks(list(tasks), run_one, n_parallel_agents=self.n_parallel_agents, on_result=on_result)
+
+    def _check_ready(self) -> None:
+        """Raise `ConfigError` before any task starts if the wrapper cannot generate yet (override as needed)."""
 
 
 class ToolAgentEngineWrapper(BaseEngineWrapper):
@@ -377,9 +398,12 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         wanted = self.max_prompt_length + self.max_response_length
         return min(wanted, window) if window else wanted
 
-    async def generate_trajectory(self, task: dict[str, Any], idx: int) -> StepTrajectory:
+    def _check_ready(self) -> None:
         if self.engine is None or self.renderer is None:
             raise ConfigError("call initialize() before generating trajectories")
+
+    async def generate_trajectory(self, task: dict[str, Any], idx: int) -> StepTrajectory:
+        self._check_ready()
         return await run_trajectory(
             task, idx, engine=self.engine, environment=self.environment, renderer=self.renderer,
             config=self.harness_config, reward_fn=self.reward_fn, memory_factory=self.memory_factory,

@@ -377,3 +377,32 @@ async def test_generate_concurrency_limit_holds_with_invalid_tasks_mixed_in(tiny
     out = await w.generate_agent_trajectories_async(tasks)
     assert w.max_in_flight == 2
     assert [t.failed for t in out] == [i % 3 == 0 for i in range(12)]
+
+
+class _RaisingAgent(BaseEngineWrapper):
+    def initialize(self) -> None:
+        pass
+
+    async def generate_trajectory(self, task, idx):
+        if idx == 1:
+            raise RuntimeError("agent bug")
+        if idx == 2:
+            return {"idx": idx}  # not a Trajectory
+        return Trajectory(prompt_tokens=[1], response_tokens=[2], response_masks=[1], idx=idx)
+
+
+async def test_a_subclass_that_raises_or_returns_garbage_fails_only_that_task(tiny_tokenizer):
+    agent = _RaisingAgent("agent", tiny_tokenizer, n_parallel_agents=4)
+    out = await agent.generate_agent_trajectories_async([task(i) for i in range(4)])
+    assert [t.idx for t in out] == [0, 1, 2, 3]
+    assert [t.failed for t in out] == [False, True, True, False]
+    assert "RuntimeError: agent bug" in out[1].error and out[1].termination_reason == "error"
+    assert "expected a Trajectory" in out[2].error
+
+
+async def test_tool_agent_wrapper_used_before_initialize_raises_one_config_error(tiny_tokenizer):
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+
+    wrapper = ToolAgentEngineWrapper("agent", tiny_tokenizer, model="unused")
+    with pytest.raises(ConfigError, match="initialize"):
+        await wrapper.generate_agent_trajectories_async([task(0), task(1)])
