@@ -24,7 +24,8 @@ def test_rollout_command_writes_trajectories_and_summary(tmp_path, gsm8k_rows, m
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "token-alignment mismatches" in proc.stdout
 
-    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    lines = (out / "trajectories.jsonl").read_text().splitlines()  # written in completion order
+    records = sorted((json.loads(line) for line in lines), key=lambda r: r["idx"])
     assert [r["idx"] for r in records] == [0, 1, 2, 3]
     for r in records[:3]:
         assert not r["failed"], r["error"]
