@@ -20,7 +20,8 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -128,6 +129,13 @@ def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
     return [position[tok].logprob for tok, position in zip(token_ids, logprobs, strict=True)]
 
 
+def _refresh_tied_lm_head(model: Any) -> None:
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+
+
 def _top_logprobs(logprobs: Any) -> list[dict[int, float]]:
     """Per position, `{token_id: logprob}` of the top candidates vLLM returned (plus the sampled token)."""
     return [{tok: lp.logprob for tok, lp in position.items()} for position in logprobs]
@@ -151,6 +159,7 @@ class VLLMEngine:
         self._max_model_len = config.max_model_len
         self._dead: BaseException | None = None
         self._closed = False
+        self._weight_version = 0
 
     @property
     def max_model_len(self) -> int:
@@ -226,6 +235,45 @@ class VLLMEngine:
         finally:
             if not result.done() or result.cancelled():
                 self._inbox.put((_ABORT, request_id))
+
+    @property
+    def weight_version(self) -> int:
+        """How many weight updates this engine has taken (0 = the weights it was built with)."""
+        return self._weight_version
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> float:
+        """Load new weights into the running engine, in place, between two engine steps.
+
+        Requests in flight are not aborted: the engine thread stops stepping while it loads, then they continue
+        with the new weights. The prefix cache is reset (its KV entries came from the old weights) and
+        `weight_version` goes up by one.
+
+        Args:
+            named_tensors: `(name, tensor)` pairs in Hugging Face naming (e.g. a training model's
+                `named_parameters()`); a tied `lm_head.weight` is skipped, vLLM derives it from the embedding.
+
+        Returns:
+            Seconds spent loading.
+
+        Raises:
+            EngineError: if vLLM rejects the weights (the engine keeps running on whatever it had loaded).
+        """
+        tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
+
+        def load(llm: Any) -> float:
+            t0 = time.perf_counter()
+            tied = getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
+            weights = [(n, t) for n, t in tensors if not (tied and n.endswith("lm_head.weight"))]
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+            if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
+                llm.apply_model(_refresh_tied_lm_head)
+            llm.reset_prefix_cache()
+            return time.perf_counter() - t0
+
+        seconds = await self.call(load)
+        self._weight_version += 1
+        logger.info("weights updated to version %d in %.2f s", self._weight_version, seconds)
+        return seconds
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(llm)` on the engine thread between two engine steps and return its result.

@@ -256,6 +256,7 @@ async def _turn_loop(
             return TerminationReason.CONTEXT_LIMIT
         sampling = _turn_sampling(config, renderer, idx, turn, room)
         prompt = record.prompt_ids + record.response_ids
+        version = int(getattr(engine, "weight_version", 0))  # stamped on the turn: the weights it sampled with
         t0 = time.perf_counter()
         generation: Generation = await engine.generate(prompt, sampling)
         metrics["llm_time"] += time.perf_counter() - t0
@@ -270,7 +271,9 @@ async def _turn_loop(
         if memory is not None:
             memory.add_message({"role": "assistant", "content": text or "(no output)"})
         thought, _ = split_thought(text)
-        info: dict[str, Any] = {"finish_reason": generation.finish_reason, "sampled_tokens": len(ids)}
+        info: dict[str, Any] = {"finish_reason": generation.finish_reason, "sampled_tokens": len(ids),
+                                "weight_version": version}  # fmt: skip
+        metrics["weight_version"] = min(metrics.get("weight_version", version), version)
         step = Step(
             chat_completions=list(sample.messages),
             thought=thought,

@@ -1,0 +1,63 @@
+"""Group-relative advantages (GRPO)."""
+
+from __future__ import annotations
+
+import torch
+
+from agentic_rl.errors import TrajectoryError
+
+__all__ = ["group_advantages"]
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    scale_by_std: bool = True,
+    std_floor: float = 0.1,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Advantage of each trajectory relative to the others of its group.
+
+    A_i = (r_i - mean_g) / (max(std_g, std_floor) + eps), or r_i - mean_g without std scaling, where mean_g and
+    std_g (population std) are taken over the valid trajectories of i's group. The floor on the std keeps
+    near-constant groups from exploding: seven rewards of 0.35 and one of 0.95 give std 0.198 and advantages
+    of at most 2.65 in size. A group with one valid member gets 0.
+
+    Args:
+        rewards: (B,) float, trajectory rewards.
+        group_ids: (B,) int64, rows with the same id share a task.
+        valid: (B,) bool; invalid rows (failed, aborted) get advantage 0 and do not enter group statistics.
+        scale_by_std: divide by the (floored) group std (GRPO); False gives the mean-baseline variant
+            (Dr. GRPO).
+        std_floor: lower bound on the std used for scaling.
+        eps: added to the denominator.
+
+    Returns:
+        (B,) float32 advantages, 0 on invalid rows.
+
+    Raises:
+        TrajectoryError: on shape mismatch or a non-finite reward on a valid row.
+
+    Source: Shao et al. 2024, "DeepSeekMath", section 4.1.2 (outcome supervision with GRPO); Liu et al. 2025,
+    "Understanding R1-Zero-Like Training" for the unscaled variant.
+    """
+    if not (rewards.shape == group_ids.shape == valid.shape) or rewards.dim() != 1:
+        raise TrajectoryError(f"rewards, group_ids and valid must be equal 1-D shapes, got "
+                              f"{tuple(rewards.shape)}, {tuple(group_ids.shape)}, {tuple(valid.shape)}")  # fmt: skip
+    rewards = rewards.to(torch.float32)
+    valid = valid.to(torch.bool)
+    if not bool(torch.isfinite(rewards[valid]).all()):
+        raise TrajectoryError("a valid trajectory has a NaN or Inf reward")
+    _, group = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(group.max()) + 1 if group.numel() else 0
+    weight = valid.to(torch.float32)
+    r = torch.where(valid, rewards, torch.zeros_like(rewards))
+    count = torch.zeros(n_groups).index_add_(0, group, weight)
+    mean = torch.zeros(n_groups).index_add_(0, group, r) / count.clamp(min=1)
+    centered = (r - mean[group]) * weight
+    if scale_by_std:
+        var = torch.zeros(n_groups).index_add_(0, group, centered**2) / count.clamp(min=1)
+        centered = centered / (var.sqrt().clamp(min=std_floor)[group] + eps)
+    return torch.where(count[group] > 1, centered, torch.zeros_like(centered))
