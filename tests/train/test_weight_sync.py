@@ -11,24 +11,6 @@ from agentic_rl.train.parity import logprob_parity
 from agentic_rl.types import Trajectory
 
 
-@pytest.fixture(scope="module")
-def fp32_engine(model_dir):
-    """A second engine, fp32, that these tests may overwrite without disturbing the session engine."""
-    from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
-
-    eng = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=1024, kv_cache_gib=0.25, dtype="float32"))
-    eng.start_sync()
-    yield eng
-    anyio.run(eng.close)
-
-
-@pytest.fixture(scope="module")
-def hf_model(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-
-
 def _prompt(tokenizer, text):
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                              tokenize=False)  # fmt: skip
