@@ -20,7 +20,15 @@ from pathlib import Path
 
 from agentic_rl.errors import ModelError
 
-__all__ = ["DEFAULT_MODEL", "REGISTRY", "PyPIGGUFModel", "default_cache_dir", "resolve_model"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "REGISTRY",
+    "TINY_MODEL",
+    "PyPIGGUFModel",
+    "build_tiny_model",
+    "default_cache_dir",
+    "resolve_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +66,40 @@ REGISTRY: dict[str, PyPIGGUFModel] = {
 }
 
 
+TINY_MODEL = "tiny-random-smollm2"
+
+
+def build_tiny_model(folder: str | os.PathLike[str], *, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """A random-weight 2-layer Llama (hidden 128, head_dim 64: vLLM's CPU attention needs 32 or more) with
+    SmolLM2's tokenizer and chat template, for fast tests.
+
+    Deterministic for a given `seed`. Builds the SmolLM2 folder first (for its tokenizer) if needed.
+
+    Returns:
+        `folder`, holding config, fp32 safetensors weights and the tokenizer.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = Path(folder)
+    if (folder / _READY).is_file():
+        return folder
+    source = resolve_model(DEFAULT_MODEL, cache_dir=cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_id=2, pad_token_id=2, dtype="float32",
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / _READY).write_text(f"random seed {seed}\n")
+    return folder
+
+
 def default_cache_dir() -> Path:
     """`$AGENTIC_RL_CACHE/models`, else `~/.cache/agentic_rl/models`."""
     root = os.environ.get("AGENTIC_RL_CACHE")
@@ -76,7 +118,8 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.P
     """Return a local Hugging Face folder (config, weights, tokenizer) for a model.
 
     Args:
-        name_or_path: a registry name (see `REGISTRY`), a local folder with a `config.json`, or a hub id.
+        name_or_path: a registry name (see `REGISTRY`), `tiny-random-smollm2` (built locally, random weights), a
+            local folder with a `config.json`, or a hub id.
         cache_dir: where registry models are built; defaults to `default_cache_dir()`.
 
     Returns:
@@ -92,6 +135,9 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.P
             raise ModelError(f"{local} is a folder but holds no config.json")
         return local
     name = str(name_or_path)
+    if name == TINY_MODEL:
+        target = Path(cache_dir) if cache_dir else default_cache_dir()
+        return build_tiny_model(target / TINY_MODEL, cache_dir=cache_dir)
     if name in REGISTRY:
         target = Path(cache_dir) if cache_dir else default_cache_dir()
         return _build_registry_model(name, REGISTRY[name], target / name)

@@ -13,6 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentic_rl.train.advantages import group_advantages
+from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.loss import grpo_loss, response_logprobs
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
 from agentic_rl.types import Trajectory
@@ -64,11 +65,15 @@ class GRPOTrainer:
         pad_token_id: padding id for packing.
         config: optimizer and loss settings.
         reference: a frozen copy of the initial model for the KL term (built when `kl_coef > 0` and None).
+        dist: the data-parallel context under torchrun; gradients are averaged across its ranks.
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, config: GRPOConfig | None = None,
-                 reference: torch.nn.Module | None = None) -> None:  # fmt: skip
+                 reference: torch.nn.Module | None = None, dist: DistContext | None = None) -> None:  # fmt: skip
         self.model = model
+        self.dist = dist
+        if dist is not None:
+            dist.broadcast_params_(model)  # identical start on every rank
         self.config = config or GRPOConfig()
         self.pad_token_id = pad_token_id
         self.optimizer = torch.optim.AdamW(
@@ -134,10 +139,14 @@ class GRPOTrainer:
             sums["diff"] += float((new.detach() - micro.old_logprobs).abs()[mask].sum())
             for key in ("loss", "pg_loss", "kl", "clip_fraction"):
                 sums[key] += float(getattr(out, key).detach()) * weight
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)) if chunks else 0.0
-        if chunks and math.isfinite(grad_norm):
+        if self.dist is not None:
+            self.dist.allreduce_grads_(self.module)  # every rank joins, even with no rows of its own
+        has_grads = any(p.grad is not None for p in self.module.parameters())
+        grad_norm = (float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm))
+                     if has_grads else 0.0)  # fmt: skip
+        if has_grads and math.isfinite(grad_norm):
             self.optimizer.step()
-        elif chunks:
+        elif has_grads:
             logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1

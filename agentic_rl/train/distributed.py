@@ -1,0 +1,135 @@
+"""Data parallelism across torchrun ranks, each rank owning one colocated engine.
+
+vLLM's in-process engine sets up its own single-rank `torch.distributed` default group, so the training group is
+a separate process group over its own store (torchrun's `MASTER_PORT + 1`). Gradients are averaged with one
+all-reduce of a flat buffer per step (what DDP does, without DDP's need for the default group), and initial
+weights are broadcast from rank 0 so every rank starts, and therefore stays, identical.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from agentic_rl.errors import ConfigError
+
+__all__ = ["DistContext", "backend_for", "init_from_env", "shard"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def backend_for(device: str) -> str:
+    """Collective backend for a device type: `gloo` (cpu), `nccl` (cuda), `hccl` (npu)."""
+    kind = device.split(":")[0]
+    try:
+        return {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}[kind]
+    except KeyError:
+        raise ConfigError(f"no collective backend for device {device!r}") from None
+
+
+@dataclass
+class DistContext:
+    """This process's place in the data-parallel job.
+
+    Attributes:
+        rank: global rank (0 when not distributed).
+        world_size: number of ranks.
+        group: the training process group, None when `world_size == 1`.
+        backend: `gloo`, `nccl` or `hccl`.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    group: Any = None
+    backend: str = "gloo"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def allreduce_mean_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Average `tensors` across ranks in place, with one all-reduce of a flat buffer."""
+        if self.group is None or not tensors:
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        self.group.allreduce([flat]).wait()
+        flat /= self.world_size
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    def allreduce_grads_(self, model: torch.nn.Module) -> None:
+        """Average the gradients of `model` across ranks (missing gradients count as zero)."""
+        if self.group is None:
+            return
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        self.allreduce_mean_([p.grad for p in params])
+
+    def broadcast_params_(self, model: torch.nn.Module) -> None:
+        """Copy rank 0's parameters to every rank."""
+        if self.group is None:
+            return
+        with torch.no_grad():
+            for p in model.parameters():
+                self.group.broadcast([p.data], 0).wait()
+
+    def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
+        """Every rank's `values` (same length on all ranks), in rank order."""
+        local = torch.tensor(list(values), dtype=torch.float64)
+        if self.group is None:
+            return [local.tolist()]
+        out = [torch.zeros_like(local) for _ in range(self.world_size)]
+        self.group.allgather([out], [local]).wait()
+        return [t.tolist() for t in out]
+
+
+def init_from_env(device: str = "cpu", *, timeout_s: float = 600.0) -> DistContext:
+    """Join the torchrun job described by `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, if any.
+
+    Returns:
+        A single-rank context when `WORLD_SIZE` is unset or 1.
+
+    Raises:
+        ConfigError: if the torchrun variables are incomplete, or the backend is unavailable.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    try:
+        rank = int(os.environ["RANK"])
+        addr = os.environ["MASTER_ADDR"]
+        port = int(os.environ["MASTER_PORT"]) + 1  # MASTER_PORT itself may be taken by the launcher's store
+    except KeyError as exc:
+        raise ConfigError(f"WORLD_SIZE={world} but {exc.args[0]} is not set; launch with torchrun") from None
+    import torch.distributed as dist
+
+    backend = backend_for(device)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.PrefixStore("agentic_rl_train", dist.TCPStore(addr, port, world, rank == 0, timeout=timeout))
+    if backend == "gloo":
+        group = dist.ProcessGroupGloo(store, rank, world, timeout)
+    elif backend == "nccl":
+        group = dist.ProcessGroupNCCL(store, rank, world)
+    else:
+        from ascend.platform import hccl_process_group
+
+        group = hccl_process_group(store, rank, world)
+    logger.info("rank %d of %d joined the training group (%s)", rank, world, backend)
+    return DistContext(rank=rank, world_size=world, group=group, backend=backend)
+
+
+def shard(items: Sequence[T], ctx: DistContext) -> list[T]:
+    """This rank's share of `items` (round-robin), so that whole task groups stay on one rank."""
+    return list(items[ctx.rank :: ctx.world_size])
