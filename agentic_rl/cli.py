@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_tasks", "main"]
+__all__ = ["build_tools", "load_tasks", "main"]
 
 DEFAULT_DATA = "../shared/data/gsm8k_test.jsonl"
 TOOLS = ("calculator",)
@@ -47,10 +47,19 @@ def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any
     return tasks
 
 
-def _build_tools(names: list[str]) -> list[Any]:
+def build_tools(names: list[str]) -> list[Any]:
+    """Tool instances by name (see `TOOLS`).
+
+    Raises:
+        ConfigError: for an unknown name.
+    """
+    from agentic_rl.errors import ConfigError
     from agentic_rl.tools.calculator import CalculatorTool
 
     factories = {"calculator": CalculatorTool}
+    unknown = [n for n in names if n not in factories]
+    if unknown:
+        raise ConfigError(f"unknown tool(s): {', '.join(unknown)}; available: {', '.join(factories)}")
     return [factories[name]() for name in names]
 
 
@@ -96,6 +105,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", default=None, help="default: runs/rollout-<time>")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true")
+    t = sub.add_parser("train", help="GRPO training: rollout -> train -> weight sync, from a YAML config",
+                       formatter_class=fmt)  # fmt: skip
+    t.add_argument("--config", required=True, help="YAML file with TrainConfig fields (see examples/train_gsm8k.yaml)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. --set steps=2 --set rollout.group_size=4 (repeatable)")  # fmt: skip
+    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("-v", "--verbose", action="store_true")
     s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
                        formatter_class=fmt)  # fmt: skip
     s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
@@ -152,7 +168,7 @@ def _run_rollout(args: argparse.Namespace) -> int:
                 "max_tokens": args.max_tokens, "seed": args.seed}  # fmt: skip
     wrapper = ToolAgentEngineWrapper(
         "cli_agent", tokenizer, sampling, args.max_prompt_length, args.max_response_length, args.n_parallel,
-        args.max_steps, model=model_dir, tools=_build_tools(tool_names),
+        args.max_steps, model=model_dir, tools=build_tools(tool_names),
         engine_options={"dtype": args.dtype, "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=False,
     )  # fmt: skip
     console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}; starting the engine...")
@@ -213,6 +229,61 @@ def _run_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_train_config(path: str | Path, overrides: list[str]) -> Any:
+    """Read a `TrainConfig` from YAML and apply `KEY=VALUE` overrides (values parsed as YAML).
+
+    Raises:
+        ConfigError: naming the bad override or field.
+    """
+    import yaml
+    from pydantic import ValidationError
+
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.loop import TrainConfig
+
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a YAML mapping")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set needs KEY=VALUE, got {item!r}")
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part!r} is not a section")
+        node[leaf] = yaml.safe_load(value)
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ConfigError(f"invalid config field {'.'.join(map(str, err['loc']))!r}: {err['msg']}") from exc
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentic_rl.loop import run_training
+
+    config = load_train_config(args.config, args.set)
+    console = Console(stderr=True)
+    columns = [TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}")]
+    with Progress(*columns, console=console, disable=args.no_progress) as progress:
+        bar = progress.add_task("", total=config.steps)
+
+        def on_step(row: dict[str, Any]) -> None:
+            progress.update(bar, advance=1, description=f"reward {row['reward_mean']:.3f} loss {row['loss']:.4f}")
+
+        history = run_training(config, on_step=on_step)
+    last = history[-1]
+    print(f"trained {len(history)} steps into {config.output_dir}: reward {last['reward_mean']:.3f}, "
+          f"weight version {last['weight_version']}, logprob gap {last['logprob_diff']:.2e}")  # fmt: skip
+    return 0
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -259,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_rollout(args)
         if args.command == "serve":
             return _run_serve(args)
+        if args.command == "train":
+            return _run_train(args)
     except (AgenticRLError, OSError, ValueError) as exc:
         hint = ""
         if isinstance(exc, FileNotFoundError) and getattr(args, "data", None) == DEFAULT_DATA:

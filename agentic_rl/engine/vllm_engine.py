@@ -57,6 +57,7 @@ class VLLMEngineConfig:
         enable_prefix_caching: reuse KV blocks of shared prompt prefixes (every turn re-sends its history).
         logprobs_mode: vLLM's `logprobs_mode`: `raw_logprobs` (before temperature / top-p) or
             `processed_logprobs` (of the distribution actually sampled from).
+        enable_sleep_mode: let `sleep()` free engine memory while training (GPU/NPU only; ignored on the CPU).
         engine_kwargs: any further `vllm.LLM` keyword arguments.
     """
 
@@ -70,6 +71,7 @@ class VLLMEngineConfig:
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
     logprobs_mode: str = "raw_logprobs"
+    enable_sleep_mode: bool = False
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -104,6 +106,7 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
     }
     if _on_accelerator():
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = config.enable_sleep_mode
     else:
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * (1 << 30))
     kwargs.update(config.engine_kwargs)
@@ -274,6 +277,37 @@ class VLLMEngine:
         self._weight_version += 1
         logger.info("weights updated to version %d in %.2f s", self._weight_version, seconds)
         return seconds
+
+    def _can_sleep(self) -> bool:
+        if not self.config.enable_sleep_mode:
+            logger.info("engine sleep skipped: enable_sleep_mode is off")
+            return False
+        if not _on_accelerator():
+            logger.info("engine sleep skipped: vLLM sleep mode is not supported on the CPU; memory stays allocated")
+            return False
+        return True
+
+    async def sleep(self, level: int = 1) -> bool:
+        """Free the engine's accelerator memory while the trainer runs (level 1: offload weights, drop KV cache).
+
+        Returns:
+            False (and does nothing) on the CPU or without `enable_sleep_mode`.
+        """
+        if not self._can_sleep():
+            return False
+        await self.call(lambda llm: llm.sleep(level=level))
+        return True
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Reallocate what `sleep` freed; `tags` `["weights"]` then `["kv_cache"]` lets new weights load in between.
+
+        Returns:
+            False (and does nothing) on the CPU or without `enable_sleep_mode`.
+        """
+        if not self._can_sleep():
+            return False
+        await self.call(lambda llm: llm.wake_up(tags=tags))
+        return True
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(llm)` on the engine thread between two engine steps and return its result.

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agentic_rl.errors import RewardError
+from agentic_rl.errors import ConfigError, RewardError
 
 __all__ = [
+    "REWARDS",
     "RewardFn",
     "RewardResult",
     "extract_gsm8k_answer",
     "final_answer_text",
     "gsm8k_reward",
+    "has_number_reward",
     "math_verify_reward",
+    "resolve_reward",
 ]
 
 logger = logging.getLogger(__name__)
@@ -106,3 +109,33 @@ def gsm8k_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> fl
     if not math.isfinite(value):
         raise RewardError(f"reward is not finite: {value}")
     return value
+
+
+def has_number_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+    """A format reward: 1.0 when the final answer contains a digit, else 0.0 (a dense signal for smoke tests)."""
+    return 1.0 if any(ch.isdigit() for ch in final_answer_text(messages)) else 0.0
+
+
+REWARDS = {"gsm8k": gsm8k_reward, "has_number": has_number_reward}
+
+
+def resolve_reward(name: str) -> Callable[[dict[str, Any], Sequence[dict[str, str]]], float]:
+    """A reward function by name: a key of `REWARDS`, or `package.module:function`.
+
+    Raises:
+        ConfigError: if the name is unknown or the import fails.
+    """
+    if name in REWARDS:
+        return REWARDS[name]
+    module_name, sep, attr = name.partition(":")
+    if not sep:
+        raise ConfigError(f"unknown reward {name!r}: use one of {sorted(REWARDS)} or 'package.module:function'")
+    try:
+        import importlib
+
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import reward {name!r}: {exc}") from exc
+    if not callable(fn):
+        raise ConfigError(f"reward {name!r} is not callable")
+    return fn

@@ -83,7 +83,7 @@ class DistContext:
             return
         with torch.no_grad():
             for p in model.parameters():
-                self.group.broadcast([p.data], 0).wait()
+                self.group.broadcast(p.data, 0).wait()
 
     def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
         """Every rank's `values` (same length on all ranks), in rank order."""

@@ -1,0 +1,203 @@
+"""The training loop: rollout -> GRPO step -> weight sync into the colocated engine -> next rollout.
+
+With the CLI, the only module that imports both `rollout` and `train`. Runs on one process or under torchrun
+(one engine per rank, tasks sharded by group, gradients averaged across ranks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentic_rl.train.trainer import GRPOConfig
+
+__all__ = ["EngineSection", "RolloutSection", "TrainConfig", "run_training", "weights_digest"]
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutSection(BaseModel):
+    """Rollout settings of a training run (`tasks_per_step` tasks per rank, `group_size` samples each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks_per_step: int = Field(default=4, ge=1)
+    group_size: int = Field(default=4, ge=1)
+    n_parallel_agents: int = Field(default=16, ge=1, le=64)
+    max_steps: int = Field(default=2, ge=1, le=10)
+    max_prompt_length: int = Field(default=1024, ge=1, le=128 * 1024)
+    max_response_length: int = Field(default=512, ge=1, le=8192)
+    sampling: dict[str, Any] = Field(default_factory=lambda: {"temperature": 1.0, "max_tokens": 256})
+
+
+class EngineSection(BaseModel):
+    """Engine settings; fp32 by default so the engine's logprobs match the fp32 trainer's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dtype: str = "float32"
+    kv_cache_gib: float = Field(default=0.5, gt=0)
+    max_model_len: int | None = Field(default=None, ge=16)
+    sleep_while_training: bool = False
+
+
+class TrainConfig(BaseModel):
+    """A training run, usually read from YAML (`agentic-rl train --config FILE`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "smollm2-135m-instruct"
+    data: str = "../shared/data/gsm8k_train.jsonl"
+    tools: list[str] = Field(default_factory=lambda: ["calculator"])
+    reward: str = Field(default="gsm8k", description="a name in REWARDS, or 'package.module:function'")
+    output_dir: str = "runs/train"
+    steps: int = Field(default=3, ge=1)
+    seed: int = 0
+    device: str = "cpu"
+    checkpoint_every: int = Field(default=0, ge=0, description="0: only the final checkpoint")
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    optimizer: GRPOConfig = Field(default_factory=GRPOConfig)
+
+
+def weights_digest(model: Any) -> str:
+    """sha256 over every parameter's bytes, in name order (equal digests = identical weights)."""
+    digest = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _task_batches(tasks: list[dict[str, Any]], per_step: int, seed: int) -> Callable[[], list[dict[str, Any]]]:
+    order = list(range(len(tasks)))
+    random.Random(seed).shuffle(order)
+    position = 0
+
+    def next_batch() -> list[dict[str, Any]]:
+        nonlocal position
+        batch = [tasks[order[(position + i) % len(order)]] for i in range(per_step)]
+        position += per_step
+        return batch
+
+    return next_batch
+
+
+def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run `config.steps` rollout -> train -> sync iterations.
+
+    Writes under `output_dir` (rank 0): `metrics.jsonl` (one line per step), `config.json`, `rollouts/step_K.jsonl`,
+    `checkpoints/step_K/` (every `checkpoint_every` steps and at the end), `reward_curve.png`; and every rank writes
+    `weights_rank{R}.sha256` with its final weights' digest.
+
+    Returns:
+        The metrics of every step (rank 0's view, aggregated over ranks).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentic_rl.cli import build_tools, load_tasks
+    from agentic_rl.models import resolve_model
+    from agentic_rl.rollout.rewards import resolve_reward
+    from agentic_rl.rollout.summary import trajectory_to_dict
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+    from agentic_rl.train.distributed import init_from_env, shard
+    from agentic_rl.train.plots import plot_reward_curve
+    from agentic_rl.train.trainer import GRPOTrainer
+
+    dist = init_from_env(config.device)
+    torch.manual_seed(config.seed)
+    out = Path(config.output_dir)
+    if dist.is_main:
+        (out / "rollouts").mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    model_dir = resolve_model(config.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tasks = load_tasks(config.data)
+    next_batch = _task_batches(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
+    r = config.rollout
+    engine_options: dict[str, Any] = {"dtype": config.engine.dtype, "kv_cache_gib": config.engine.kv_cache_gib,
+                                      "seed": config.seed + dist.rank}  # fmt: skip
+    if config.engine.max_model_len:
+        engine_options["max_model_len"] = config.engine.max_model_len
+    wrapper = ToolAgentEngineWrapper(
+        "trainer", tokenizer, {**r.sampling, "seed": config.seed + 1000 * dist.rank}, r.max_prompt_length,
+        r.max_response_length, r.n_parallel_agents, r.max_steps, model=model_dir, tools=build_tools(config.tools),
+        reward_fn=resolve_reward(config.reward), engine_options=engine_options, serve=False,
+    )  # fmt: skip
+    wrapper.initialize()
+    engine = wrapper.engine
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(config.device)
+    trainer = GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
+    if dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers
+        anyio.run(engine.update_weights, trainer.named_weights())
+    history: list[dict[str, Any]] = []
+    try:
+        for step in range(config.steps):
+            mine = shard(next_batch(), dist)
+            expanded = [dict(task) for task in mine for _ in range(r.group_size)]  # a group shares its task id
+            t0 = time.perf_counter()
+            trajectories = anyio.run(wrapper.generate_agent_trajectories_async, expanded)
+            rollout_s = time.perf_counter() - t0
+            if config.engine.sleep_while_training:
+                anyio.run(engine.sleep)
+            stats = trainer.train_step(trajectories)
+            t0 = time.perf_counter()
+            if config.engine.sleep_while_training:
+                anyio.run(engine.wake_up, ["weights"])
+            anyio.run(engine.update_weights, trainer.named_weights())
+            if config.engine.sleep_while_training:
+                anyio.run(engine.wake_up, ["kv_cache"])
+            sync_s = time.perf_counter() - t0
+            generated = sum(t.num_generated_tokens for t in trajectories)
+            local = [
+                stats["reward_mean"], stats["reward_std"],
+                sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
+                sum(t.failed for t in trajectories), stats["response_length"], generated / max(rollout_s, 1e-9),
+                rollout_s, stats["train_seconds"], sync_s, stats["logprob_diff"],
+            ]  # fmt: skip
+            ranks = dist.gather_floats(local)
+            mean = [sum(col) / len(col) for col in zip(*ranks)]
+            row = {
+                "step": step + 1, "reward_mean": mean[0], "reward_std": mean[1], "accuracy": mean[2],
+                "failed": int(sum(rk[3] for rk in ranks)), "loss": stats["loss"], "pg_loss": stats["pg_loss"],
+                "kl": stats["kl"], "grad_norm": stats["grad_norm"], "clip_fraction": stats["clip_fraction"],
+                "response_length": mean[4], "tokens_per_s": sum(rk[5] for rk in ranks), "rollout_seconds": mean[6],
+                "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": mean[9],
+                "weight_version": engine.weight_version, "trajectories": len(trajectories) * dist.world_size,
+            }  # fmt: skip
+            history.append(row)
+            if dist.is_main:
+                with (out / "metrics.jsonl").open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                with (out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
+                    for t in trajectories:
+                        f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
+                if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
+                    _checkpoint(trainer.module, tokenizer, out / "checkpoints" / f"step_{step + 1}")
+            if on_step is not None:
+                on_step(row)
+        if dist.is_main:
+            _checkpoint(trainer.module, tokenizer, out / "checkpoints" / "final")
+            plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"weights_rank{dist.rank}.sha256").write_text(weights_digest(trainer.module) + "\n")
+    finally:
+        anyio.run(wrapper.close)
+    return history
+
+
+def _checkpoint(model: Any, tokenizer: Any, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    logger.info("checkpoint written to %s", folder)
