@@ -68,3 +68,21 @@ async def test_requests_in_flight_during_a_sync_complete_and_are_not_aborted(fp3
         await fp32_engine.update_weights(hf_model.named_parameters())
     assert len(results) == 8
     assert all(len(r.token_ids) == 48 and r.finish_reason == "length" for r in results)
+
+
+async def test_sleep_and_wake_are_skipped_on_the_cpu_with_a_log_line(fp32_engine, model_dir, caplog):
+    import logging
+
+    from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+    wants_sleep = VLLMEngine(VLLMEngineConfig(model=model_dir, enable_sleep_mode=True))
+    with caplog.at_level(logging.INFO, logger="agentic_rl.engine.vllm_engine"):
+        assert await wants_sleep.sleep() is False
+        assert await wants_sleep.wake_up(["weights"]) is False
+    assert "not supported on the CPU" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="agentic_rl.engine.vllm_engine"):
+        assert await fp32_engine.sleep() is False
+    assert "enable_sleep_mode is off" in caplog.text
+    out = await fp32_engine.generate([1, 2, 3], {"max_tokens": 2, "min_tokens": 2})
+    assert len(out.token_ids) == 2  # still serving
