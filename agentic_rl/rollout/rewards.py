@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+import re
+import string
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -14,11 +17,16 @@ __all__ = [
     "REWARDS",
     "RewardFn",
     "RewardResult",
+    "answer_f1",
+    "extract_short_answer",
     "extract_gsm8k_answer",
     "final_answer_text",
     "gsm8k_reward",
     "has_number_reward",
+    "hotpotqa_em_reward",
+    "hotpotqa_f1_reward",
     "math_verify_reward",
+    "normalize_answer",
     "resolve_reward",
 ]
 
@@ -116,7 +124,70 @@ def has_number_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) 
     return 1.0 if any(ch.isdigit() for ch in final_answer_text(messages)) else 0.0
 
 
-REWARDS = {"gsm8k": gsm8k_reward, "has_number": has_number_reward}
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(.+)", re.IGNORECASE)
+
+
+def normalize_answer(text: str) -> str:
+    """HotpotQA/SQuAD answer normalization: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def extract_short_answer(text: str) -> str:
+    """The short answer in a final message: `<answer>...</answer>`, else after the last "answer is"/"answer:",
+    else the last non-empty line."""
+    tagged = _ANSWER_TAG.findall(text)
+    if tagged:
+        return tagged[-1].strip()
+    stated = _ANSWER_IS.findall(text)
+    if stated:
+        return stated[-1].strip().splitlines()[0].strip()
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def answer_f1(prediction: str, gold: str) -> tuple[float, float]:
+    """(exact match, token F1) after `normalize_answer`, as in the HotpotQA evaluation script (Yang et al. 2018):
+    a yes/no/noanswer gold or prediction scores 0 unless both are the same word."""
+    pred, truth = normalize_answer(prediction), normalize_answer(gold)
+    em = float(pred == truth)
+    special = {"yes", "no", "noanswer"}
+    if (pred in special or truth in special) and pred != truth:
+        return em, 0.0
+    pred_tokens, truth_tokens = pred.split(), truth.split()
+    common = sum((Counter(pred_tokens) & Counter(truth_tokens)).values())
+    if common == 0:
+        return em, 0.0
+    precision, recall = common / len(pred_tokens), common / len(truth_tokens)
+    return em, 2 * precision * recall / (precision + recall)
+
+
+def hotpotqa_f1_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+    """Token F1 of the final answer against `task["ground_truth"]` (HotpotQA normalization).
+
+    Raises:
+        RewardError: if the task has no ground truth.
+    """
+    if task.get("ground_truth") is None:
+        raise RewardError("task has no 'ground_truth'")
+    return answer_f1(extract_short_answer(final_answer_text(messages)), str(task["ground_truth"]))[1]
+
+
+def hotpotqa_em_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+    """Exact match of the final answer against `task["ground_truth"]` (HotpotQA normalization)."""
+    if task.get("ground_truth") is None:
+        raise RewardError("task has no 'ground_truth'")
+    return answer_f1(extract_short_answer(final_answer_text(messages)), str(task["ground_truth"]))[0]
+
+
+REWARDS = {
+    "gsm8k": gsm8k_reward,
+    "has_number": has_number_reward,
+    "hotpotqa_f1": hotpotqa_f1_reward,
+    "hotpotqa_em": hotpotqa_em_reward,
+}
 
 
 def resolve_reward(name: str) -> Callable[[dict[str, Any], Sequence[dict[str, str]]], float]:
