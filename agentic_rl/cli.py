@@ -14,6 +14,7 @@ from typing import Any
 __all__ = ["build_tools", "load_tasks", "main"]
 
 DEFAULT_DATA = "../shared/data/gsm8k_test.jsonl"
+DEFAULT_CORPUS = "../shared/data/corpus.jsonl"
 TOOLS = ("calculator",)
 
 
@@ -47,8 +48,8 @@ def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any
     return tasks
 
 
-def build_tools(names: list[str]) -> list[Any]:
-    """Tool instances by name (see `TOOLS`).
+def build_tools(names: list[str], *, corpus: str | Path = DEFAULT_CORPUS) -> list[Any]:
+    """Tool instances by name (see `TOOLS`); `corpus` feeds the local search and visit tools.
 
     Raises:
         ConfigError: for an unknown name.
@@ -56,7 +57,7 @@ def build_tools(names: list[str]) -> list[Any]:
     from agentic_rl.errors import ConfigError
     from agentic_rl.tools.calculator import CalculatorTool
 
-    factories = {"calculator": CalculatorTool}
+    factories: dict[str, Any] = {"calculator": CalculatorTool}
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ConfigError(f"unknown tool(s): {', '.join(unknown)}; available: {', '.join(factories)}")
@@ -100,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--top-k", type=_bounded(int, -1), default=-1, help="-1 or 0 = off")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--tools", default="calculator", help=f"comma-separated, from: {', '.join(TOOLS)}; '' = none")
+    r.add_argument("--reward", default="gsm8k", help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number or module:function")
+    r.add_argument("--system-prompt-file", default=None, help="a text file with the system prompt")
+    r.add_argument("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
     r.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
     r.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
     r.add_argument("--output-dir", default=None, help="default: runs/rollout-<time>")
@@ -166,9 +170,14 @@ def _run_rollout(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                 "max_tokens": args.max_tokens, "seed": args.seed}  # fmt: skip
+    from agentic_rl.rollout.rewards import resolve_reward
+
+    reward_fn = resolve_reward(args.reward)
+    system_prompt = Path(args.system_prompt_file).read_text() if args.system_prompt_file else None
     wrapper = ToolAgentEngineWrapper(
         "cli_agent", tokenizer, sampling, args.max_prompt_length, args.max_response_length, args.n_parallel,
-        args.max_steps, model=model_dir, tools=build_tools(tool_names),
+        args.max_steps, model=model_dir, tools=build_tools(tool_names, corpus=args.corpus), reward_fn=reward_fn,
+        system_prompt=system_prompt,
         engine_options={"dtype": args.dtype, "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=False,
     )  # fmt: skip
     console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}; starting the engine...")
