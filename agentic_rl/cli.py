@@ -15,7 +15,7 @@ __all__ = ["build_tools", "load_tasks", "main"]
 
 DEFAULT_DATA = "../shared/data/gsm8k_test.jsonl"
 DEFAULT_CORPUS = "../shared/data/corpus.jsonl"
-TOOLS = ("calculator",)
+TOOLS = ("calculator", "search", "visit", "web_search", "web_visit")
 
 
 def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
@@ -56,8 +56,16 @@ def build_tools(names: list[str], *, corpus: str | Path = DEFAULT_CORPUS) -> lis
     """
     from agentic_rl.errors import ConfigError
     from agentic_rl.tools.calculator import CalculatorTool
+    from agentic_rl.tools.search import LocalSearchTool, SerperSearchTool
+    from agentic_rl.tools.visit import LocalVisitTool, VisitTool
 
-    factories: dict[str, Any] = {"calculator": CalculatorTool}
+    factories: dict[str, Any] = {
+        "calculator": CalculatorTool,
+        "search": lambda: LocalSearchTool(corpus),
+        "visit": lambda: LocalVisitTool(corpus),
+        "web_search": SerperSearchTool,
+        "web_visit": VisitTool,
+    }
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ConfigError(f"unknown tool(s): {', '.join(unknown)}; available: {', '.join(factories)}")

@@ -31,6 +31,7 @@ from agentic_rl.tools.base import Tool
 
 __all__ = [
     "DEFAULT_CORPUS_PATH",
+    "DEFAULT_QUESTIONS_PATH",
     "BM25Index",
     "Corpus",
     "Document",
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 #: The HotpotQA corpus of the shared data folder (`<repo>/../shared/data/corpus.jsonl`).
 DEFAULT_CORPUS_PATH = Path(__file__).resolve().parents[3] / "shared" / "data" / "corpus.jsonl"
+#: The 500 HotpotQA dev questions (with `supporting_doc_ids`) beside it.
+DEFAULT_QUESTIONS_PATH = DEFAULT_CORPUS_PATH.with_name("hotpotqa_dev_distractor_500.jsonl")
 
 SERPER_URL = "https://google.serper.dev"
 SERPAPI_URL = "https://serpapi.com"
@@ -78,7 +81,7 @@ def cap_text(text: str, max_chars: int) -> str:
         return text
     # The marker counts at most len(text) characters, so its length with len(text) is an upper bound.
     keep = max(0, max_chars - len(f"\n...[truncated {len(text)} characters]"))
-    return text
+    return text[:keep] + f"\n...[truncated {len(text) - keep} characters]"
 
 
 def _redact(text: str, secrets: Iterable[str]) -> str:
@@ -931,7 +934,7 @@ class LocalSearchTool(Tool):
 
 def bm25_recall_at_k(
     corpus_path: str | os.PathLike[str] = DEFAULT_CORPUS_PATH,
-    questions_path: str | os.PathLike[str] = DEFAULT_CORPUS_PATH.with_name("hotpotqa_dev_distractor_500.jsonl"),
+    questions_path: str | os.PathLike[str] = DEFAULT_QUESTIONS_PATH,
     k: int = 5,
     *,
     limit: int | None = None,

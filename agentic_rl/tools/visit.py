@@ -190,7 +190,7 @@ class VisitTool(Tool):
         return cap_text(header + summary, self.max_page_chars)
 
     def _truncated(self, page: str, note: str) -> str:
-        return note + "\n" + cap_text(page, max(_MIN_MAX_CHARS // 2, self.max_page_chars - len(note) - 1))
+        return cap_text(f"{note}\n{page}", self.max_page_chars)
 
     async def _summarize(self, url: str, goal: str, page: str, deadline: float) -> str:
         """A summary of `page` toward `goal` from the OpenAI-compatible endpoint.

@@ -15,8 +15,8 @@ Switches (`FakeWeb.plan(service, *faults)`): each request to `service` consumes 
 `{"error": ...}` with status 200), `delay_s=` sleeps first (to trigger client timeouts). Requests are recorded
 per service (`FakeWeb.requests`, `FakeWeb.count`).
 
-Use the `fake_web` fixture (import it together with `fake_web_server` into the test module): it yields the running
-server with its plans and records cleared.
+Use the `fake_web` fixture (import `fake_web_fixture` and `fake_web_server_fixture` into the test module): it
+yields the running server with its plans, records and pages cleared.
 """
 
 from __future__ import annotations
@@ -206,7 +206,9 @@ def create_fake_app(fake: FakeWeb) -> FastAPI:
             return JSONResponse({"error": "Missing query `q` parameter."}, status_code=400)
         metadata = {"id": "fake", "status": "Success"}
         if query == NO_RESULTS_QUERY:
-            return JSONResponse({"search_metadata": metadata, "error": "Google hasn't returned any results for this query."})
+            return JSONResponse(
+                {"search_metadata": metadata, "error": "Google hasn't returned any results for this query."}
+            )
         num = int(params.get("num", 10))
         return JSONResponse({
             "search_metadata": metadata,
@@ -237,14 +239,18 @@ def create_fake_app(fake: FakeWeb) -> FastAPI:
         if early is not None:
             return early
         if request.headers.get("authorization") != f"Bearer {OPENAI_KEY}":
-            error = {"message": "Incorrect API key provided.", "type": "invalid_request_error", "code": "invalid_api_key"}
+            error = {
+                "message": "Incorrect API key provided.",
+                "type": "invalid_request_error",
+                "code": "invalid_api_key",
+            }
             return JSONResponse({"error": error}, status_code=401)
         messages = body.get("messages") if isinstance(body, dict) else None
         if not isinstance(messages, list) or not messages or not body.get("model"):
             return JSONResponse({"error": {"message": "model and messages are required", "type": "invalid_request_error"}},
                                 status_code=400)  # fmt: skip
         user = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
-        goal = next((line[len("Goal: "):] for line in user.splitlines() if line.startswith("Goal: ")), "")
+        goal = next((line[len("Goal: ") :] for line in user.splitlines() if line.startswith("Goal: ")), "")
         content = f"FAKE SUMMARY of {len(user)} characters toward: {goal}"
         return JSONResponse({
             "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
@@ -255,8 +261,8 @@ def create_fake_app(fake: FakeWeb) -> FastAPI:
     return app
 
 
-@pytest.fixture(scope="module")
-def fake_web_server() -> Iterator[FakeWeb]:
+@pytest.fixture(scope="module", name="fake_web_server")
+def fake_web_server_fixture() -> Iterator[FakeWeb]:
     """The fake services, served on 127.0.0.1 for the whole test module."""
     fake = FakeWeb()
     fake.thread = ServerThread(create_fake_app(fake))
@@ -265,8 +271,8 @@ def fake_web_server() -> Iterator[FakeWeb]:
     fake.thread.stop(timeout_s=5)
 
 
-@pytest.fixture
-def fake_web(fake_web_server: FakeWeb) -> Iterator[FakeWeb]:
+@pytest.fixture(name="fake_web")
+def fake_web_fixture(fake_web_server: FakeWeb) -> Iterator[FakeWeb]:
     """The running fake services with plans, records and pages cleared before and after the test."""
     fake_web_server.reset()
     yield fake_web_server

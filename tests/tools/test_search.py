@@ -15,10 +15,10 @@ from fake_web import (  # noqa: F401  (fixtures)
     NO_RESULTS_QUERY,
     SERPAPI_KEY,
     SERPER_KEY,
-    Fault,
     FakeWeb,
-    fake_web,
-    fake_web_server,
+    Fault,
+    fake_web_fixture,
+    fake_web_server_fixture,
     slow,
 )
 

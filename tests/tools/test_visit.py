@@ -8,11 +8,11 @@ import pytest
 from fake_web import (  # noqa: F401  (fixtures)
     JINA_KEY,
     OPENAI_KEY,
-    Fault,
     FakeWeb,
+    Fault,
     default_page,
-    fake_web,
-    fake_web_server,
+    fake_web_fixture,
+    fake_web_server_fixture,
     slow,
 )
 
@@ -66,7 +66,9 @@ async def test_visit_sends_the_jina_key_as_bearer(fake_web, monkeypatch):
 
 
 async def test_visit_wrong_key_is_an_auth_error_without_retry(fake_web):
-    with pytest.raises(ToolError, match=r"Jina Reader: authentication failed \(HTTP 401.*Invalid API key.*JINA_API_KEY") as info:
+    with pytest.raises(
+        ToolError, match=r"Jina Reader: authentication failed \(HTTP 401.*Invalid API key.*JINA_API_KEY"
+    ) as info:
         await visit(fake_web, api_key="bad-jina-secret", max_retries=3).execute({"url": "https://example.com/a"})
     assert fake_web.count("jina") == 1
     assert "bad-jina-secret" not in str(info.value)
@@ -103,7 +105,9 @@ async def test_visit_caps_a_long_page_without_summarizer(fake_web):
 
 
 async def test_visit_short_page_is_not_summarized(fake_web):
-    out = await visit(fake_web, summarize=True, max_page_chars=1000).execute({"url": "https://example.com/s", "goal": "g"})
+    out = await visit(fake_web, summarize=True, max_page_chars=1000).execute(
+        {"url": "https://example.com/s", "goal": "g"}
+    )
     assert out == default_page("https://example.com/s")
     assert fake_web.count("openai") == 0
 
@@ -119,7 +123,9 @@ async def test_visit_summarizes_long_pages_toward_the_goal(fake_web):
     assert req.body["model"] == "summarizer" and req.body["temperature"] == 0.0
     system, user = req.body["messages"]
     assert system["role"] == "system" and user["role"] == "user"
-    assert user["content"].startswith(f"Goal: find the population of Paris\n\nURL: {PAGE_URL}\n\nPage content:\nTitle: Long")
+    assert user["content"].startswith(
+        f"Goal: find the population of Paris\n\nURL: {PAGE_URL}\n\nPage content:\nTitle: Long"
+    )
     assert "[page cut to its first 5000 of 20000 characters]" in user["content"]
     assert len(user["content"]) < 5300
 
