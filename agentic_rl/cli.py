@@ -109,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--top-k", type=_bounded(int, -1), default=-1, help="-1 or 0 = off")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--tools", default="calculator", help=f"comma-separated, from: {', '.join(TOOLS)}; '' = none")
-    r.add_argument("--reward", default="gsm8k", help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number or module:function")
+    r.add_argument("--reward", default="gsm8k",
+                   help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number, llm_judge (asks the served model) or module:function")  # fmt: skip
     r.add_argument("--system-prompt-file", default=None, help="a text file with the system prompt")
     r.add_argument("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
     r.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
@@ -182,16 +183,21 @@ def _run_rollout(args: argparse.Namespace) -> int:
                 "max_tokens": args.max_tokens, "seed": args.seed}  # fmt: skip
     from agentic_rl.rollout.rewards import resolve_reward
 
-    reward_fn = resolve_reward(args.reward)
+    judge = args.reward == "llm_judge"  # needs the engine's own server: set up after initialize()
+    reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward)
     system_prompt = Path(args.system_prompt_file).read_text() if args.system_prompt_file else None
     wrapper = ToolAgentEngineWrapper(
         "cli_agent", tokenizer, sampling, args.max_prompt_length, args.max_response_length, args.n_parallel,
         args.max_steps, model=model_dir, tools=build_tools(tool_names, corpus=args.corpus), reward_fn=reward_fn,
         system_prompt=system_prompt,
-        engine_options={"dtype": args.dtype, "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=False,
+        engine_options={"dtype": args.dtype, "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=judge,
     )  # fmt: skip
     console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}; starting the engine...")
     wrapper.initialize()
+    if judge:
+        from agentic_rl.rollout.rewards import LLMJudgeReward
+
+        wrapper.reward_fn = LLMJudgeReward(f"http://{wrapper.server_addresses[0]}/v1", model=wrapper.agent_name)
     records = (out_dir / "trajectories.jsonl").open("w", encoding="utf-8")
 
     def finished(trajectory: Any) -> None:  # written as each one finishes: an interrupted run keeps them

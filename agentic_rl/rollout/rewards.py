@@ -15,6 +15,7 @@ from agentic_rl.errors import ConfigError, RewardError
 
 __all__ = [
     "REWARDS",
+    "LLMJudgeReward",
     "RewardFn",
     "RewardResult",
     "answer_f1",
@@ -180,6 +181,45 @@ def hotpotqa_em_reward(task: dict[str, Any], messages: Sequence[dict[str, str]])
     if task.get("ground_truth") is None:
         raise RewardError("task has no 'ground_truth'")
     return answer_f1(extract_short_answer(final_answer_text(messages)), str(task["ground_truth"]))[0]
+
+
+class LLMJudgeReward:
+    """Asks a model behind an OpenAI-compatible endpoint (our own server by default) whether the final answer
+    matches the ground truth; 1.0 for a reply starting with "yes", else 0.0.
+
+    Args:
+        base_url: e.g. `http://127.0.0.1:8000/v1`.
+        model: model name to send.
+        timeout_s: per-call timeout in seconds.
+
+    Raises:
+        RewardError: from `__call__` when the endpoint fails (the trajectory is then marked failed).
+    """
+
+    PROMPT = (
+        "Question: {question}\nReference answer: {gold}\nPredicted answer: {prediction}\n"
+        "Does the predicted answer mean the same as the reference answer? Reply with yes or no."
+    )
+
+    def __init__(self, base_url: str, *, model: str, timeout_s: float = 60.0) -> None:
+        import openai
+
+        self.client = openai.OpenAI(base_url=base_url, api_key="local", timeout=timeout_s, max_retries=1)
+        self.model = model
+
+    def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+        prediction = extract_short_answer(final_answer_text(messages))
+        if not prediction:
+            return 0.0
+        content = self.PROMPT.format(question=task.get("question", ""), gold=task.get("ground_truth", ""),
+                                     prediction=prediction)  # fmt: skip
+        try:
+            reply = self.client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": content}], max_tokens=4, temperature=0.0
+            )
+        except Exception as exc:
+            raise RewardError(f"LLM judge call failed: {exc}") from exc
+        return 1.0 if (reply.choices[0].message.content or "").strip().lower().startswith("yes") else 0.0
 
 
 REWARDS = {

@@ -182,3 +182,4 @@ async def test_rollout_with_summary_memory_keeps_every_prompt_under_budget(engin
             assert any(step.prompt_ids[i : i + len(summary_header)] == summary_header
                        for i in range(len(step.prompt_ids)))  # fmt: skip
     assert traj.metrics["alignment_mismatches"] == 0
+
