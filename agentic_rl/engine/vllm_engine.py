@@ -84,13 +84,9 @@ class VLLMEngineConfig:
 
 
 def _on_accelerator() -> bool:
-    import torch
+    from ascend.device import current_platform
 
-    if torch.cuda.is_available():
-        return True
-    from ascend.platform import npu_available
-
-    return npu_available()
+    return current_platform().is_accelerator
 
 
 def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
@@ -104,9 +100,13 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
         "enable_prefix_caching": config.enable_prefix_caching,
         "logprobs_mode": config.logprobs_mode,
     }
-    if _on_accelerator():
+    from ascend.device import current_platform
+
+    platform = current_platform()
+    if platform.is_accelerator:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
         kwargs["enable_sleep_mode"] = config.enable_sleep_mode
+        kwargs.update(platform.engine_kwargs())
     else:
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * (1 << 30))
     kwargs.update(config.engine_kwargs)

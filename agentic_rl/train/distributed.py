@@ -27,12 +27,17 @@ T = TypeVar("T")
 
 
 def backend_for(device: str) -> str:
-    """Collective backend for a device type: `gloo` (cpu), `nccl` (cuda), `hccl` (npu)."""
+    """Collective backend for a device type: `gloo` (cpu), `nccl` (cuda), `hccl` (npu).
+
+    Raises:
+        ConfigError: for another device type.
+    """
+    from ascend.device import Platform
+
     kind = device.split(":")[0]
-    try:
-        return {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}[kind]
-    except KeyError:
-        raise ConfigError(f"no collective backend for device {device!r}") from None
+    if kind not in ("cpu", "cuda", "npu"):
+        raise ConfigError(f"no collective backend for device {device!r}")
+    return Platform(kind).distributed_backend
 
 
 @dataclass
