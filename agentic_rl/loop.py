@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -115,6 +116,13 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     from agentic_rl.train.trainer import GRPOTrainer
 
     dist = init_from_env(config.device)
+    device = config.device
+    if device in ("cuda", "npu"):  # one accelerator per local rank
+        from ascend.device import Platform
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        device = Platform(device).device(local_rank)
+        Platform(config.device).set_device(local_rank)
     torch.manual_seed(config.seed)
     out = Path(config.output_dir)
     if dist.is_main:
@@ -136,7 +144,7 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     )  # fmt: skip
     wrapper.initialize()
     engine = wrapper.engine
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(config.device)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     trainer = GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
     if dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers
         anyio.run(engine.update_weights, trainer.named_weights())
