@@ -87,3 +87,26 @@ def test_importing_ascend_does_not_import_torch_npu():
     out = subprocess.run([sys.executable, "-c", "import sys, ascend; print('torch_npu' in sys.modules)"],
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == "False"
+
+
+def test_hccl_group_comes_from_torch_npu(fake_npu, monkeypatch):
+    from ascend.platform import hccl_process_group
+
+    made = []
+
+    class ProcessGroupHCCL:
+        def __init__(self, store, rank, world_size):
+            made.append((store, rank, world_size))
+
+    for name in ("torch_npu._C", "torch_npu._C._distributed_c10d"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    sys.modules["torch_npu._C._distributed_c10d"].ProcessGroupHCCL = ProcessGroupHCCL
+    group = hccl_process_group("store", 1, 2)
+    assert isinstance(group, ProcessGroupHCCL) and made == [("store", 1, 2)]
+
+
+def test_hccl_without_torch_npu_is_a_clear_error():
+    from ascend.platform import hccl_process_group
+
+    with pytest.raises(RuntimeError, match="torch_npu"):
+        hccl_process_group("store", 0, 2)
