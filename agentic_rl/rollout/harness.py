@@ -72,7 +72,6 @@ class _Record:
 
     def __init__(self, prompt_ids: list[int], messages: list[dict[str, str]] | None = None) -> None:
         self.restart(prompt_ids, messages or [])
-        self.runs = 0
 
     def restart(self, prompt_ids: list[int], messages: list[dict[str, str]]) -> None:
         """Begin a new run (the first, or after memory rewrote the history)."""
@@ -82,7 +81,6 @@ class _Record:
         self.mask: list[int] = []
         self.logprobs: list[float] = []
         self.segments: list[Segment] = [Segment(tuple(prompt_ids), sampled=False)]
-        self.runs = getattr(self, "runs", 0) + 1
 
     def add_sampled(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
         self.response_ids.extend(ids)
@@ -244,7 +242,6 @@ async def _turn_loop(
     memory: MemorySimple | None,
 ) -> str:
     record.restart(renderer.prompt_ids(sample.messages, sample.tools), list(sample.messages))
-    record.runs = 1
     if len(record.prompt_ids) > config.max_prompt_length or len(record.prompt_ids) >= engine.max_model_len:
         return TerminationReason.PROMPT_TOO_LONG
     observation: Any = sample.messages[-1]["content"]
