@@ -28,23 +28,18 @@ def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any
         FileNotFoundError: if `path` does not exist.
         ValueError: naming the line, if a line is not JSON.
     """
+    from agentic_rl.data import iter_jsonl
+
     tasks: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and len(tasks) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
-            if isinstance(row, dict):
-                row = dict(row)
-                row.setdefault("id", lineno - 1)
-                if "ground_truth" not in row and "answer" in row:
-                    row["ground_truth"] = row["answer"]
-            tasks.append(row)
+    for lineno, row in iter_jsonl(path):
+        if limit is not None and len(tasks) >= limit:
+            break
+        if isinstance(row, dict):
+            row = dict(row)
+            row.setdefault("id", lineno - 1)
+            if "ground_truth" not in row and "answer" in row:
+                row["ground_truth"] = row["answer"]
+        tasks.append(row)
     return tasks
 
 

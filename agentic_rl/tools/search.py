@@ -26,6 +26,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 
+from agentic_rl.data import iter_jsonl
 from agentic_rl.errors import ConfigError, ToolError
 from agentic_rl.tools.base import Tool
 
@@ -374,21 +375,22 @@ class _WebSearchTool(Tool):
     }
     service = ""
     key_env = ""
+    default_url = ""
 
     def __init__(
         self,
+        api_key: str | None = None,
         *,
-        api_key: str | None,
-        base_url: str,
-        num_results: int,
-        max_chars: int,
-        max_queries: int,
-        timeout_s: float,
-        request_timeout_s: float,
-        max_retries: int,
-        backoff_s: float,
-        max_backoff_s: float,
-        client: httpx.AsyncClient | None,
+        base_url: str | None = None,
+        num_results: int = 10,
+        max_chars: int = 6000,
+        max_queries: int = 5,
+        timeout_s: float = 30.0,
+        request_timeout_s: float = 10.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        client: httpx.AsyncClient | None = None,
     ) -> None:
         self.api_key = _api_key(api_key, self.key_env, type(self).__name__)
         if isinstance(num_results, bool) or not isinstance(num_results, int) or not 1 <= num_results <= 100:
@@ -399,7 +401,7 @@ class _WebSearchTool(Tool):
             raise ConfigError(f"max_queries must be an integer >= 1, got {max_queries!r}")
         if not timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s!r}")
-        self.base_url = base_url.rstrip("/")
+        self.base_url = (base_url or self.default_url).rstrip("/")
         self.num_results = num_results
         self.max_chars = max_chars
         self.max_queries = max_queries
@@ -461,27 +463,7 @@ class SerperSearchTool(_WebSearchTool):
 
     service = "Serper"
     key_env = SERPER_KEY_ENV
-
-    def __init__(
-        self,
-        api_key: str | None = None,
-        *,
-        base_url: str = SERPER_URL,
-        num_results: int = 10,
-        max_chars: int = 6000,
-        max_queries: int = 5,
-        timeout_s: float = 30.0,
-        request_timeout_s: float = 10.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 8.0,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(
-            api_key=api_key, base_url=base_url, num_results=num_results, max_chars=max_chars, max_queries=max_queries,
-            timeout_s=timeout_s, request_timeout_s=request_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
-            max_backoff_s=max_backoff_s, client=client,
-        )  # fmt: skip
+    default_url = SERPER_URL
 
     async def _search(self, queries: list[str], deadline: float) -> list[list[dict[str, Any]] | str]:
         items = [{"q": q, "num": self.num_results} for q in queries]
@@ -514,27 +496,10 @@ class SerpApiSearchTool(_WebSearchTool):
 
     service = "SerpApi"
     key_env = SERPAPI_KEY_ENV
+    default_url = SERPAPI_URL
 
-    def __init__(
-        self,
-        api_key: str | None = None,
-        *,
-        base_url: str = SERPAPI_URL,
-        num_results: int = 10,
-        max_chars: int = 6000,
-        max_queries: int = 5,
-        timeout_s: float = 30.0,
-        request_timeout_s: float = 10.0,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 8.0,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(
-            api_key=api_key, base_url=base_url, num_results=num_results, max_chars=max_chars, max_queries=max_queries,
-            timeout_s=timeout_s, request_timeout_s=request_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
-            max_backoff_s=max_backoff_s, client=client,
-        )  # fmt: skip
+    def __init__(self, api_key: str | None = None, **options: Any) -> None:
+        super().__init__(api_key, **options)
         _install_httpx_log_redaction()  # httpx logs request URLs, and SerpApi's key is in the query string
 
     async def _search(self, queries: list[str], deadline: float) -> list[list[dict[str, Any]] | str]:
@@ -645,24 +610,17 @@ def _read_corpus(path: Path) -> Corpus:
     docs: list[Document] = []
     by_id: dict[str, int] = {}
     by_title: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
-            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("id", "title", "text")):
-                raise ConfigError(f'{path}:{lineno}: expected {{"id": str, "title": str, "text": str}}')
-            doc = Document(row["id"].strip(), row["title"].strip(), row["text"])
-            if not doc.id:
-                raise ConfigError(f"{path}:{lineno}: empty id")
-            if doc.id in by_id:
-                raise ConfigError(f"{path}:{lineno}: duplicate id {doc.id!r}")
-            by_id[doc.id] = len(docs)
-            by_title.setdefault(_title_key(doc.title), len(docs))
-            docs.append(doc)
+    for lineno, row in iter_jsonl(path):
+        if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("id", "title", "text")):
+            raise ConfigError(f'{path}:{lineno}: expected {{"id": str, "title": str, "text": str}}')
+        doc = Document(row["id"].strip(), row["title"].strip(), row["text"])
+        if not doc.id:
+            raise ConfigError(f"{path}:{lineno}: empty id")
+        if doc.id in by_id:
+            raise ConfigError(f"{path}:{lineno}: duplicate id {doc.id!r}")
+        by_id[doc.id] = len(docs)
+        by_title.setdefault(_title_key(doc.title), len(docs))
+        docs.append(doc)
     if not docs:
         raise ConfigError(f"corpus {path} has no documents")
     return Corpus(path, signature, tuple(docs), by_id, by_title)
@@ -991,22 +949,15 @@ def bm25_recall_at_k(
         raise ConfigError(f"questions file not found: {path}")
     recalls: list[float] = []
     all_found = 0
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and len(recalls) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
-            supporting = set(row.get("supporting_doc_ids") or []) if isinstance(row, dict) else set()
-            if not supporting or not isinstance(row.get("question"), str):
-                raise ConfigError(f"{path}:{lineno}: needs a 'question' string and non-empty 'supporting_doc_ids'")
-            found = len(supporting & {doc.id for doc, _ in index.search(row["question"], k)})
-            recalls.append(found / len(supporting))
-            all_found += found == len(supporting)
+    for lineno, row in iter_jsonl(path):
+        if limit is not None and len(recalls) >= limit:
+            break
+        supporting = set(row.get("supporting_doc_ids") or []) if isinstance(row, dict) else set()
+        if not supporting or not isinstance(row.get("question"), str):
+            raise ConfigError(f"{path}:{lineno}: needs a 'question' string and non-empty 'supporting_doc_ids'")
+        found = len(supporting & {doc.id for doc, _ in index.search(row["question"], k)})
+        recalls.append(found / len(supporting))
+        all_found += found == len(supporting)
     if not recalls:
         raise ConfigError(f"{path} has no questions")
     return {
