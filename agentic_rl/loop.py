@@ -134,7 +134,8 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     next_batch = _task_batches(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
     r = config.rollout
     engine_options: dict[str, Any] = {"dtype": config.engine.dtype, "kv_cache_gib": config.engine.kv_cache_gib,
-                                      "seed": config.seed + dist.rank}  # fmt: skip
+                                      "seed": config.seed + dist.rank,
+                                      "enable_sleep_mode": config.engine.sleep_while_training}  # fmt: skip
     if config.engine.max_model_len:
         engine_options["max_model_len"] = config.engine.max_model_len
     wrapper = ToolAgentEngineWrapper(
