@@ -352,6 +352,14 @@ def _install_httpx_log_redaction() -> None:
 # ---------------------------------------------------------------------------------------------- web search tools
 
 
+def _query_schema(description: str) -> dict[str, Any]:
+    """JSON schema of a `query` argument: one string, or a list of up to 5 (searched in one call)."""
+    return {
+        "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5}],
+        "description": description,
+    }
+
+
 class _WebSearchTool(Tool):
     """Shared parts of the Serper and SerpApi clients (see `SerperSearchTool` for the arguments)."""
 
@@ -363,13 +371,7 @@ class _WebSearchTool(Tool):
     parameters = {
         "type": "object",
         "properties": {
-            "query": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5},
-                ],
-                "description": "A search query, or a list of queries to search in one call.",
-            }
+            "query": _query_schema("A search query, or a list of queries to search in one call.")
         },
         "required": ["query"],
     }
@@ -840,13 +842,7 @@ class LocalSearchTool(Tool):
     parameters = {
         "type": "object",
         "properties": {
-            "query": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5},
-                ],
-                "description": "Keywords to search for, or a list of such queries.",
-            },
+            "query": _query_schema("Keywords to search for, or a list of such queries."),
             "top_k": {"type": "integer", "minimum": 1, "maximum": 20, "description": "Hits per query (default 5)."},
         },
         "required": ["query"],
