@@ -119,3 +119,27 @@ def test_template_that_rewrites_history_is_rejected(tokenizer):
     renderer = ChatRenderer(tok)
     with pytest.raises(TemplateError, match="rewrites earlier turns"):
         renderer.observation_ids([{"role": "tool", "content": "1"}])
+
+
+def test_fast_path_encodes_and_decodes_like_the_tokenizer(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    assert renderer._backend is not None  # SmolLM2 ships a fast tokenizer: the Rust path is the one exercised
+    texts = ["", " 12 + 7 = 19\n\n", "<|im_start|>tool\n42<|im_end|>\n", "naïve café 数学 🙂", "  two  spaces\tand tab"]
+    for text in texts:
+        ids = renderer.encode(text)
+        assert ids == tokenizer.encode(text, add_special_tokens=False)
+        expected = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        assert renderer.decode(ids) == expected
+
+
+def test_observation_ids_do_not_depend_on_which_tools_came_first(qwen_tokenizer):
+    renderer = ChatRenderer(qwen_tokenizer)
+    other = [{"type": "function", "function": {"name": "search", "description": "web",
+              "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]  # fmt: skip
+    observation = [{"role": "tool", "content": "5"}]
+    with_calc = renderer.observation_ids(observation, TOOLS)
+    with_search = renderer.observation_ids(observation, other)
+    # the cached stand-in render is per tool set: each call must equal a fresh renderer's answer
+    assert with_calc == ChatRenderer(qwen_tokenizer).observation_ids(observation, TOOLS)
+    assert with_search == ChatRenderer(qwen_tokenizer).observation_ids(observation, other)
+    assert renderer.observation_ids(observation, TOOLS) == with_calc

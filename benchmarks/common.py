@@ -1,0 +1,49 @@
+"""Shared helpers of the benchmark scripts: a table printer, JSON results, process memory readings."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+from collections.abc import Sequence
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A right-aligned plain-text table; floats get 3 decimals."""
+    cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def save(name: str, results: dict[str, Any], out: str | None = None) -> Path:
+    """Write `results` (plus date, host and CPU count) as JSON to `out` or `benchmarks/results/<name>.json`."""
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    path.write_text(json.dumps({**meta, **results}, indent=2) + "\n")
+    print(f"results written to {path}")
+    return path
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process, in bytes (Linux `/proc/self/statm`)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far, in bytes (`ru_maxrss` is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def open_fds() -> int:
+    """Number of open file descriptors of this process."""
+    return len(os.listdir("/proc/self/fd"))
