@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.types import Trajectory
@@ -95,23 +96,26 @@ def pack_trajectories(
     p = max_prompt_length or max(t.prompt_tokens.numel() for t in trajectories)
     r = max_response_length or max(max(t.response_tokens.numel() for t in trajectories), 1)
 
-    input_ids = torch.full((n, p + r), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, p + r), dtype=torch.long)
-    response_mask = torch.zeros((n, r), dtype=torch.float32)
+    # One C++ padding call per field (`pad_sequence`) instead of a Python copy per row and field.
+    prompts = [t.prompt_tokens[-p:] if p else t.prompt_tokens[:0] for t in trajectories]
+    responses = [t.response_tokens[:r] for t in trajectories]
+    lp = torch.tensor([x.numel() for x in prompts], dtype=torch.long)
+    lr = torch.tensor([x.numel() for x in responses], dtype=torch.long)
+    truncated = (lp < torch.tensor([t.prompt_tokens.numel() for t in trajectories])) | (
+        lr < torch.tensor([t.response_tokens.numel() for t in trajectories])
+    )
+    input_ids = torch.cat((_pad(prompts, p, pad_token_id, "left"), _pad(responses, r, pad_token_id, "right")), dim=1)
+    response_mask = _pad([t.response_masks[: len(x)] for t, x in zip(trajectories, responses)], r, 0, "right").float()
     old_logprobs = torch.zeros((n, r), dtype=torch.float32)
-    truncated = torch.zeros(n, dtype=torch.bool)
-    for i, t in enumerate(trajectories):
-        prompt = t.prompt_tokens[-p:] if p else t.prompt_tokens[:0]
-        response = t.response_tokens[:r]
-        truncated[i] = prompt.numel() < t.prompt_tokens.numel() or response.numel() < t.response_tokens.numel()
-        lp, lr = prompt.numel(), response.numel()
-        input_ids[i, p - lp : p] = prompt
-        input_ids[i, p : p + lr] = response
-        attention_mask[i, p - lp : p + lr] = 1
-        response_mask[i, :lr] = t.response_masks[:lr].to(torch.float32)
-        if t.response_logprobs is not None:
-            old_logprobs[i, :lr] = t.response_logprobs[:lr] * response_mask[i, :lr]
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if any(t.response_logprobs is not None for t in trajectories):
+        logprobs = [t.response_logprobs[: len(x)] if t.response_logprobs is not None else torch.zeros(len(x))
+                    for t, x in zip(trajectories, responses)]  # fmt: skip
+        old_logprobs = _pad(logprobs, r, 0.0, "right") * response_mask
+    # Positions count real tokens from 0; left padding is 0 and right padding repeats the last position.
+    offset = torch.arange(p + r) - (p - lp)[:, None]
+    length = (lp + lr)[:, None]
+    attention_mask = ((offset >= 0) & (offset < length)).long()
+    position_ids = torch.clamp(offset, torch.zeros_like(length), (length - 1).clamp(min=0))
     valid = torch.tensor([not t.failed for t in trajectories], dtype=torch.bool)
     rewards = torch.tensor([float(t.trajectory_reward) for t in trajectories], dtype=torch.float32) * valid
     batch = PackedBatch(
@@ -121,6 +125,17 @@ def pack_trajectories(
         prompt_width=p,
     )  # fmt: skip
     return batch.to(device)
+
+
+def _pad(rows: list[torch.Tensor], width: int, value: float, side: str) -> torch.Tensor:
+    """(len(rows), width) tensor of 1-D `rows` padded with `value` on `side` (every row has <= width items)."""
+    if width == 0:
+        return torch.full((len(rows), 0), value, dtype=rows[0].dtype)
+    out = pad_sequence(rows, batch_first=True, padding_value=value, padding_side=side)
+    missing = width - out.shape[1]
+    if missing:
+        out = torch.nn.functional.pad(out, (missing, 0) if side == "left" else (0, missing), value=value)
+    return out
 
 
 def _default_groups(trajectories: Sequence[Trajectory]) -> list[int]:

@@ -1,0 +1,147 @@
+"""Engine utilization: the full multi-turn rollout vs the engine's own batch generation of the same tokens.
+
+One in-process vLLM engine (SmolLM2-135M-Instruct, bf16) serves three runs of the same work, one after another in
+one process:
+
+1. `rollout`: `n` GSM8K questions, all in flight, each for `turns` turns; after every assistant turn the
+   environment runs the real `CalculatorTool` (in a worker thread, as `ToolEnvironment` does) and inserts its
+   result as a tool observation. Greedy sampling with `min_tokens` so that every turn has real length.
+2. `engine facade`: the same number of sampled tokens per trajectory as one request each through
+   `VLLMEngine.generate` (`ignore_eos`, fixed length), all in flight: the engine thread and futures without turns.
+3. `vLLM offline`: the same requests as one `LLM.generate` call on the engine thread: vLLM's own best case.
+
+utilization = vLLM offline time / rollout time. The rollout also prefills its observations and waits one engine
+step per turn boundary; both are counted against it.
+
+    .venv/bin/python benchmarks/engine_utilization.py [--quick] [--agents N] [--turns T] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import anyio
+from common import save, table
+
+from agentic_rl import ChatRenderer, Environment, HarnessConfig, Sample, StepResult, run_tasks, run_trajectory
+from agentic_rl.tools.calculator import CalculatorTool
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k_test.jsonl")
+
+
+class CalculatorEveryTurn(Environment):
+    """Runs the calculator after every assistant turn and shows its result, for a fixed number of turns."""
+
+    def __init__(self, turns: int) -> None:
+        self.turns, self.calculator = turns, CalculatorTool()
+
+    async def reset(self, request: dict[str, Any]) -> Sample:
+        messages = [{"role": "system", "content": "Solve the problem step by step."},
+                    {"role": "user", "content": request["question"]}]  # fmt: skip
+        return Sample(id=str(request["trajectory_id"]), task=request, messages=messages)
+
+    async def step(self, sample: Sample) -> StepResult:
+        turn = sum(m["role"] == "assistant" for m in sample.messages)
+        if turn >= self.turns:
+            return StepResult([], True, {})
+        expression = f"{len(sample.messages[-1]['content'])} * {turn + 3} + 7"
+        result = await anyio.to_thread.run_sync(self.calculator.execute, {"expression": expression})
+        return StepResult([{"role": "tool", "content": f"calculator({expression}) = {result}"}], False, {"tool_calls": 1})
+
+
+async def measure(engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any]], turns: int, min_tokens: int, max_tokens: int) -> dict[str, Any]:
+    from vllm import SamplingParams
+
+    config = HarnessConfig(max_steps=turns, max_response_length=4096, check_alignment=False,
+                           sampling={"temperature": 0.0, "min_tokens": min_tokens, "max_tokens": max_tokens})  # fmt: skip
+    env = CalculatorEveryTurn(turns)
+
+    async def one(task: dict[str, Any], idx: int) -> Any:
+        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+
+    t0 = time.perf_counter()
+    trajectories = await run_tasks(tasks, one, n_parallel_agents=len(tasks))
+    rollout_s = time.perf_counter() - t0
+    failed = [t.error for t in trajectories if t.failed]
+    assert not failed, failed
+    prompts = [list(t.prompt_tokens) for t in trajectories]
+    counts = [int(t.metrics["generated_tokens"]) for t in trajectories]
+    inserted = sum(int((t.response_masks == 0).sum()) for t in trajectories)
+
+    def fixed(n: int) -> dict[str, Any]:
+        return {"temperature": 0.0, "ignore_eos": True, "min_tokens": n, "max_tokens": n}
+
+    await engine.call(lambda llm: llm.reset_prefix_cache())
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for prompt, n in zip(prompts, counts):
+            tg.start_soon(engine.generate, prompt, fixed(n))
+    facade_s = time.perf_counter() - t0
+
+    def offline(llm: Any) -> float:
+        llm.reset_prefix_cache()
+        params = [SamplingParams(**fixed(n)) for n in counts]
+        start = time.perf_counter()
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outputs] == counts
+        return time.perf_counter() - start
+
+    offline_s = await engine.call(offline)
+    total = sum(counts)
+    return {
+        "agents": len(tasks), "turns": turns, "sampled_tokens": total, "inserted_tokens": inserted,
+        "turns_done": sum(t.metrics["steps"] for t in trajectories),
+        "rollout_s": rollout_s, "facade_s": facade_s, "offline_s": offline_s,
+        "rollout_tok_s": total / rollout_s, "facade_tok_s": total / facade_s, "offline_tok_s": total / offline_s,
+        "utilization": offline_s / rollout_s, "facade_over_offline": offline_s / facade_s,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--agents", type=int, default=None)
+    parser.add_argument("--turns", type=int, default=None)
+    parser.add_argument("--min-tokens", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    agents = args.agents or (16 if args.quick else 64)
+    turns = args.turns or (3 if args.quick else 4)
+    repeats = args.repeats or (1 if args.quick else 2)
+    from transformers import AutoTokenizer
+
+    from agentic_rl.cli import load_tasks
+    from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from agentic_rl.models import resolve_model
+
+    model = resolve_model("smollm2-135m-instruct")
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model)))
+    tasks = load_tasks(DATA, agents)
+
+    async def run() -> list[dict[str, Any]]:
+        engine = VLLMEngine(VLLMEngineConfig(model=model, max_model_len=4096, kv_cache_gib=1.0))
+        await engine.start()
+        try:
+            await measure(engine, renderer, tasks[:4], 1, 8, 16)  # warm up
+            return [await measure(engine, renderer, tasks, turns, args.min_tokens, args.max_tokens) for _ in range(repeats)]
+        finally:
+            await engine.close()
+
+    runs = anyio.run(run, backend_options={"use_uvloop": True})
+    print(f"engine utilization: {agents} agents x {turns} turns, calculator after every turn, SmolLM2-135M bf16")
+    print(table(["run", "sampled tok", "rollout tok/s", "facade tok/s", "offline tok/s", "utilization"],
+                [(i, r["sampled_tokens"], r["rollout_tok_s"], r["facade_tok_s"], r["offline_tok_s"], r["utilization"])
+                 for i, r in enumerate(runs)]))  # fmt: skip
+    save("engine_utilization", {"runs": runs, "utilization": max(r["utilization"] for r in runs)}, args.out)
+
+
+if __name__ == "__main__":
+    main()
