@@ -1,0 +1,158 @@
+"""Peer: the `verifiers` multi-turn tool environment through our OpenAI server vs our own rollout, in one run.
+
+One in-process vLLM engine (SmolLM2-135M-Instruct, bf16) is wrapped by `ToolAgentEngineWrapper(serve=True)`, which
+also serves it over HTTP (OpenAI API) on 127.0.0.1. The same GSM8K questions then run both ways, back to back,
+alternating which goes first in each repeat:
+
+1. `verifiers`: a subprocess in its own virtual environment (`bash benchmarks/setup_peer.sh`, verifiers 0.2.1)
+   runs a classic `vf.ToolEnv` over a calculator function with `env.evaluate(...)` against our server
+   (`benchmarks/peer/verifiers_gsm8k.py`). Per turn: the client sends the whole chat history as JSON over HTTP;
+   the server validates it, re-renders the chat template over the full history, tokenizes, generates, decodes,
+   parses tool calls into OpenAI `tool_calls`, and answers in JSON; the client parses that and runs the tool.
+   Its time is that of `evaluate` alone (imports and environment set-up are not timed).
+2. `ours`: `wrapper.generate_agent_trajectories_async(tasks)` on the same engine. Per turn: token ids in, token
+   ids out; only the new observation is templated and appended (plus one alignment re-render at the end, on by
+   default).
+
+Both sides get the same questions, system prompt and calculator schema (tools described in the system prompt by
+the same function, since SmolLM2's template ignores `tools`), greedy sampling, the same `max_tokens` per turn, the
+same limit on assistant turns and the same number of trajectories in flight. tokens/s counts the completion
+tokens the engine sampled (verifiers: the token ids our server returned per turn; ours: the trajectory's sampled
+ids); ratio = ours / verifiers tokens/s. SmolLM2-135M rarely writes tool calls, so most trajectories are one turn.
+
+    bash benchmarks/setup_peer.sh        # once: PEER_VENV (default /tmp/venv-verifiers-0.2.1)
+    .venv/bin/python benchmarks/peer_verifiers.py [--quick] [--tasks N] [--concurrency C] [--repeats R] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import anyio
+from common import save, table
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent.parent / "shared" / "data" / "gsm8k_test.jsonl"
+PEER = HERE / "peer" / "verifiers_gsm8k.py"
+PEER_VENV = Path(os.environ.get("PEER_VENV", "/tmp/venv-verifiers-0.2.1"))
+
+
+def run_peer(address: str, model: str, args: argparse.Namespace, system_prompt: str) -> dict[str, Any]:
+    """One `verifiers` evaluation against our server, in the peer venv; its JSON line."""
+    command = [str(PEER_VENV / "bin" / "python"), str(PEER), "--base-url", f"http://{address}/v1", "--model", model,
+               "--data", str(DATA), "--tasks", str(args.tasks), "--concurrency", str(args.concurrency),
+               "--max-turns", str(args.max_turns), "--max-tokens", str(args.max_tokens), "--system-prompt", system_prompt]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.peer_timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"verifiers peer failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - t0
+    result["tokens_per_s"] = result["generated_tokens"] / result["wall_s"]
+    result["trajectories_per_s"] = result["tasks"] / result["wall_s"]
+    return result
+
+
+def run_ours(wrapper: Any, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Our rollout of `tasks` on the wrapper's engine."""
+
+    async def go() -> tuple[list[Any], float]:
+        t0 = time.perf_counter()
+        trajectories = await wrapper.generate_agent_trajectories_async(tasks)
+        return trajectories, time.perf_counter() - t0
+
+    trajectories, wall = anyio.run(go, backend_options={"use_uvloop": True})
+    ok = [t for t in trajectories if not t.failed]
+    generated = sum(t.num_generated_tokens for t in trajectories)
+    return {
+        "tasks": len(tasks), "completed": len(ok), "errors": sorted({str(t.error)[:200] for t in trajectories if t.failed}),
+        "turns": sum(int(t.metrics.get("steps", 0)) for t in ok),
+        "tool_calls": sum(int(t.metrics.get("tool_calls", 0)) for t in ok), "generated_tokens": generated,
+        "mean_first_prompt_tokens": sum(len(t.prompt_tokens) for t in ok) / max(len(ok), 1),
+        "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / len(trajectories),
+        "wall_s": wall, "tokens_per_s": generated / wall, "trajectories_per_s": len(tasks) / wall,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tasks", type=int, default=None)
+    parser.add_argument("--concurrency", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument("--peer-timeout", type=float, default=3600.0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    args.tasks = args.tasks or (16 if args.quick else 64)
+    args.concurrency = args.concurrency or (16 if args.quick else 32)
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    args.max_tokens = args.max_tokens or (96 if args.quick else 256)
+    if not (PEER_VENV / "bin" / "python").exists():
+        sys.exit(f"no peer venv at {PEER_VENV}: run `bash benchmarks/setup_peer.sh` (or set PEER_VENV)")
+    from transformers import AutoTokenizer
+
+    from agentic_rl.cli import build_tools, load_tasks
+    from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT
+    from agentic_rl.models import resolve_model
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+
+    model = resolve_model("smollm2-135m-instruct")
+    tasks = load_tasks(DATA, args.tasks)
+    wrapper = ToolAgentEngineWrapper(
+        "smollm2", AutoTokenizer.from_pretrained(str(model)), {"temperature": 0.0, "max_tokens": args.max_tokens},
+        max_prompt_length=2048, max_response_length=2048, n_parallel_agents=args.concurrency, max_steps=args.max_turns,
+        model=model, tools=build_tools(["calculator"]), system_prompt=DEFAULT_SYSTEM_PROMPT,
+        engine_options={"dtype": "bfloat16", "kv_cache_gib": 1.0, "max_model_len": 4096}, serve=True,
+    )  # fmt: skip
+    wrapper.initialize()
+    address = wrapper.server_addresses[0]
+    runs: list[dict[str, Any]] = []
+    try:
+        warm = argparse.Namespace(**{**vars(args), "tasks": 2, "concurrency": 2, "max_tokens": 8})
+        run_peer(address, wrapper.agent_name, warm, DEFAULT_SYSTEM_PROMPT)  # warm up both paths
+        run_ours(wrapper, tasks[:2])
+        for repeat in range(args.repeats):
+            order = ("verifiers", "ours") if repeat % 2 == 0 else ("ours", "verifiers")
+            row: dict[str, Any] = {"repeat": repeat, "order": list(order)}
+            for side in order:
+                row[side] = run_peer(address, wrapper.agent_name, args, DEFAULT_SYSTEM_PROMPT) if side == "verifiers" else run_ours(wrapper, tasks)
+            row["ratio_tokens_per_s"] = row["ours"]["tokens_per_s"] / row["verifiers"]["tokens_per_s"]
+            row["ratio_trajectories_per_s"] = row["ours"]["trajectories_per_s"] / row["verifiers"]["trajectories_per_s"]
+            runs.append(row)
+            print(f"repeat {repeat}: verifiers {row['verifiers']['tokens_per_s']:.1f} tok/s, ours "
+                  f"{row['ours']['tokens_per_s']:.1f} tok/s, ratio {row['ratio_tokens_per_s']:.2f}", flush=True)  # fmt: skip
+    finally:
+        anyio.run(wrapper.close)
+    headers = ["repeat", "side", "tasks", "completed", "turns", "tool calls", "gen tokens", "wall s", "tok/s", "traj/s"]
+    rows = [(r["repeat"], side, s["tasks"], s["completed"], s["turns"], s["tool_calls"], s["generated_tokens"],
+             s["wall_s"], s["tokens_per_s"], s["trajectories_per_s"])
+            for r in runs for side in ("verifiers", "ours") for s in [r[side]]]  # fmt: skip
+    print(f"peer: verifiers {runs[0]['verifiers']['verifiers_version']} ToolEnv over our server vs our rollout; "
+          f"{args.tasks} GSM8K tasks, {args.concurrency} in flight, <= {args.max_turns} turns of <= {args.max_tokens} "
+          f"tokens, greedy, SmolLM2-135M bf16")  # fmt: skip
+    print(table(headers, rows))
+    ratios = [r["ratio_tokens_per_s"] for r in runs]
+    print("ratio ours / verifiers (tokens/s): " + ", ".join(f"{x:.2f}" for x in ratios))
+    save("peer_verifiers", {
+        "tasks": args.tasks, "concurrency": args.concurrency, "max_turns": args.max_turns, "max_tokens": args.max_tokens,
+        "sampling": {"temperature": 0.0}, "model": "smollm2-135m-instruct", "runs": runs,
+        "ratio_tokens_per_s": sum(ratios) / len(ratios), "ratio_tokens_per_s_min": min(ratios),
+        "verifiers_used_server_token_ids": all(r["verifiers"]["turns_with_server_token_ids"] == r["verifiers"]["turns"] for r in runs),
+    }, args.out)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
