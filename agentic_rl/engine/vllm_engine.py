@@ -109,6 +109,10 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
         kwargs.update(platform.engine_kwargs())
     else:
         kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * (1 << 30))
+        # A seeded request whose prompt is split across engine steps (chunked prefill, once a batch's prompts
+        # exceed the step's token budget) makes vLLM rewind its generator, which torch's CPU generators cannot
+        # do: the step raises "CPU Generator does not use offset" and every request in flight fails.
+        kwargs["enable_chunked_prefill"] = False
     kwargs.update(config.engine_kwargs)
     return kwargs
 

@@ -59,6 +59,22 @@ async def test_concurrent_requests_all_complete_with_their_own_seeds(engine, tok
     assert len({tuple(r.token_ids) for r in results.values()}) > 1  # different seeds, different samples
 
 
+async def test_seeded_prompts_larger_than_one_step_budget_complete(engine, tokenizer):
+    # 24 distinct ~300-token prompts (~7k tokens) exceed one engine step's token budget: with chunked prefill a
+    # seeded prompt split across steps crashed the CPU engine ("CPU Generator does not use offset").
+    prompts = [_prompt(tokenizer, f"Case {i}: " + " ".join(f"item{i}-{j}" for j in range(60))) for i in range(24)]
+    assert sum(map(len, prompts)) > 4096
+    results = {}
+
+    async def one(i):
+        results[i] = await engine.generate(prompts[i], {"max_tokens": 4, "min_tokens": 4, "temperature": 1.0, "seed": i})
+
+    async with anyio.create_task_group() as tg:
+        for i in range(24):
+            tg.start_soon(one, i)
+    assert sorted(results) == list(range(24)) and all(len(r.token_ids) == 4 for r in results.values())
+
+
 async def test_bad_request_fails_alone_while_siblings_complete(engine, tokenizer):
     prompt = _prompt(tokenizer)
     outcomes = {}
