@@ -23,11 +23,16 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def save(name: str, results: dict[str, Any], out: str | None = None) -> Path:
-    """Write `results` (plus date, host and CPU count) as JSON to `out` or `benchmarks/results/<name>.json`."""
-    path = Path(out) if out else RESULTS / f"{name}.json"
+def result_path(name: str, quick: bool) -> Path:
+    """Where a benchmark's JSON goes: `benchmarks/results/<name>.json`, or `results/quick/` for quick runs."""
+    return (RESULTS / "quick" if quick else RESULTS) / f"{name}.json"
+
+
+def save(name: str, results: dict[str, Any], out: str | None = None, quick: bool = False) -> Path:
+    """Write `results` (plus date, host, CPU count and mode) as JSON to `out` or `result_path(name, quick)`."""
+    path = Path(out) if out else result_path(name, quick)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count()}
+    meta = {"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "quick": quick}
     path.write_text(json.dumps({**meta, **results}, indent=2) + "\n")
     print(f"results written to {path}")
     return path

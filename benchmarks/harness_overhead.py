@@ -128,7 +128,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m-instruct")))
     renderer = ChatRenderer(tokenizer)
     tokens = tokenizer.encode(" The answer is forty two, computed step by step.", add_special_tokens=False)
-    save("harness_overhead", run(renderer, tokens, args.quick), args.out)
+    save("harness_overhead", run(renderer, tokens, args.quick), args.out, args.quick)
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ def main() -> None:
                 [(r["done"], r["failed"], r["rss_mb"], r["fds"], r["elapsed_s"]) for r in soak_rows]))  # fmt: skip
     print(f"growth after warm-up (batch 2 -> end): RSS {results['soak_rss_growth_mb']:+.1f} MB, "
           f"fds {results['soak_fd_growth']:+d}, lost {results['soak_lost']}")  # fmt: skip
-    save("memory", results, args.out)
+    save("memory", results, args.out, args.quick)
 
 
 if __name__ == "__main__":

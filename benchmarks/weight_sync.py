@@ -4,18 +4,18 @@ For each engine dtype: the bytes pushed, the machine's measured copy bandwidth (
 bytes), the bound bytes / bandwidth, and `VLLMEngine.update_weights` wall time (median of N). Prints a table and
 writes JSON.
 
-    .venv/bin/python benchmarks/weight_sync.py [--model smollm2-135m-instruct] [--repeats 5] [--out FILE]
+    .venv/bin/python benchmarks/weight_sync.py [--quick] [--model smollm2-135m-instruct] [--repeats 5] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import anyio
 import torch
+from common import save, table
 
 
 def memcpy_seconds(n_bytes: int, repeats: int) -> float:
@@ -32,12 +32,15 @@ def memcpy_seconds(n_bytes: int, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="bfloat16 only, 3 repeats")
     parser.add_argument("--model", default="smollm2-135m-instruct")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dtypes", default="bfloat16,float32")
-    parser.add_argument("--out", default="benchmarks/results/weight_sync.json")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--dtypes", default=None)
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    args.repeats = args.repeats or (3 if args.quick else 5)
+    args.dtypes = args.dtypes or ("bfloat16" if args.quick else "bfloat16,float32")
 
     from transformers import AutoModelForCausalLM
 
@@ -69,14 +72,11 @@ def main() -> None:
                      "sync_s": sync, "sync_over_memcpy": sync / copy})  # fmt: skip
         del model, weights
 
-    print(f"{'dtype':<10}{'MB':>9}{'memcpy s':>11}{'GB/s':>8}{'sync s':>9}{'sync/memcpy':>13}")
-    for r in rows:
-        print(f"{r['dtype']:<10}{r['bytes'] / 1e6:>9.1f}{r['memcpy_s']:>11.4f}{r['memcpy_gb_per_s']:>8.2f}"
-              f"{r['sync_s']:>9.3f}{r['sync_over_memcpy']:>13.1f}")
-    from pathlib import Path
-
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"model": str(model_dir), "rows": rows}, indent=2) + "\n")
+    print(f"weight sync of {args.model}, median of {args.repeats}")
+    print(table(["dtype", "MB", "memcpy s", "GB/s", "sync s", "sync/memcpy"],
+                [(r["dtype"], f"{r['bytes'] / 1e6:.1f}", r["memcpy_s"], f"{r['memcpy_gb_per_s']:.2f}", r["sync_s"],
+                  f"{r['sync_over_memcpy']:.1f}") for r in rows]))  # fmt: skip
+    save("weight_sync", {"model": str(model_dir), "rows": rows}, args.out, args.quick)
 
 
 if __name__ == "__main__":
