@@ -47,11 +47,12 @@ PEER = HERE / "peer" / "verifiers_gsm8k.py"
 PEER_VENV = Path(os.environ.get("PEER_VENV", "/tmp/venv-verifiers-0.2.1"))
 
 
-def run_peer(address: str, model: str, args: argparse.Namespace, system_prompt: str) -> dict[str, Any]:
+def run_peer(address: str, model: str, args: argparse.Namespace, system_prompt: str, tool: dict[str, Any]) -> dict[str, Any]:
     """One `verifiers` evaluation against our server, in the peer venv; its JSON line."""
     command = [str(PEER_VENV / "bin" / "python"), str(PEER), "--base-url", f"http://{address}/v1", "--model", model,
                "--data", str(DATA), "--tasks", str(args.tasks), "--concurrency", str(args.concurrency),
-               "--max-turns", str(args.max_turns), "--max-tokens", str(args.max_tokens), "--system-prompt", system_prompt]  # fmt: skip
+               "--max-turns", str(args.max_turns), "--max-tokens", str(args.max_tokens), "--system-prompt", system_prompt,
+               "--tool-schema", json.dumps(tool)]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
     t0 = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.peer_timeout)
@@ -98,8 +99,8 @@ def main() -> None:
     args = parser.parse_args()
     args.tasks = args.tasks or (16 if args.quick else 64)
     args.concurrency = args.concurrency or (16 if args.quick else 32)
-    args.repeats = args.repeats or (1 if args.quick else 2)
-    args.max_tokens = args.max_tokens or (96 if args.quick else 256)
+    args.repeats = args.repeats or 2
+    args.max_tokens = args.max_tokens or (64 if args.quick else 256)
     if not (PEER_VENV / "bin" / "python").exists():
         sys.exit(f"no peer venv at {PEER_VENV}: run `bash benchmarks/setup_peer.sh` (or set PEER_VENV)")
     from transformers import AutoTokenizer
@@ -119,16 +120,17 @@ def main() -> None:
     )  # fmt: skip
     wrapper.initialize()
     address = wrapper.server_addresses[0]
+    tool = wrapper.tools[0].schema["function"]
     runs: list[dict[str, Any]] = []
     try:
         warm = argparse.Namespace(**{**vars(args), "tasks": 2, "concurrency": 2, "max_tokens": 8})
-        run_peer(address, wrapper.agent_name, warm, DEFAULT_SYSTEM_PROMPT)  # warm up both paths
+        run_peer(address, wrapper.agent_name, warm, DEFAULT_SYSTEM_PROMPT, tool)  # warm up both paths
         run_ours(wrapper, tasks[:2])
         for repeat in range(args.repeats):
             order = ("verifiers", "ours") if repeat % 2 == 0 else ("ours", "verifiers")
             row: dict[str, Any] = {"repeat": repeat, "order": list(order)}
             for side in order:
-                row[side] = run_peer(address, wrapper.agent_name, args, DEFAULT_SYSTEM_PROMPT) if side == "verifiers" else run_ours(wrapper, tasks)
+                row[side] = run_peer(address, wrapper.agent_name, args, DEFAULT_SYSTEM_PROMPT, tool) if side == "verifiers" else run_ours(wrapper, tasks)
             row["ratio_tokens_per_s"] = row["ours"]["tokens_per_s"] / row["verifiers"]["tokens_per_s"]
             row["ratio_trajectories_per_s"] = row["ours"]["trajectories_per_s"] / row["verifiers"]["trajectories_per_s"]
             runs.append(row)
@@ -136,9 +138,10 @@ def main() -> None:
                   f"{row['ours']['tokens_per_s']:.1f} tok/s, ratio {row['ratio_tokens_per_s']:.2f}", flush=True)  # fmt: skip
     finally:
         anyio.run(wrapper.close)
-    headers = ["repeat", "side", "tasks", "completed", "turns", "tool calls", "gen tokens", "wall s", "tok/s", "traj/s"]
-    rows = [(r["repeat"], side, s["tasks"], s["completed"], s["turns"], s["tool_calls"], s["generated_tokens"],
-             s["wall_s"], s["tokens_per_s"], s["trajectories_per_s"])
+    headers = ["repeat", "side", "tasks", "completed", "turns", "tool calls", "1st prompt tok", "gen tokens", "wall s",
+               "tok/s", "traj/s"]  # fmt: skip
+    rows = [(r["repeat"], side, s["tasks"], s["completed"], s["turns"], s["tool_calls"], s["mean_first_prompt_tokens"],
+             s["generated_tokens"], s["wall_s"], s["tokens_per_s"], s["trajectories_per_s"])
             for r in runs for side in ("verifiers", "ours") for s in [r[side]]]  # fmt: skip
     print(f"peer: verifiers {runs[0]['verifiers']['verifiers_version']} ToolEnv over our server vs our rollout; "
           f"{args.tasks} GSM8K tasks, {args.concurrency} in flight, <= {args.max_turns} turns of <= {args.max_tokens} "

@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, required=True)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--system-prompt", required=True)
+    parser.add_argument("--tool-schema", default=None, help="JSON {name, description, parameters} to offer instead")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
 
@@ -98,6 +99,8 @@ def main() -> None:
         eval_dataset=Dataset.from_list(rows), system_prompt=args.system_prompt, tools=[calculator],
         max_turns=args.max_turns, rubric=vf.Rubric(funcs=[correct]),
     )  # fmt: skip
+    if args.tool_schema:  # the rollout side's exact schema, so that both render the same system prompt
+        env.tool_defs = [vf.Tool(**json.loads(args.tool_schema))]
     client = OpenAIChatCompletionsClient(AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=3600))
     # `logprobs` makes verifiers keep the server's prompt and completion token ids per turn (our server returns
     # `prompt_token_ids` and `choices[].token_ids`).
