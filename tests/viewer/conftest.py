@@ -65,3 +65,42 @@ def write_run():
         return folder
 
     return write
+
+
+@pytest.fixture(scope="session")
+def rollout_run(engine, tokenizer, model_dir, tmp_path_factory) -> Path:
+    """A run folder from a real rollout: 6 GSM8K-style tasks on the session engine, the first turn of each forced
+    into a calculator call (SmolLM2 does not write them by itself), as `agentic-rl rollout` would save it."""
+    import anyio
+    from engines import ForcedCallEngine
+
+    from agentic_rl.environments.tool_env import ToolEnvironment
+    from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
+    from agentic_rl.rollout.rewards import gsm8k_reward
+    from agentic_rl.rollout.runner import run_tasks
+    from agentic_rl.rollout.summary import trajectory_to_dict
+    from agentic_rl.rollout.tokens import ChatRenderer
+    from agentic_rl.tools.calculator import CalculatorTool
+
+    renderer = ChatRenderer(tokenizer)
+    forced = ForcedCallEngine(engine, tokenizer, forced_turns=1)
+    config = HarnessConfig(max_steps=2, max_prompt_length=1024, max_response_length=384,
+                           sampling={"temperature": 0.7, "max_tokens": 64, "seed": 3})  # fmt: skip
+    tasks = [{"id": i, "question": f"What is {a} * {b}? Use the calculator.", "ground_truth": str(a * b)}
+             for i, (a, b) in enumerate([(12, 7), (17, 23), (9, 9), (31, 4), (6, 45), (13, 13)])]  # fmt: skip
+
+    async def one(task: dict[str, Any], idx: int) -> Any:
+        env = ToolEnvironment([CalculatorTool()], tools_in_system_prompt=not renderer.supports_tools)
+        return await run_trajectory(task, idx, engine=forced, environment=env, renderer=renderer, config=config,
+                                    reward_fn=gsm8k_reward)  # fmt: skip
+
+    async def rollout() -> list[Any]:
+        return await run_tasks(tasks, one, n_parallel_agents=6)
+
+    trajectories = anyio.run(rollout)
+    run = tmp_path_factory.mktemp("rollout_run")
+    with (run / "trajectories.jsonl").open("w") as f:
+        for t in trajectories:
+            f.write(json.dumps(trajectory_to_dict(t)) + "\n")
+    (run / "summary.json").write_text(json.dumps({"model": str(model_dir), "tasks": len(tasks)}))
+    return run
