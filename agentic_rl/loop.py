@@ -97,7 +97,8 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     """Run `config.steps` rollout -> train -> sync iterations.
 
     Writes under `output_dir` (rank 0): `metrics.jsonl` (one line per step), `config.json`, `rollouts/step_K.jsonl`,
-    `checkpoints/step_K/` (every `checkpoint_every` steps and at the end), `reward_curve.png`; and every rank writes
+    `checkpoints/step_K/` (every `checkpoint_every` steps and at the end), `reward_curve.png`, `metrics.png` and
+    `response_lengths.png` (`write_run_plots`); and every rank writes
     `weights_rank{R}.sha256` with its final weights' digest.
 
     Returns:
@@ -112,7 +113,7 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     from agentic_rl.rollout.summary import trajectory_to_dict
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
     from agentic_rl.train.distributed import init_from_env, shard
-    from agentic_rl.train.plots import plot_reward_curve
+    from agentic_rl.train.plots import write_run_plots
     from agentic_rl.train.trainer import GRPOTrainer
 
     dist = init_from_env(config.device)
@@ -197,7 +198,7 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
                 on_step(row)
         if dist.is_main:
             _checkpoint(trainer.module, tokenizer, out / "checkpoints" / "final")
-            plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
+            write_run_plots(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"weights_rank{dist.rank}.sha256").write_text(weights_digest(trainer.module) + "\n")
     finally:
