@@ -130,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
     s.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0)
     s.add_argument("-v", "--verbose", action="store_true")
+    v = sub.add_parser("view", help="write a self-contained HTML page to browse a run's trajectories",
+                       formatter_class=fmt)  # fmt: skip
+    v.add_argument("run_dir", help="a folder written by 'agentic-rl rollout' or 'agentic-rl train'")
+    v.add_argument("--output", default=None, help="the HTML file (default: RUN_DIR/view.html)")
+    v.add_argument("--model", default=None, help="tokenizer to decode tokens with (default: the run's model)")
+    v.add_argument("--page-size", type=_bounded(int, 1, 10_000), default=100, help="trajectories per list page")
+    v.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 
@@ -352,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
             return _run_serve(args)
         if args.command == "train":
             return _run_train(args)
+        if args.command == "view":
+            from agentic_rl.viewer import build_view
+
+            print(build_view(args.run_dir, output=args.output, model=args.model, page_size=args.page_size))
+            return 0
     except (AgenticRLError, OSError, ValueError) as exc:
         hint = ""
         if isinstance(exc, FileNotFoundError) and getattr(args, "data", None) == DEFAULT_DATA:

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
 
 __all__ = ["EngineSection", "RolloutSection", "TrainConfig", "run_training", "weights_digest"]
@@ -65,6 +66,11 @@ class TrainConfig(BaseModel):
     seed: int = 0
     device: str = "cpu"
     checkpoint_every: int = Field(default=0, ge=0, description="0: only the final checkpoint")
+    loggers: list[LoggerName] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="metric sinks: jsonl (metrics.jsonl), tensorboard (tensorboard/), wandb (offline, wandb/)",
+    )
+    wandb_project: str = "agentic-rl"
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     optimizer: GRPOConfig = Field(default_factory=GRPOConfig)
@@ -96,8 +102,10 @@ def _task_batches(tasks: list[dict[str, Any]], per_step: int, seed: int) -> Call
 def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run `config.steps` rollout -> train -> sync iterations.
 
-    Writes under `output_dir` (rank 0): `metrics.jsonl` (one line per step), `config.json`, `rollouts/step_K.jsonl`,
-    `checkpoints/step_K/` (every `checkpoint_every` steps and at the end), `reward_curve.png`; and every rank writes
+    Writes under `output_dir` (rank 0): the `loggers` (`metrics.jsonl`, one line per step; `tensorboard/`;
+    `wandb/`), `config.json`, `rollouts/step_K.jsonl`,
+    `checkpoints/step_K/` (every `checkpoint_every` steps and at the end), `reward_curve.png`, `metrics.png` and
+    `response_lengths.png` (`write_run_plots`); and every rank writes
     `weights_rank{R}.sha256` with its final weights' digest.
 
     Returns:
@@ -112,7 +120,8 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     from agentic_rl.rollout.summary import trajectory_to_dict
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
     from agentic_rl.train.distributed import init_from_env, shard
-    from agentic_rl.train.plots import plot_reward_curve
+    from agentic_rl.train.loggers import build_loggers
+    from agentic_rl.train.plots import write_run_plots
     from agentic_rl.train.trainer import GRPOTrainer
 
     dist = init_from_env(config.device)
@@ -150,7 +159,10 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     if dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers
         anyio.run(engine.update_weights, trainer.named_weights())
     history: list[dict[str, Any]] = []
+    sinks: list[Any] = []
     try:
+        if dist.is_main:
+            sinks = build_loggers(config.loggers, out, config=config.model_dump(), wandb_project=config.wandb_project)
         for step in range(config.steps):
             mine = shard(next_batch(), dist)
             expanded = [dict(task) for task in mine for _ in range(r.group_size)]  # a group shares its task id
@@ -186,8 +198,8 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
             }  # fmt: skip
             history.append(row)
             if dist.is_main:
-                with (out / "metrics.jsonl").open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                for sink in sinks:
+                    sink.log(row, step=step + 1)
                 with (out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
                     for t in trajectories:
                         f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
@@ -197,10 +209,12 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
                 on_step(row)
         if dist.is_main:
             _checkpoint(trainer.module, tokenizer, out / "checkpoints" / "final")
-            plot_reward_curve(out / "metrics.jsonl", out / "reward_curve.png")
+            write_run_plots(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"weights_rank{dist.rank}.sha256").write_text(weights_digest(trainer.module) + "\n")
     finally:
+        for sink in sinks:
+            sink.close()
         anyio.run(wrapper.close)
     return history
 

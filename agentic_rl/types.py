@@ -131,7 +131,8 @@ class Step:
         observation: what the model saw before acting: the user question on turn 0, later the previous
             action's result.
         model_response: the full assistant text of this turn.
-        info: environment details of this turn (tool calls, errors, finish reason, token counts).
+        info: details of this turn: finish reason, sampled token count, weight version, `llm_time_s` and
+            `env_time_s` (seconds in the engine and in the environment), tool-call counts and errors.
         reward: step reward.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).

@@ -13,6 +13,16 @@ command -v "$python_bin" >/dev/null || python_bin=python3
 if [ "$extra" = cpu ]; then
     .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# The viewer's browser test drives Debian's chromium through playwright (no browser download). Installed when
+# running as root with apt; elsewhere that test skips and says why.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+            || echo "warning: apt-get install chromium failed; the viewer's browser test will skip" >&2
+    else
+        echo "note: chromium is not installed (needs root and apt); the viewer's browser test will skip" >&2
+    fi
+fi
 .venv/bin/python - <<'PY'
 import transformers, vllm, agentic_rl  # noqa: F401  (fails here, not later, if the install is broken)
 print(f"agentic_rl ready: vllm {vllm.__version__}, transformers {transformers.__version__}")

@@ -256,7 +256,8 @@ async def _turn_loop(
         version = int(getattr(engine, "weight_version", 0))  # stamped on the turn: the weights it sampled with
         t0 = time.perf_counter()
         generation: Generation = await engine.generate(prompt, sampling)
-        metrics["llm_time"] += time.perf_counter() - t0
+        llm_time_s = time.perf_counter() - t0
+        metrics["llm_time"] += llm_time_s
         ids = generation.token_ids
         record.add_sampled(ids, generation.logprobs)
         metrics["generated_tokens"] += len(ids)
@@ -269,7 +270,7 @@ async def _turn_loop(
             memory.add_message({"role": "assistant", "content": text or "(no output)"})
         thought, _ = split_thought(text)
         info: dict[str, Any] = {"finish_reason": generation.finish_reason, "sampled_tokens": len(ids),
-                                "weight_version": version}  # fmt: skip
+                                "weight_version": version, "llm_time_s": llm_time_s}  # fmt: skip
         metrics["weight_version"] = min(metrics.get("weight_version", version), version)
         step = Step(
             chat_completions=list(sample.messages),
@@ -289,7 +290,8 @@ async def _turn_loop(
             return TerminationReason.CONTEXT_LIMIT if limited_by_budget else TerminationReason.TRUNCATED
         t0 = time.perf_counter()
         result = await environment.step(sample)
-        metrics["env_time"] += time.perf_counter() - t0
+        info["env_time_s"] = time.perf_counter() - t0
+        metrics["env_time"] += info["env_time_s"]
         info.update(result.info)
         for key in ("tool_calls", "tool_errors", "well_formed_calls"):
             metrics[key] += int(result.info.get(key, 0))

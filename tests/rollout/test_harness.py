@@ -73,6 +73,8 @@ async def test_next_prompt_is_previous_prompt_plus_sampled_plus_observation_ids(
     assert traj.steps[0].action.startswith("<tool_call>")
     assert traj.steps[0].observation == make_task()["question"]
     assert traj.steps[1].observation == [evaluate_expression(expression)]
+    assert traj.steps[0].info["llm_time_s"] > 0 and traj.steps[0].info["env_time_s"] >= 0  # per-turn timings
+    assert sum(s.info["llm_time_s"] for s in traj.steps) == pytest.approx(traj.metrics["llm_time"])
 
 
 async def test_qwen25_template_renders_tool_results_as_user_turns_and_stays_aligned(engine, qwen_tokenizer, make_task):

@@ -62,11 +62,15 @@ def test_config_overrides_and_validation(tmp_path):
         load_train_config(path, ["steps"])
     with pytest.raises(ConfigError, match="bogus"):
         load_train_config(path, ["bogus=1"])
+    assert load_train_config(path, ["loggers=[jsonl, tensorboard, wandb]"]).loggers == ["jsonl", "tensorboard", "wandb"]
+    assert load_train_config(path, []).loggers == ["jsonl"]
+    with pytest.raises(ConfigError, match="loggers"):
+        load_train_config(path, ["loggers=[mlflow]"])
 
 
 @pytest.mark.slow
 def test_single_process_training_logs_metrics_advances_weight_versions_and_checkpoints(tmp_path):
-    path = _config(tmp_path)
+    path = _config(tmp_path, loggers=["jsonl", "tensorboard", "wandb"])
     proc = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "train", "--config", str(path), "--no-progress"],
                           capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -81,7 +85,25 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
     step2 = [json.loads(line) for line in (run / "rollouts/step_2.jsonl").read_text().splitlines()]
     assert {r["metrics"]["weight_version"] for r in step2} == {1}  # sampled after one sync
     assert (run / "checkpoints/final/model.safetensors").is_file()
-    assert (run / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+    for png in ("reward_curve.png", "metrics.png", "response_lengths.png"):
+        assert (run / png).read_bytes()[:4] == b"\x89PNG", png
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from wandb_records import history
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward_mean")] == [1, 2]
+    assert [e.value for e in events.Scalars("reward_mean")] == pytest.approx([r["reward_mean"] for r in rows])
+    (run_file,) = run.glob("wandb/offline-run-*/run-*.wandb")
+    logged = history(run_file)
+    assert [r["_step"] for r in logged] == [1, 2]
+    assert [r["loss"] for r in logged] == pytest.approx([r["loss"] for r in rows])
+
+    from agentic_rl.viewer import build_view
+
+    page = build_view(run).read_text()  # the run's own model decodes the tokens of both steps
+    assert '"source":"step 1"' in page and '"source":"step 2"' in page
 
 
 @pytest.mark.slow

@@ -1,0 +1,63 @@
+"""Metrics loggers read back from what they wrote: JSON Lines, TensorBoard event files, a wandb offline run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from wandb_records import config as wandb_config
+from wandb_records import history as wandb_history
+
+from agentic_rl.errors import ConfigError
+from agentic_rl.train.loggers import JsonlLogger, MetricsLogger, TensorBoardLogger, WandbLogger, build_loggers
+
+ROWS = [{"step": k, "reward_mean": 0.25 * k, "loss": 1.0 / k, "accuracy": 0.5, "failed": 0, "weight_version": k,
+         "note": "text is kept only in JSON Lines", "nan_metric": float("nan")} for k in (1, 2, 3)]  # fmt: skip
+
+
+def _log_all(logger):
+    for row in ROWS:
+        logger.log(row, step=row["step"])
+    logger.close()
+
+
+def test_jsonl_logger_appends_one_row_per_step(tmp_path):
+    _log_all(JsonlLogger(tmp_path / "metrics.jsonl"))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["note"] == ROWS[1]["note"]
+
+
+def test_tensorboard_logger_writes_scalars_read_back_by_event_accumulator(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = TensorBoardLogger(tmp_path / "tb")
+    assert isinstance(logger, MetricsLogger)
+    _log_all(logger)
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert set(events.Tags()["scalars"]) == {"reward_mean", "loss", "accuracy", "failed", "weight_version"}
+    rewards = events.Scalars("reward_mean")
+    assert [e.step for e in rewards] == [1, 2, 3]
+    assert [e.value for e in rewards] == pytest.approx([0.25, 0.5, 0.75])
+    assert [e.value for e in events.Scalars("loss")] == pytest.approx([1.0, 0.5, 1 / 3])
+
+
+def test_wandb_logger_writes_an_offline_run_with_history_and_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "online")  # the logger itself must choose offline
+    logger = WandbLogger(tmp_path, project="unit", name="run-a", config={"lr": 0.001, "model": "tiny"})
+    _log_all(logger)
+    assert logger.run_dir.parent == tmp_path / "wandb" and logger.run_dir.name.startswith("offline-run-")
+    (run_file,) = logger.run_dir.glob("run-*.wandb")
+    rows = wandb_history(run_file)
+    assert [r["_step"] for r in rows] == [1, 2, 3]
+    assert [r["reward_mean"] for r in rows] == pytest.approx([0.25, 0.5, 0.75])
+    assert "note" not in rows[0] and "nan_metric" not in rows[0]
+    assert {k: v for k, v in wandb_config(run_file).items() if not k.startswith("_")} == {"lr": 0.001, "model": "tiny"}
+
+
+def test_build_loggers_names_bad_choices(tmp_path):
+    assert [type(x).__name__ for x in build_loggers(["jsonl"], tmp_path)] == ["JsonlLogger"]
+    with pytest.raises(ConfigError, match="unknown logger.*mlflow"):
+        build_loggers(["jsonl", "mlflow"], tmp_path)
+    with pytest.raises(ConfigError, match="must not repeat"):
+        build_loggers(["jsonl", "jsonl"], tmp_path)
