@@ -21,7 +21,11 @@ tokens the engine sampled (verifiers: the token ids our server returned per turn
 ids); ratio = ours / verifiers tokens/s. SmolLM2-135M rarely writes tool calls, so most trajectories are one turn.
 
     bash benchmarks/setup_peer.sh        # once: PEER_VENV (default /tmp/venv-verifiers-0.2.1)
-    .venv/bin/python benchmarks/peer_verifiers.py [--quick] [--tasks N] [--concurrency C] [--repeats R] [--out FILE]
+    .venv/bin/python benchmarks/peer_verifiers.py [--quick] [--model NAME] [--tasks N] [--concurrency C] [--repeats R]
+        [--max-tokens M] [--out FILE]
+
+`--model tiny-random-smollm2` (random weights, ~10x faster engine) shows the per-turn cost of each path more
+clearly; its output is noise, so every trajectory ends after one turn of `max_tokens`.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="also: tiny-random-smollm2 (fast engine)")
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--peer-timeout", type=float, default=3600.0)
@@ -110,7 +115,7 @@ def main() -> None:
     from agentic_rl.models import resolve_model
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
 
-    model = resolve_model("smollm2-135m-instruct")
+    model = resolve_model(args.model)
     tasks = load_tasks(DATA, args.tasks)
     wrapper = ToolAgentEngineWrapper(
         "smollm2", AutoTokenizer.from_pretrained(str(model)), {"temperature": 0.0, "max_tokens": args.max_tokens},
@@ -145,13 +150,13 @@ def main() -> None:
             for r in runs for side in ("verifiers", "ours") for s in [r[side]]]  # fmt: skip
     print(f"peer: verifiers {runs[0]['verifiers']['verifiers_version']} ToolEnv over our server vs our rollout; "
           f"{args.tasks} GSM8K tasks, {args.concurrency} in flight, <= {args.max_turns} turns of <= {args.max_tokens} "
-          f"tokens, greedy, SmolLM2-135M bf16")  # fmt: skip
+          f"tokens, greedy, {args.model} bf16")  # fmt: skip
     print(table(headers, rows))
     ratios = [r["ratio_tokens_per_s"] for r in runs]
     print("ratio ours / verifiers (tokens/s): " + ", ".join(f"{x:.2f}" for x in ratios))
     save("peer_verifiers", {
         "tasks": args.tasks, "concurrency": args.concurrency, "max_turns": args.max_turns, "max_tokens": args.max_tokens,
-        "sampling": {"temperature": 0.0}, "model": "smollm2-135m-instruct", "runs": runs,
+        "sampling": {"temperature": 0.0}, "model": args.model, "runs": runs,
         "ratio_tokens_per_s": sum(ratios) / len(ratios), "ratio_tokens_per_s_min": min(ratios),
         "verifiers_used_server_token_ids": all(r["verifiers"]["turns_with_server_token_ids"] == r["verifiers"]["turns"] for r in runs),
     }, args.out)  # fmt: skip
