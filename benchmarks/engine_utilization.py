@@ -110,13 +110,14 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=None)
     parser.add_argument("--turns", type=int, default=None)
     parser.add_argument("--min-tokens", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     agents = args.agents or (16 if args.quick else 64)
     turns = args.turns or (3 if args.quick else 4)
     repeats = args.repeats or (1 if args.quick else 2)
+    max_tokens = args.max_tokens or (96 if args.quick else 256)
     from transformers import AutoTokenizer
 
     from agentic_rl.cli import load_tasks
@@ -132,7 +133,7 @@ def main() -> None:
         await engine.start()
         try:
             await measure(engine, renderer, tasks[:4], 1, 8, 16)  # warm up
-            return [await measure(engine, renderer, tasks, turns, args.min_tokens, args.max_tokens) for _ in range(repeats)]
+            return [await measure(engine, renderer, tasks, turns, args.min_tokens, max_tokens) for _ in range(repeats)]
         finally:
             await engine.close()
 
