@@ -2,7 +2,7 @@
 
 One in-process vLLM engine (SmolLM2-135M-Instruct, bf16) is wrapped by `ToolAgentEngineWrapper(serve=True)`, which
 also serves it over HTTP (OpenAI API) on 127.0.0.1. The same GSM8K questions then run both ways, back to back,
-alternating which goes first in each repeat:
+reversing the order in every other repeat:
 
 1. `verifiers`: a subprocess in its own virtual environment (`bash benchmarks/setup_peer.sh`, verifiers 0.2.1)
    runs a classic `vf.ToolEnv` over a calculator function with `env.evaluate(...)` against our server
@@ -11,8 +11,9 @@ alternating which goes first in each repeat:
    parses tool calls into OpenAI `tool_calls`, and answers in JSON; the client parses that and runs the tool.
    Its time is that of `evaluate` alone (imports and environment set-up are not timed).
 2. `ours`: `wrapper.generate_agent_trajectories_async(tasks)` on the same engine. Per turn: token ids in, token
-   ids out; only the new observation is templated and appended (plus one alignment re-render at the end, on by
-   default).
+   ids out; only the new observation is templated and appended, plus, as shipped (`check_alignment=True`), one
+   full re-render of the finished trajectory to verify its ids.
+3. `ours_no_check`: the same with `check_alignment=False` (verifiers runs no such check).
 
 Both sides get the same questions, system prompt and calculator schema (tools described in the system prompt by
 the same function, since SmolLM2's template ignores `tools`), greedy sampling, the same `max_tokens` per turn, the
@@ -48,10 +49,13 @@ from common import save, table
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data" / "gsm8k_test.jsonl"
 PEER = HERE / "peer" / "verifiers_gsm8k.py"
+SIDES = ("verifiers", "ours", "ours_no_check")
 PEER_VENV = Path(os.environ.get("PEER_VENV", "/tmp/venv-verifiers-0.2.1"))
 
 
-def run_peer(address: str, model: str, args: argparse.Namespace, system_prompt: str, tool: dict[str, Any]) -> dict[str, Any]:
+def run_peer(
+    address: str, model: str, args: argparse.Namespace, system_prompt: str, tool: dict[str, Any]
+) -> dict[str, Any]:
     """One `verifiers` evaluation against our server, in the peer venv; its JSON line."""
     command = [str(PEER_VENV / "bin" / "python"), str(PEER), "--base-url", f"http://{address}/v1", "--model", model,
                "--data", str(DATA), "--tasks", str(args.tasks), "--concurrency", str(args.concurrency),
@@ -69,8 +73,9 @@ def run_peer(address: str, model: str, args: argparse.Namespace, system_prompt: 
     return result
 
 
-def run_ours(wrapper: Any, tasks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Our rollout of `tasks` on the wrapper's engine."""
+def run_ours(wrapper: Any, tasks: list[dict[str, Any]], check_alignment: bool = True) -> dict[str, Any]:
+    """Our rollout of `tasks` on the wrapper's engine (`check_alignment`: the end-of-trajectory re-render check)."""
+    wrapper.harness_config.check_alignment = check_alignment
 
     async def go() -> tuple[list[Any], float]:
         t0 = time.perf_counter()
@@ -132,32 +137,40 @@ def main() -> None:
         run_peer(address, wrapper.agent_name, warm, DEFAULT_SYSTEM_PROMPT, tool)  # warm up both paths
         run_ours(wrapper, tasks[:2])
         for repeat in range(args.repeats):
-            order = ("verifiers", "ours") if repeat % 2 == 0 else ("ours", "verifiers")
+            order = SIDES if repeat % 2 == 0 else SIDES[::-1]
             row: dict[str, Any] = {"repeat": repeat, "order": list(order)}
             for side in order:
-                row[side] = run_peer(address, wrapper.agent_name, args, DEFAULT_SYSTEM_PROMPT, tool) if side == "verifiers" else run_ours(wrapper, tasks)
-            row["ratio_tokens_per_s"] = row["ours"]["tokens_per_s"] / row["verifiers"]["tokens_per_s"]
-            row["ratio_trajectories_per_s"] = row["ours"]["trajectories_per_s"] / row["verifiers"]["trajectories_per_s"]
+                if side == "verifiers":
+                    row[side] = run_peer(address, wrapper.agent_name, args, DEFAULT_SYSTEM_PROMPT, tool)
+                else:
+                    row[side] = run_ours(wrapper, tasks, check_alignment=side == "ours")
+            for side in SIDES[1:]:
+                row[f"ratio_{side}"] = row[side]["tokens_per_s"] / row["verifiers"]["tokens_per_s"]
+                row[f"ratio_{side}_trajectories"] = (
+                    row[side]["trajectories_per_s"] / row["verifiers"]["trajectories_per_s"]
+                )
             runs.append(row)
-            print(f"repeat {repeat}: verifiers {row['verifiers']['tokens_per_s']:.1f} tok/s, ours "
-                  f"{row['ours']['tokens_per_s']:.1f} tok/s, ratio {row['ratio_tokens_per_s']:.2f}", flush=True)  # fmt: skip
+            print(f"repeat {repeat}: " + ", ".join(f"{side} {row[side]['tokens_per_s']:.1f} tok/s" for side in SIDES)
+                  + ", ratios " + ", ".join(f"{row[f'ratio_{side}']:.2f}" for side in SIDES[1:]), flush=True)  # fmt: skip
     finally:
         anyio.run(wrapper.close)
     headers = ["repeat", "side", "tasks", "completed", "turns", "tool calls", "1st prompt tok", "gen tokens", "wall s",
                "tok/s", "traj/s"]  # fmt: skip
     rows = [(r["repeat"], side, s["tasks"], s["completed"], s["turns"], s["tool_calls"], s["mean_first_prompt_tokens"],
              s["generated_tokens"], s["wall_s"], s["tokens_per_s"], s["trajectories_per_s"])
-            for r in runs for side in ("verifiers", "ours") for s in [r[side]]]  # fmt: skip
+            for r in runs for side in SIDES for s in [r[side]]]  # fmt: skip
     print(f"peer: verifiers {runs[0]['verifiers']['verifiers_version']} ToolEnv over our server vs our rollout; "
           f"{args.tasks} GSM8K tasks, {args.concurrency} in flight, <= {args.max_turns} turns of <= {args.max_tokens} "
           f"tokens, greedy, {args.model} bf16")  # fmt: skip
     print(table(headers, rows))
-    ratios = [r["ratio_tokens_per_s"] for r in runs]
-    print("ratio ours / verifiers (tokens/s): " + ", ".join(f"{x:.2f}" for x in ratios))
+    ratios = {side: [r[f"ratio_{side}"] for r in runs] for side in SIDES[1:]}
+    for side, values in ratios.items():
+        print(f"ratio {side} / verifiers (tokens/s): " + ", ".join(f"{x:.2f}" for x in values))
     save("peer_verifiers", {
         "tasks": args.tasks, "concurrency": args.concurrency, "max_turns": args.max_turns, "max_tokens": args.max_tokens,
         "sampling": {"temperature": 0.0}, "model": args.model, "runs": runs,
-        "ratio_tokens_per_s": sum(ratios) / len(ratios), "ratio_tokens_per_s_min": min(ratios),
+        "ratio_tokens_per_s": sum(ratios["ours"]) / len(runs), "ratio_tokens_per_s_min": min(ratios["ours"]),
+        "ratio_no_alignment_check_tokens_per_s": sum(ratios["ours_no_check"]) / len(runs),
         "verifiers_used_server_token_ids": all(r["verifiers"]["turns_with_server_token_ids"] == r["verifiers"]["turns"] for r in runs),
     }, args.out)  # fmt: skip
 

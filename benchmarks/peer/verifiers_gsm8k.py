@@ -58,7 +58,11 @@ def _last_number(text: str) -> str | None:
 
 def correct(completion, answer: str) -> float:
     """1.0 when the last number of the final assistant message equals the GSM8K answer (after '####')."""
-    final = [m for m in completion if getattr(m, "role", None) == "assistant" or (isinstance(m, dict) and m.get("role") == "assistant")]
+    final = [
+        m
+        for m in completion
+        if getattr(m, "role", None) == "assistant" or (isinstance(m, dict) and m.get("role") == "assistant")
+    ]
     if not final:
         return 0.0
     content = final[-1]["content"] if isinstance(final[-1], dict) else final[-1].content
@@ -101,7 +105,9 @@ def main() -> None:
     )  # fmt: skip
     if args.tool_schema:  # the rollout side's exact schema, so that both render the same system prompt
         env.tool_defs = [vf.Tool(**json.loads(args.tool_schema))]
-    client = OpenAIChatCompletionsClient(AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=3600))
+    client = OpenAIChatCompletionsClient(
+        AsyncOpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=3600)
+    )
     # `logprobs` makes verifiers keep the server's prompt and completion token ids per turn (our server returns
     # `prompt_token_ids` and `choices[].token_ids`).
     # verifiers renames `max_tokens` to OpenAI's `max_completion_tokens`, which our server does not read (it would
