@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentic_rl.engine.base import Engine, Generation
 from agentic_rl.environments.base import Environment, Sample
-from agentic_rl.errors import AgenticRLError, ConfigError, EngineTimeoutError, RewardError
+from agentic_rl.errors import AgenticRLError, ConfigError, EngineTimeoutError, RewardError, TrajectoryError
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import TOOL_CALL_OPEN, split_thought
 from agentic_rl.rollout.tokens import ChatRenderer, Segment, check_alignment
@@ -321,21 +321,29 @@ async def run_trajectory(
     if steps:
         steps[-1].done = True
         steps[-1].reward = res_reward + toolcall_reward
-    return StepTrajectory(
-        prompt_tokens=record.prompt_ids,
-        response_tokens=record.response_ids,
-        response_masks=record.mask,
-        idx=idx,
-        trajectory_reward=res_reward + toolcall_reward,
-        chat_completions=messages,
-        metrics=metrics,
-        response_logprobs=record.logprobs,
-        termination_reason=reason,
-        failed=failed,
-        error=error,
-        task=task,
-        steps=steps,
-    )
+    try:
+        return StepTrajectory(
+            prompt_tokens=record.prompt_ids,
+            response_tokens=record.response_ids,
+            response_masks=record.mask,
+            idx=idx,
+            trajectory_reward=res_reward + toolcall_reward,
+            chat_completions=messages,
+            metrics=metrics,
+            response_logprobs=record.logprobs,
+            termination_reason=reason,
+            failed=failed,
+            error=error,
+            task=task,
+            steps=steps,
+        )
+    except TrajectoryError as exc:  # e.g. the engine reported a NaN logprob: this trajectory fails, not the batch
+        logger.error("trajectory %s (task %r) failed: invalid record: %s", idx, task.get("id"), exc)
+        return StepTrajectory(
+            prompt_tokens=[], response_tokens=[], response_masks=[], idx=idx, chat_completions=messages,
+            metrics=metrics, termination_reason=TerminationReason.ERROR, failed=True,
+            error=f"TrajectoryError: {exc}", task=task, steps=steps,
+        )  # fmt: skip
 
 
 _SUSPENDED = "suspended"  # internal: the loop stopped at a turn boundary because `pause` was set
