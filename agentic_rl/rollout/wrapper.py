@@ -409,6 +409,20 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             config=self.harness_config, reward_fn=self.reward_fn, memory_factory=self.memory_factory,
         )  # fmt: skip
 
+    def make_rollout(self) -> Any:
+        """A `Rollout` over this wrapper's engine, environment and settings, which can be quiesced and resumed.
+
+        Raises:
+            ConfigError: if `initialize()` was not called.
+        """
+        from agentic_rl.rollout.session import Rollout
+
+        self._check_ready()
+        return Rollout(
+            engine=self.engine, environment=self.environment, renderer=self.renderer, config=self.harness_config,
+            reward_fn=self.reward_fn, memory_factory=self.memory_factory, n_parallel_agents=self.n_parallel_agents,
+        )  # fmt: skip
+
     async def close(self) -> None:
         """Stop the servers, and the engine this wrapper built (an engine passed in is left running)."""
         self.stop_servers()

@@ -179,6 +179,20 @@ async def test_invalid_tasks_fail_alone_and_bad_arguments_are_named(tokenizer):
     assert "question" in result.trajectories[1].error and "dict" in result.trajectories[2].error
 
 
+async def test_wrapper_make_rollout_uses_the_wrappers_engine_environment_and_settings(tokenizer):
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+
+    wrapper = ToolAgentEngineWrapper("agent", tokenizer, {"max_tokens": 64}, 1024, 512, 2, 3, tools=[CalculatorTool()],
+                                     engine=ScriptedEngine(tokenizer, three_turn_script), serve=False)  # fmt: skip
+    with pytest.raises(ConfigError, match="initialize"):
+        wrapper.make_rollout()
+    wrapper.initialize()
+    rollout = wrapper.make_rollout()
+    assert rollout.n_parallel_agents == 2 and rollout.config is wrapper.harness_config
+    result = await rollout.run(_tasks(3))
+    assert [(t.metrics["res_reward"], t.metrics["steps"]) for t in result.trajectories] == [(1.0, 3)] * 3
+
+
 # ---------------------------------------------------------------------------------------------- real engine
 
 
