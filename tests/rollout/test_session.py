@@ -144,7 +144,7 @@ async def test_quiesce_from_another_task_waits_for_in_flight_turns(tokenizer):
     assert not rollout.running
     assert engine.started == engine.returned == 3  # the in-flight turns finished; none started after the pause
     assert results[0].suspended is suspended
-    assert [cp.idx for cp in suspended.checkpoints] == [0, 1, 2] and [cp.turn for cp in suspended.checkpoints] == [1] * 3
+    assert [(cp.idx, cp.turn) for cp in suspended.checkpoints] == [(0, 1), (1, 1), (2, 1)]
     assert [idx for idx, _ in suspended.queued] == [3, 4]
     await rollout.discard(suspended)
     assert len(suspended) == 0

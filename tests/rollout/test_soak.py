@@ -28,8 +28,8 @@ import pytest
 from engines import ScriptedEngine
 from test_faults import FaultyEnvironment, HangingTool, HugeTool, RaisingTool, reward
 
-from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.environments.base import Sample
+from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint
 from agentic_rl.rollout.session import Rollout
 from agentic_rl.rollout.tokens import ChatRenderer
