@@ -238,3 +238,40 @@ async def test_cancelled_rollout_with_faults_closes_every_started_trajectory_onc
     assert results == []
     assert engine.in_flight == 0
     assert len(env.closed) == 4 and set(env.closed.values()) == {1}
+
+
+class OutOfVocabEngine:
+    """Sends the real engine a prompt with an id outside the vocabulary for questions marked `[fault:bad_ids]`."""
+
+    def __init__(self, inner: Any, tokenizer: Any) -> None:
+        self.inner = inner
+        self.tokenizer = tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.inner.max_model_len
+
+    async def generate(self, prompt_ids, sampling):
+        if "[fault:bad_ids]" in self.tokenizer.decode(list(prompt_ids)):
+            prompt_ids = [*prompt_ids, 10**9]
+        return await self.inner.generate(prompt_ids, sampling)
+
+
+async def test_real_engine_rejecting_a_request_fails_only_that_trajectory(engine, tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    env = FaultyEnvironment(ToolEnvironment([CalculatorTool()], tools_in_system_prompt=True))
+    config = HarnessConfig(max_steps=2, max_prompt_length=1024, max_response_length=256,
+                           sampling={"temperature": 0.0, "max_tokens": 8})  # fmt: skip
+    faulty = OutOfVocabEngine(engine, tokenizer)
+
+    async def one(task, idx):
+        return await run_trajectory(task, idx, engine=faulty, environment=env, renderer=renderer, config=config)
+
+    trajs = await run_tasks(_tasks(["", "[fault:bad_ids]", ""]), one, n_parallel_agents=3)
+
+    assert [t.failed for t in trajs] == [False, True, False]
+    assert trajs[1].termination_reason == TerminationReason.ERROR
+    assert trajs[1].error.startswith("EngineError: request rejected by vLLM")
+    assert all(t.num_generated_tokens > 0 for t in (trajs[0], trajs[2]))
+    assert set(env.closed.values()) == {1} and len(env.closed) == 3
+    assert engine.in_flight_requests == 0
