@@ -197,17 +197,19 @@ async def test_wrapper_make_rollout_uses_the_wrappers_engine_environment_and_set
 
 
 class FreshPrefillEngine:
-    """Empties the engine's prefix cache before every request, so every turn is prefilled from scratch.
+    """Empties the engine's prefix cache before every request, so every turn is prefilled from scratch; also caps
+    the turns that are not forced into a tool call at `free_turn_tokens` (they only need to be compared).
 
-    Why: on the CPU, a turn that reuses cached KV blocks reads values computed in an earlier request (some of them
-    during decoding), while a fresh prefill computes them in one pass; bf16 results differ in the last bits and
-    greedy choices can flip. A weight update resets the cache, so without this the run resumed after an update
-    would prefill where the uninterrupted run hit the cache. With it, and concurrency 1 (one sequence per engine
-    step), both runs feed the engine identical batches.
+    Why the cache: on the CPU, a turn that reuses cached KV blocks reads values computed in an earlier request (some
+    of them during decoding), while a fresh prefill computes them in one pass; bf16 results can differ in the last
+    bits and flip a greedy choice. A weight update resets the cache, so without this the run resumed after an
+    update would prefill where the uninterrupted run hit the cache. With it, and concurrency 1 (one sequence per
+    engine step), both runs feed the engine identical batches.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, free_turn_tokens: int = 12) -> None:
         self.inner = inner
+        self.free_turn_tokens = free_turn_tokens
 
     @property
     def max_model_len(self) -> int:
@@ -219,22 +221,36 @@ class FreshPrefillEngine:
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
         assert await self.inner.call(lambda llm: llm.reset_prefix_cache())
+        if "structured_outputs" not in sampling:
+            sampling = {**sampling, "max_tokens": min(sampling["max_tokens"], self.free_turn_tokens)}
         return await self.inner.generate(prompt_ids, sampling)
 
 
-GREEDY = {"temperature": 0.0, "max_tokens": 40}
+GREEDY = {"temperature": 0.0, "max_tokens": 40}  # a forced calculator call takes ~35 tokens
+_REFERENCE: list[Any] = []  # the uninterrupted run, shared by the two tests below (generation is slow on a CPU)
 
 
-async def _real_reference(engine, tokenizer, n_tasks: int):
-    forced = ForcedCallEngine(FreshPrefillEngine(engine), tokenizer, forced_turns=2)
-    return await _rollout(tokenizer, forced, n_parallel_agents=1, sampling=GREEDY).run(_tasks(n_tasks))
+def _real_engine(engine, tokenizer) -> ForcedCallEngine:
+    """Turns 0 and 1 are forced calculator calls, turn 2 is free; greedy, so every run samples the same ids."""
+    return ForcedCallEngine(FreshPrefillEngine(engine), tokenizer, forced_turns=2)
+
+
+async def _real_reference(engine, tokenizer):
+    """Two tasks, one at a time, without a pause. At concurrency 1 the first task's requests are the same whether
+    the batch has one task or two, so the weight-update test compares its one task with the first of these."""
+    if not _REFERENCE:
+        result = await _rollout(tokenizer, _real_engine(engine, tokenizer), n_parallel_agents=1, sampling=GREEDY).run(
+            _tasks(2)
+        )
+        _REFERENCE.extend(result.trajectories)
+    return _REFERENCE
 
 
 async def test_real_engine_quiesce_then_resume_gives_the_same_tokens_as_an_uninterrupted_run(engine, tokenizer):
-    reference = await _real_reference(engine, tokenizer, 2)
-    assert [len(t.steps) for t in reference.trajectories] == [3, 3]  # two forced calls, then an answer
+    reference = await _real_reference(engine, tokenizer)
+    assert [len(t.steps) for t in reference] == [3, 3]  # two forced calls, then a free turn
 
-    counting = QuiesceAfter(ForcedCallEngine(FreshPrefillEngine(engine), tokenizer, forced_turns=2), after=2)
+    counting = QuiesceAfter(_real_engine(engine, tokenizer), after=2)
     rollout = _rollout(tokenizer, counting, n_parallel_agents=1, sampling=GREEDY)
     counting.rollout = rollout
     first = await rollout.run(_tasks(2))
@@ -242,15 +258,15 @@ async def test_real_engine_quiesce_then_resume_gives_the_same_tokens_as_an_unint
     second = await rollout.resume(first.suspended)
 
     assert first.trajectories == [] and second.suspended is None
-    assert [_record(t) for t in second.trajectories] == [_record(t) for t in reference.trajectories]
+    assert [_record(t) for t in second.trajectories] == [_record(t) for t in reference]
 
 
 async def test_real_engine_resume_after_update_weights_carries_each_turns_weight_version(engine, tokenizer, model_dir):
     from safetensors.torch import load_file
 
-    reference = await _real_reference(engine, tokenizer, 1)
+    reference = await _real_reference(engine, tokenizer)
     version = engine.weight_version
-    counting = QuiesceAfter(ForcedCallEngine(FreshPrefillEngine(engine), tokenizer, forced_turns=2), after=1)
+    counting = QuiesceAfter(_real_engine(engine, tokenizer), after=1)
     rollout = _rollout(tokenizer, counting, n_parallel_agents=1, sampling=GREEDY)
     counting.rollout = rollout
     first = await rollout.run(_tasks(1))
@@ -264,4 +280,4 @@ async def test_real_engine_resume_after_update_weights_carries_each_turns_weight
     assert [s.info["weight_version"] for s in traj.steps] == [version, version + 1, version + 1]
     assert traj.metrics["weight_version"] == version
     # The reloaded weights are the original ones, so the tokens also match the uninterrupted run.
-    assert _record(traj) == _record(reference.trajectories[0])
+    assert _record(traj) == _record(reference[0])
