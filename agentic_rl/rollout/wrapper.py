@@ -301,6 +301,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
         memory: a `MemoryConfig` (or dict) to prompt each turn through agent memory; with `use_summary` and no
             `oai_client`, summaries come from this wrapper's own server.
+        turn_timeout_s: most seconds one engine request may take before it is aborted and its trajectory fails
+            with `termination_reason="timeout"` (see `HarnessConfig`).
     """
 
     def __init__(
@@ -323,6 +325,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         check_alignment: bool = True,
         serve: bool = True,
         memory: Any = None,
+        turn_timeout_s: float = 3600.0,
     ) -> None:
         super().__init__(
             agent_name, tokenizer, sampling_params, max_prompt_length, max_response_length, n_parallel_agents,
@@ -346,6 +349,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             sampling=self.sampling_params,
             toolcall_weight=toolcall_weight,
             check_alignment=check_alignment,
+            turn_timeout_s=turn_timeout_s,
         )
         self.serve = serve
         self.memory_config = memory

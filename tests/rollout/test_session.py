@@ -183,12 +183,16 @@ async def test_wrapper_make_rollout_uses_the_wrappers_engine_environment_and_set
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
 
     wrapper = ToolAgentEngineWrapper("agent", tokenizer, {"max_tokens": 64}, 1024, 512, 2, 3, tools=[CalculatorTool()],
-                                     engine=ScriptedEngine(tokenizer, three_turn_script), serve=False)  # fmt: skip
+                                     engine=ScriptedEngine(tokenizer, three_turn_script), serve=False,
+                                     turn_timeout_s=30)  # fmt: skip
+    with pytest.raises(ConfigError, match="turn_timeout_s"):
+        ToolAgentEngineWrapper("agent", tokenizer, engine=wrapper.engine, serve=False, turn_timeout_s=-1)
     with pytest.raises(ConfigError, match="initialize"):
         wrapper.make_rollout()
     wrapper.initialize()
     rollout = wrapper.make_rollout()
     assert rollout.n_parallel_agents == 2 and rollout.config is wrapper.harness_config
+    assert rollout.config.turn_timeout_s == 30
     result = await rollout.run(_tasks(3))
     assert [(t.metrics["res_reward"], t.metrics["steps"]) for t in result.trajectories] == [(1.0, 3)] * 3
 
