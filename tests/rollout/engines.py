@@ -23,6 +23,10 @@ class RecordingEngine:
     def max_model_len(self) -> int:
         return self.inner.max_model_len
 
+    @property
+    def weight_version(self) -> int:
+        return int(getattr(self.inner, "weight_version", 0))
+
     async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
         generation = await self.inner.generate(prompt_ids, sampling)
         self.calls.append((list(prompt_ids), dict(sampling), generation))
