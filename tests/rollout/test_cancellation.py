@@ -40,8 +40,8 @@ async def _wait_until(condition) -> None:
             await anyio.sleep(0.02)
 
 
-def _thread_names() -> list[str]:
-    return sorted(t.name for t in threading.enumerate())
+def _threads() -> set[tuple[int | None, str]]:
+    return {(t.ident, t.name) for t in threading.enumerate()}
 
 
 def _child_pids() -> set[int]:
@@ -54,7 +54,7 @@ async def test_cancelling_a_rollout_aborts_every_engine_request_and_leaks_no_tas
     config = HarnessConfig(max_steps=2, max_prompt_length=1024, max_response_length=512,
                            sampling={"max_tokens": 400, "min_tokens": 400, "temperature": 1.0})  # fmt: skip
     tasks = [{"id": i, "question": f"Count to {100 + i}.", "ground_truth": "0"} for i in range(8)]
-    threads_before, tasks_before = _thread_names(), set(asyncio.all_tasks())
+    threads_before, tasks_before = _threads(), set(asyncio.all_tasks())
     assert engine.in_flight_requests == 0
 
     async def one(task, idx):
@@ -75,7 +75,7 @@ async def test_cancelling_a_rollout_aborts_every_engine_request_and_leaks_no_tas
     assert await engine.call(lambda llm: llm.llm_engine.has_unfinished_requests()) is False
     assert len(env.closed) == 8 and set(env.closed.values()) == {1}
     assert set(asyncio.all_tasks()) == tasks_before
-    assert _thread_names() == threads_before
+    assert _threads() <= threads_before  # no new thread (one left over by an earlier test may have ended)
     generation = await engine.generate([1, 2, 3], {"max_tokens": 4, "min_tokens": 4})  # the engine still serves
     assert len(generation.token_ids) == 4
 
@@ -113,7 +113,7 @@ def test_cancelling_a_rollout_kills_every_sandbox_process_and_thread(tokenizer):
     config = HarnessConfig(max_steps=2, max_prompt_length=2048, max_response_length=1024)
     tasks = [{"id": i, "question": f"Sleep {i}.", "ground_truth": "0"} for i in range(4)]
     session_ids = [f"{i}-{i}" for i in range(4)]
-    children_before, threads_before = _child_pids(), _thread_names()
+    children_before, threads_before = _child_pids(), _threads()
     seen: dict[str, tuple[int, ...]] = {}
 
     async def main() -> None:
@@ -148,11 +148,11 @@ def test_cancelling_a_rollout_kills_every_sandbox_process_and_thread(tokenizer):
     assert len(env.closed) == 4 and set(env.closed.values()) == {1}
     assert engine.in_flight == 0
 
-    async def threads_settle() -> None:
-        await _wait_until(lambda: _thread_names() == threads_before)
+    async def threads_settle() -> None:  # the loop's idle worker threads were told to stop: wait until they did
+        await _wait_until(lambda: _threads() <= threads_before)
 
     anyio.run(threads_settle)
-    assert _thread_names() == threads_before
+    assert _threads() <= threads_before
 
 
 def _not_zombie(pid: int) -> bool:
