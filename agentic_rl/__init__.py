@@ -9,6 +9,7 @@ from agentic_rl.errors import (
     AgenticRLError,
     ConfigError,
     EngineError,
+    EngineTimeoutError,
     EnvStepError,
     ModelError,
     RewardError,
@@ -18,9 +19,10 @@ from agentic_rl.errors import (
 )
 from agentic_rl.models import DEFAULT_MODEL, resolve_model
 from agentic_rl.parser import ToolCall, ToolCallError, parse_tool_calls
-from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
+from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint, run_trajectory
 from agentic_rl.rollout.rewards import gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.session import Rollout, RolloutResult, SuspendedRollout
 from agentic_rl.rollout.tokens import AlignmentReport, ChatRenderer, check_alignment
 from agentic_rl.rollout.wrapper import BaseEngineWrapper, ToolAgentEngineWrapper
 from agentic_rl.tools.base import StatefulTool, Tool
@@ -37,17 +39,21 @@ __all__ = [
     "ConfigError",
     "Engine",
     "EngineError",
+    "EngineTimeoutError",
     "EnvStepError",
     "Environment",
     "Generation",
     "HarnessConfig",
     "ModelError",
     "RewardError",
+    "Rollout",
+    "RolloutResult",
     "Sample",
     "StatefulTool",
     "Step",
     "StepResult",
     "StepTrajectory",
+    "SuspendedRollout",
     "TemplateError",
     "TerminationReason",
     "Tool",
@@ -57,6 +63,7 @@ __all__ = [
     "ToolEnvironment",
     "ToolError",
     "Trajectory",
+    "TrajectoryCheckpoint",
     "TrajectoryError",
     "check_alignment",
     "gsm8k_reward",

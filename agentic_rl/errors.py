@@ -8,6 +8,7 @@ Hierarchy::
     ├── ModelError                          a model name cannot be resolved into a local Hugging Face folder
     ├── TemplateError                       a chat template cannot be used for exact token bookkeeping
     ├── EngineError                         the inference engine failed, or was used before start / after close
+    │   └── EngineTimeoutError              one generate call did not return within the per-turn limit
     ├── ToolError                           a tool failed while executing (turned into error text for the model)
     ├── EnvStepError                        an environment's reset/step failed (fails that trajectory only)
     └── RewardError                         a reward function failed or returned a non-finite value
@@ -22,6 +23,7 @@ __all__ = [
     "AgenticRLError",
     "ConfigError",
     "EngineError",
+    "EngineTimeoutError",
     "EnvStepError",
     "ModelError",
     "RewardError",
@@ -53,6 +55,10 @@ class TemplateError(AgenticRLError):
 
 class EngineError(AgenticRLError):
     """Raised when the inference engine fails, or is used before `start()` or after `close()`."""
+
+
+class EngineTimeoutError(EngineError):
+    """Raised when one engine request did not return within `HarnessConfig.turn_timeout_s` (it is aborted)."""
 
 
 class ToolError(AgenticRLError):

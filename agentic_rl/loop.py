@@ -187,7 +187,7 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
                 rollout_s, stats["train_seconds"], sync_s, stats["logprob_diff"],
             ]  # fmt: skip
             ranks = dist.gather_floats(local)
-            mean = [sum(col) / len(col) for col in zip(*ranks)]
+            mean = [sum(col) / len(col) for col in zip(*ranks, strict=False)]
             row = {
                 "step": step + 1, "reward_mean": mean[0], "reward_std": mean[1], "accuracy": mean[2],
                 "failed": int(sum(rk[3] for rk in ranks)), "loss": stats["loss"], "pg_loss": stats["pg_loss"],

@@ -27,7 +27,6 @@ def hccl_process_group(store: object, rank: int, world_size: int) -> object:
     if importlib.util.find_spec("torch_npu") is None:
         raise RuntimeError("HCCL needs torch_npu (install the 'ascend' extra on an Ascend node)")
     import torch_npu  # noqa: F401
-
     from torch_npu._C._distributed_c10d import ProcessGroupHCCL  # type: ignore[import-not-found]
 
     return ProcessGroupHCCL(store, rank, world_size)

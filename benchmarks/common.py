@@ -18,8 +18,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A right-aligned plain-text table; floats get 3 decimals."""
     cells = [[f"{v:.3f}" if isinstance(v, float) else str(v) for v in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=False))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=False)) for row in cells]
     return "\n".join(lines)
 
 

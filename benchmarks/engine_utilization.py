@@ -81,7 +81,7 @@ async def measure(engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any
     await engine.call(lambda llm: llm.reset_prefix_cache())
     t0 = time.perf_counter()
     async with anyio.create_task_group() as tg:
-        for prompt, n in zip(prompts, counts):
+        for prompt, n in zip(prompts, counts, strict=False):
             tg.start_soon(engine.generate, prompt, fixed(n))
     facade_s = time.perf_counter() - t0
 

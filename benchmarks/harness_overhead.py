@@ -24,7 +24,16 @@ from typing import Any
 import anyio
 from common import save, table
 
-from agentic_rl import ChatRenderer, Environment, Generation, HarnessConfig, Sample, StepResult, run_tasks, run_trajectory
+from agentic_rl import (
+    ChatRenderer,
+    Environment,
+    Generation,
+    HarnessConfig,
+    Sample,
+    StepResult,
+    run_tasks,
+    run_trajectory,
+)
 
 
 class SimulatedEngine:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import anyio
 import torch
@@ -29,6 +30,17 @@ def memcpy_seconds(n_bytes: int, repeats: int) -> float:
         dst.copy_(src)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+async def sync_times(engine: Any, weights: list[tuple[str, torch.Tensor]], repeats: int) -> list[float]:
+    """Seconds of each of `repeats` `update_weights` calls; closes the engine."""
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        await engine.update_weights(weights)
+        out.append(time.perf_counter() - t0)
+    await engine.close()
+    return out
 
 
 def main() -> None:
@@ -57,16 +69,7 @@ def main() -> None:
         engine = VLLMEngine(VLLMEngineConfig(model=model_dir, dtype=dtype, max_model_len=1024, kv_cache_gib=0.25))
         engine.start_sync()
 
-        async def sync_times() -> list[float]:
-            out = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                await engine.update_weights(weights)
-                out.append(time.perf_counter() - t0)
-            await engine.close()
-            return out
-
-        sync = statistics.median(anyio.run(sync_times))
+        sync = statistics.median(anyio.run(sync_times, engine, weights, args.repeats))
         copy = memcpy_seconds(n_bytes, args.repeats)
         rows.append({"dtype": dtype, "bytes": n_bytes, "memcpy_s": copy, "memcpy_gb_per_s": n_bytes / copy / 1e9,
                      "sync_s": sync, "sync_over_memcpy": sync / copy})  # fmt: skip

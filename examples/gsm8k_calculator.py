@@ -34,7 +34,7 @@ def main() -> None:
     model = resolve_model("smollm2-135m-instruct")
     tokenizer = AutoTokenizer.from_pretrained(model)
     with open(args.data) as f:
-        rows = [json.loads(line) for _, line in zip(range(args.limit), f)]
+        rows = [json.loads(line) for _, line in zip(range(args.limit), f, strict=False)]
     tasks = [{"id": i, "question": r["question"], "ground_truth": r["answer"]} for i, r in enumerate(rows)]
 
     wrapper = ToolAgentEngineWrapper(

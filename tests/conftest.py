@@ -61,7 +61,7 @@ def gsm8k_rows() -> list[dict[str, Any]]:
     if not path.is_file():
         pytest.skip(f"shared data not found at {path}")
     with path.open() as f:
-        return [json.loads(line) for _, line in zip(range(64), f)]
+        return [json.loads(line) for _, line in zip(range(64), f, strict=False)]
 
 
 @pytest.fixture

@@ -167,10 +167,20 @@ class VLLMEngine:
         self._dead: BaseException | None = None
         self._closed = False
         self._weight_version = 0
+        self._pending: dict[str, concurrent.futures.Future[Generation]] = {}  # owned by the engine thread
 
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def in_flight_requests(self) -> int:
+        """Requests the engine thread holds that have neither finished nor been aborted yet.
+
+        A cancelled `generate` call's abort is queued to the engine thread, so the count drops on its next loop
+        iteration (at once when idle, after the current `step()` otherwise).
+        """
+        return len(self._pending)
 
     async def start(self) -> None:
         """Build the engine on its own thread and wait until it accepts requests.
@@ -342,7 +352,7 @@ class VLLMEngine:
             self._ready.set_exception(exc)
             return
         self._ready.set_result(int(llm.llm_engine.model_config.max_model_len))
-        pending: dict[str, concurrent.futures.Future[Generation]] = {}
+        pending = self._pending
         try:
             self._loop(llm, pending)
         except BaseException as exc:

@@ -63,7 +63,8 @@ class ToolEnvironment(Environment):
         max_tool_threads: most synchronous tool calls running at once in worker threads.
 
     Raises:
-        ConfigError: if two tools share a name or a tool has no name.
+        ConfigError: if two tools share a name, a tool has no name or is not a `Tool`, or a limit is not a
+            positive int.
     """
 
     def __init__(
@@ -75,8 +76,13 @@ class ToolEnvironment(Environment):
         max_observation_chars: int = MAX_OBSERVATION_CHARS,
         max_tool_threads: int = 16,
     ) -> None:
+        for label, value in [("max_observation_chars", max_observation_chars), ("max_tool_threads", max_tool_threads)]:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{label} must be an int >= 1, got {value!r}")
         self.tools: dict[str, Tool] = {}
         for tool in tools:
+            if not isinstance(tool, Tool):
+                raise ConfigError(f"tools must be Tool instances, got {type(tool).__name__}")
             if not tool.name:
                 raise ConfigError(f"tool {type(tool).__name__} has no name")
             if tool.name in self.tools:

@@ -8,21 +8,22 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentic_rl.engine.base import Engine, Generation
 from agentic_rl.environments.base import Environment, Sample
-from agentic_rl.errors import AgenticRLError, RewardError
+from agentic_rl.errors import AgenticRLError, ConfigError, EngineTimeoutError, RewardError, TrajectoryError
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import TOOL_CALL_OPEN, split_thought
 from agentic_rl.rollout.tokens import ChatRenderer, Segment, check_alignment
 from agentic_rl.types import Step, StepTrajectory
 
-__all__ = ["HarnessConfig", "TerminationReason", "run_trajectory"]
+__all__ = ["HarnessConfig", "TerminationReason", "TrajectoryCheckpoint", "run_trajectory"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ class TerminationReason:
     CONTEXT_LIMIT = "context_limit"  # no room left in the model window or the response budget
     PROMPT_TOO_LONG = "prompt_too_long"  # the first prompt alone exceeds `max_prompt_length` (failed)
     INVALID_TASK = "invalid_task"  # the task could not be read (failed)
-    ERROR = "error"  # an exception in the engine, environment or reward (failed)
+    ERROR = "error"  # an exception in the engine, environment or reward, or a failing close (failed)
+    TIMEOUT = "timeout"  # an engine request did not return within `turn_timeout_s`; it was aborted (failed)
 
 
 @dataclass(slots=True)
@@ -54,6 +56,14 @@ class HarnessConfig:
         toolcall_weight: `toolcall_reward = toolcall_weight * well-formed calls / attempted calls` (0 without calls).
         check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
             `alignment_mismatches`, `retokenize_drift`).
+        turn_timeout_s: most seconds one `engine.generate` call may take; past it the request is aborted and the
+            trajectory fails with `termination_reason="timeout"`. The default (1 hour) only catches requests that
+            never return; lower it when turns are short.
+        close_timeout_s: most seconds `environment.close` may take (it runs shielded from cancellation); past it
+            the trajectory fails and the environment may have leaked resources.
+
+    Raises:
+        ConfigError: naming the first field that is out of range or of the wrong type.
     """
 
     max_steps: int = 5
@@ -62,6 +72,31 @@ class HarnessConfig:
     sampling: dict[str, Any] = field(default_factory=dict)
     toolcall_weight: float = 0.1
     check_alignment: bool = True
+    turn_timeout_s: float = 3600.0
+    close_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        try:
+            _HarnessLimits.model_validate({name: getattr(self, name) for name in _HarnessLimits.model_fields})
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            raise ConfigError(f"HarnessConfig.{name}={getattr(self, name, None)!r} is invalid: {err['msg']}") from exc
+
+
+class _HarnessLimits(BaseModel):
+    """The checks of `HarnessConfig` (kept apart so the config stays a plain, cheap dataclass)."""
+
+    model_config = ConfigDict(strict=True)
+
+    max_steps: Annotated[int, Field(ge=1)]
+    max_prompt_length: Annotated[int, Field(ge=1)]
+    max_response_length: Annotated[int, Field(ge=1)]
+    sampling: dict[str, Any]
+    toolcall_weight: Annotated[float, Field(allow_inf_nan=False)]
+    check_alignment: bool
+    turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 RewardCallable = Callable[[dict[str, Any], Sequence[dict[str, str]]], float]
@@ -99,6 +134,62 @@ class _Record:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
+@dataclass(slots=True)
+class _Cursor:
+    """Where the turn loop stands: the next turn, what the model saw last, and whether the first prompt is built."""
+
+    turn: int = 0
+    observation: Any = None
+    started: bool = False
+
+
+@dataclass(slots=True)
+class TrajectoryCheckpoint:
+    """An unfinished trajectory stopped at a turn boundary (before a generation), ready to be resumed.
+
+    The environment is **not** closed: `sample` is the live handle of its per-trajectory state (tool sessions,
+    sandbox processes stay open), so a checkpoint can be resumed only in the same process, with the same
+    environment object; `Rollout.discard` closes the environments of checkpoints that will not be resumed.
+    Resuming continues with turn `turn` on exactly the recorded token ids (nothing is re-rendered or re-sampled).
+
+    Attributes:
+        task: the validated task.
+        idx: the task's position in the batch (also offsets the sampling seed).
+        sample: the environment's live state of this trajectory.
+        turn: index of the next turn to generate (0 = suspended after `reset`, before any generation).
+        steps: the `Step` of each turn generated so far; `steps[i].info["weight_version"]` is the engine weight
+            version that sampled turn i.
+        metrics: the trajectory's metrics so far (times, tool-call counts).
+        elapsed_s: wall-clock seconds the trajectory ran before it was suspended.
+    """
+
+    task: dict[str, Any]
+    idx: int
+    sample: Sample
+    turn: int
+    steps: list[Step]
+    metrics: dict[str, Any]
+    elapsed_s: float
+    _record: _Record
+    _cursor: _Cursor
+    _memory: MemorySimple | None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The first prompt of the current exact run (token ids)."""
+        return list(self._record.prompt_ids)
+
+    @property
+    def response_ids(self) -> list[int]:
+        """Everything after `prompt_ids` so far: sampled and inserted token ids."""
+        return list(self._record.response_ids)
+
+    @property
+    def weight_versions(self) -> list[int]:
+        """The engine weight version of each generated turn, in order."""
+        return [int(step.info.get("weight_version", 0)) for step in self.steps]
+
+
 def _turn_sampling(config: HarnessConfig, renderer: ChatRenderer, idx: int, turn: int, room: int) -> dict[str, Any]:
     sampling = dict(config.sampling)
     requested = sampling.get("max_tokens")
@@ -122,7 +213,9 @@ async def run_trajectory(
     config: HarnessConfig,
     reward_fn: RewardCallable | None = None,
     memory_factory: Callable[[], MemorySimple] | None = None,
-) -> StepTrajectory:
+    pause: anyio.Event | None = None,
+    checkpoint: TrajectoryCheckpoint | None = None,
+) -> StepTrajectory | TrajectoryCheckpoint:
     """Run one task to the end and record it token-exactly.
 
     Args:
@@ -137,11 +230,18 @@ async def run_trajectory(
             prompted with the memory's messages; when they differ from the running history (summarized, thinking
             dropped) a new exact run starts, `metrics["continuous"]` becomes False, the top-level token fields hold
             the last run, and every step keeps its own `prompt_ids` / `response_ids` / `response_logprobs`.
+        pause: when this event is set, the loop stops at the next turn boundary (a turn in flight, generation and
+            environment step, always finishes first) and returns a `TrajectoryCheckpoint`, leaving the environment
+            open. Without `pause` the result is always a `StepTrajectory`.
+        checkpoint: continue a suspended trajectory from its next turn instead of starting `task` (`task` and
+            `idx` are then taken from the checkpoint; pass the same engine, environment, renderer and config).
 
     Returns:
-        A `StepTrajectory`. An exception inside the loop does not propagate: it returns a trajectory with
-        `failed=True`, `termination_reason="error"` and the error message; cancellation still propagates after
-        `environment.close` ran.
+        A `StepTrajectory`, or a `TrajectoryCheckpoint` if `pause` was set before the trajectory ended. An
+        exception inside the loop does not propagate: it returns a trajectory with `failed=True`,
+        `termination_reason="error"` (`"timeout"` for an engine request past `config.turn_timeout_s`) and the error
+        message; a failing or hanging `environment.close` also fails the trajectory. Cancellation still propagates
+        after `environment.close` ran (once).
     """
     started = time.perf_counter()
     metrics: dict[str, Any] = {
@@ -151,19 +251,30 @@ async def run_trajectory(
     steps: list[Step] = []
     record = _Record([])
     sample: Sample | None = None
+    memory: MemorySimple | None = None
+    cursor = _Cursor()
+    if checkpoint is not None:
+        task, idx, sample, steps, metrics = checkpoint.task, checkpoint.idx, checkpoint.sample, checkpoint.steps, checkpoint.metrics
+        record, cursor, memory = checkpoint._record, checkpoint._cursor, checkpoint._memory
+        started -= checkpoint.elapsed_s
     reason = TerminationReason.ERROR
     error: str | None = None
     res_reward = 0.0
     try:
-        t0 = time.perf_counter()
-        sample = await environment.reset({**task, "trajectory_id": f"{task.get('id', idx)}-{idx}"})
-        metrics["env_time"] += time.perf_counter() - t0
-        memory = None
-        if memory_factory is not None:
-            memory = memory_factory()
-            for message in sample.messages:
-                memory.add_message(message)
-        reason = await _turn_loop(sample, idx, engine, environment, renderer, config, record, steps, metrics, memory)
+        if checkpoint is None:
+            t0 = time.perf_counter()
+            sample = await environment.reset({**task, "trajectory_id": f"{task.get('id', idx)}-{idx}"})
+            metrics["env_time"] += time.perf_counter() - t0
+            if memory_factory is not None:
+                memory = memory_factory()
+                for message in sample.messages:
+                    memory.add_message(message)
+        reason = await _turn_loop(
+            sample, idx, engine, environment, renderer, config, record, steps, metrics, memory, cursor, pause
+        )
+        if reason == _SUSPENDED:
+            return TrajectoryCheckpoint(task, idx, sample, cursor.turn, steps, metrics,
+                                        time.perf_counter() - started, record, cursor, memory)  # fmt: skip
         if reason == TerminationReason.PROMPT_TOO_LONG:
             error = f"prompt has {len(record.prompt_ids)} tokens, max_prompt_length is {config.max_prompt_length}"
         elif reward_fn is not None:
@@ -180,16 +291,14 @@ async def run_trajectory(
         else:
             logger.exception("trajectory %s (task %r) failed", idx, task.get("id"))
         reason, error = TerminationReason.ERROR, f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, EngineTimeoutError):
+            reason = TerminationReason.TIMEOUT
         res_reward = 0.0
     finally:
-        if sample is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(30):
-                t0 = time.perf_counter()
-                try:
-                    await environment.close(sample)
-                except Exception:
-                    logger.exception("environment.close failed for trajectory %s", idx)
-                metrics["env_time"] += time.perf_counter() - t0
+        if sample is not None and reason != _SUSPENDED:
+            close_error = await _close_environment(environment, sample, idx, config.close_timeout_s, metrics)
+            if close_error is not None and error is None:
+                reason, error, res_reward = TerminationReason.ERROR, close_error, 0.0
 
     messages = list(sample.messages) if sample is not None else []
     attempted = metrics["tool_calls"]
@@ -212,21 +321,58 @@ async def run_trajectory(
     if steps:
         steps[-1].done = True
         steps[-1].reward = res_reward + toolcall_reward
-    return StepTrajectory(
-        prompt_tokens=record.prompt_ids,
-        response_tokens=record.response_ids,
-        response_masks=record.mask,
-        idx=idx,
-        trajectory_reward=res_reward + toolcall_reward,
-        chat_completions=messages,
-        metrics=metrics,
-        response_logprobs=record.logprobs,
-        termination_reason=reason,
-        failed=failed,
-        error=error,
-        task=task,
-        steps=steps,
-    )
+    try:
+        return StepTrajectory(
+            prompt_tokens=record.prompt_ids,
+            response_tokens=record.response_ids,
+            response_masks=record.mask,
+            idx=idx,
+            trajectory_reward=res_reward + toolcall_reward,
+            chat_completions=messages,
+            metrics=metrics,
+            response_logprobs=record.logprobs,
+            termination_reason=reason,
+            failed=failed,
+            error=error,
+            task=task,
+            steps=steps,
+        )
+    except TrajectoryError as exc:  # e.g. the engine reported a NaN logprob: this trajectory fails, not the batch
+        logger.error("trajectory %s (task %r) failed: invalid record: %s", idx, task.get("id"), exc)
+        return StepTrajectory(
+            prompt_tokens=[], response_tokens=[], response_masks=[], idx=idx, chat_completions=messages,
+            metrics=metrics, termination_reason=TerminationReason.ERROR, failed=True,
+            error=f"TrajectoryError: {exc}", task=task, steps=steps,
+        )  # fmt: skip
+
+
+_SUSPENDED = "suspended"  # internal: the loop stopped at a turn boundary because `pause` was set
+
+
+async def _close_environment(
+    environment: Environment, sample: Sample, idx: int, timeout_s: float, metrics: dict[str, Any]
+) -> str | None:
+    """Close once, shielded from cancellation and bounded by `timeout_s`; returns the failure, if any."""
+    error = None
+    t0 = time.perf_counter()
+    with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s) as scope:
+        try:
+            await environment.close(sample)
+        except Exception as exc:
+            logger.exception("environment.close failed for trajectory %s", idx)
+            error = f"environment.close failed: {type(exc).__name__}: {exc}"
+    if scope.cancelled_caught:
+        logger.error("environment.close of trajectory %s did not finish within %g s", idx, timeout_s)
+        error = f"environment.close did not finish within close_timeout_s={timeout_s:g}"
+    metrics["env_time"] += time.perf_counter() - t0
+    return error
+
+
+async def _generate(engine: Engine, prompt: list[int], sampling: dict[str, Any], timeout_s: float) -> Generation:
+    """`engine.generate`, aborted (by cancellation) and turned into `EngineTimeoutError` past `timeout_s`."""
+    with anyio.move_on_after(timeout_s):
+        return await engine.generate(prompt, sampling)
+    raise EngineTimeoutError(f"engine request did not return within turn_timeout_s={timeout_s:g}; it was aborted")
 
 
 async def _turn_loop(
@@ -240,12 +386,19 @@ async def _turn_loop(
     steps: list[Step],
     metrics: dict[str, Any],
     memory: MemorySimple | None,
+    cursor: _Cursor,
+    pause: anyio.Event | None = None,
 ) -> str:
-    record.restart(renderer.prompt_ids(sample.messages, sample.tools), list(sample.messages))
-    if len(record.prompt_ids) > config.max_prompt_length or len(record.prompt_ids) >= engine.max_model_len:
-        return TerminationReason.PROMPT_TOO_LONG
-    observation: Any = sample.messages[-1]["content"]
-    for turn in range(config.max_steps):
+    if not cursor.started:
+        record.restart(renderer.prompt_ids(sample.messages, sample.tools), list(sample.messages))
+        if len(record.prompt_ids) > config.max_prompt_length or len(record.prompt_ids) >= engine.max_model_len:
+            return TerminationReason.PROMPT_TOO_LONG
+        cursor.started, cursor.observation = True, sample.messages[-1]["content"]
+    observation: Any = cursor.observation
+    for turn in range(cursor.turn, config.max_steps):
+        if pause is not None and pause.is_set():  # a turn boundary: nothing of this turn has run yet
+            cursor.turn, cursor.observation = turn, observation
+            return _SUSPENDED
         if memory is not None:
             await _apply_memory(memory, sample, renderer, record, metrics)
         room = min(engine.max_model_len - record.total_length, config.max_response_length - len(record.response_ids))
@@ -255,7 +408,7 @@ async def _turn_loop(
         prompt = record.prompt_ids + record.response_ids
         version = int(getattr(engine, "weight_version", 0))  # stamped on the turn: the weights it sampled with
         t0 = time.perf_counter()
-        generation: Generation = await engine.generate(prompt, sampling)
+        generation: Generation = await _generate(engine, prompt, sampling, config.turn_timeout_s)
         llm_time_s = time.perf_counter() - t0
         metrics["llm_time"] += llm_time_s
         ids = generation.token_ids

@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 import anyio
 
+from agentic_rl.errors import ConfigError
+
 __all__ = ["run_tasks"]
 
 T = TypeVar("T")
@@ -32,7 +34,12 @@ async def run_tasks(
 
     Returns:
         The results in input order.
+
+    Raises:
+        ConfigError: if `n_parallel_agents` is not an int >= 1.
     """
+    if isinstance(n_parallel_agents, bool) or not isinstance(n_parallel_agents, int) or n_parallel_agents < 1:
+        raise ConfigError(f"n_parallel_agents must be an int >= 1, got {n_parallel_agents!r}")
     limiter = anyio.CapacityLimiter(n_parallel_agents)
     results: dict[int, T] = {}
 

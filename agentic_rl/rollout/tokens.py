@@ -195,7 +195,7 @@ def check_alignment(
         else:
             expected = renderer.encode(span)
             if expected != list(segment.token_ids):
-                differing = sum(a != b for a, b in zip(expected, segment.token_ids)) + abs(len(expected) - len(segment.token_ids))
+                differing = sum(a != b for a, b in zip(expected, segment.token_ids, strict=False)) + abs(len(expected) - len(segment.token_ids))
                 mismatches += differing
                 detail = detail or f"segment {index}: template ids {expected[:12]} != recorded {list(segment.token_ids)[:12]}"
         pos += len(text)

@@ -279,7 +279,7 @@ class BaseEngineWrapper(abc.ABC):
 
         return await run_tasks(list(tasks), run_one, n_parallel_agents=self.n_parallel_agents, on_result=on_result)
 
-    def _check_ready(self) -> None:
+    def _check_ready(self) -> None:  # noqa: B027  (an optional hook: the base wrapper is always ready)
         """Raise `ConfigError` before any task starts if the wrapper cannot generate yet (override as needed)."""
 
 
@@ -301,6 +301,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
         memory: a `MemoryConfig` (or dict) to prompt each turn through agent memory; with `use_summary` and no
             `oai_client`, summaries come from this wrapper's own server.
+        turn_timeout_s: most seconds one engine request may take before it is aborted and its trajectory fails
+            with `termination_reason="timeout"` (see `HarnessConfig`).
     """
 
     def __init__(
@@ -323,6 +325,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         check_alignment: bool = True,
         serve: bool = True,
         memory: Any = None,
+        turn_timeout_s: float = 3600.0,
     ) -> None:
         super().__init__(
             agent_name, tokenizer, sampling_params, max_prompt_length, max_response_length, n_parallel_agents,
@@ -346,6 +349,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             sampling=self.sampling_params,
             toolcall_weight=toolcall_weight,
             check_alignment=check_alignment,
+            turn_timeout_s=turn_timeout_s,
         )
         self.serve = serve
         self.memory_config = memory
@@ -407,6 +411,20 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         return await run_trajectory(
             task, idx, engine=self.engine, environment=self.environment, renderer=self.renderer,
             config=self.harness_config, reward_fn=self.reward_fn, memory_factory=self.memory_factory,
+        )  # fmt: skip
+
+    def make_rollout(self) -> Any:
+        """A `Rollout` over this wrapper's engine, environment and settings, which can be quiesced and resumed.
+
+        Raises:
+            ConfigError: if `initialize()` was not called.
+        """
+        from agentic_rl.rollout.session import Rollout
+
+        self._check_ready()
+        return Rollout(
+            engine=self.engine, environment=self.environment, renderer=self.renderer, config=self.harness_config,
+            reward_fn=self.reward_fn, memory_factory=self.memory_factory, n_parallel_agents=self.n_parallel_agents,
         )  # fmt: skip
 
     async def close(self) -> None:

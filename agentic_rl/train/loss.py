@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-from agentic_rl.errors import ConfigError
+from agentic_rl.errors import ConfigError, TrajectoryError
 
 __all__ = ["LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
 
@@ -71,6 +71,27 @@ def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Ten
     raise ConfigError(f"loss_agg_mode must be 'token-mean' or 'sequence-mean', got {mode!r}")
 
 
+def _check_finite(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+) -> None:
+    if old_logprobs.shape != new_logprobs.shape or response_mask.shape != new_logprobs.shape:
+        raise TrajectoryError(f"new_logprobs {tuple(new_logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} "
+                              f"and response_mask {tuple(response_mask.shape)} must have one (B, R) shape")  # fmt: skip
+    if advantages.shape not in (new_logprobs.shape, new_logprobs.shape[:1]):
+        raise TrajectoryError(f"advantages must be (B,) or (B, R), got {tuple(advantages.shape)}")
+    tensors = {"old_logprobs": old_logprobs, "advantages": advantages, "ref_logprobs": ref_logprobs}
+    for name, tensor in tensors.items():
+        if tensor is not None and not bool(torch.isfinite(tensor).all()):
+            raise TrajectoryError(f"{name} holds {int((~torch.isfinite(tensor)).sum())} NaN or Inf value(s)")
+    on_response = response_mask.bool()
+    if not bool(torch.isfinite(new_logprobs.detach()[on_response]).all()):
+        raise TrajectoryError("new_logprobs holds NaN or Inf on response tokens (has the policy diverged?)")
+
+
 def grpo_loss(
     new_logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -103,10 +124,14 @@ def grpo_loss(
 
     Raises:
         ConfigError: for an unknown `loss_agg_mode`.
+        TrajectoryError: naming the tensor, if `old_logprobs`, `advantages` or `ref_logprobs` holds NaN or Inf
+            anywhere, or `new_logprobs` does on a response token (a diverged policy); or if shapes disagree.
     """
+    _check_finite(new_logprobs, old_logprobs, advantages, response_mask, ref_logprobs)
     mask = response_mask.to(new_logprobs.dtype)
     adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(new_logprobs)
-    log_ratio = (new_logprobs - old_logprobs) * mask
+    on_response = mask.bool()  # `where`, not `* mask`: a NaN on a padding position must not reach the loss
+    log_ratio = torch.where(on_response, new_logprobs - old_logprobs, 0.0)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
@@ -114,7 +139,7 @@ def grpo_loss(
     pg_loss = _aggregate(pg, mask, loss_agg_mode)
     kl = torch.zeros((), device=new_logprobs.device)
     if ref_logprobs is not None and kl_coef:
-        delta = (ref_logprobs - new_logprobs) * mask
+        delta = torch.where(on_response, ref_logprobs - new_logprobs, 0.0)
         kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, loss_agg_mode)
     loss = pg_loss + kl_coef * kl
     with torch.no_grad():

@@ -105,11 +105,11 @@ def pack_trajectories(
         lr < torch.tensor([t.response_tokens.numel() for t in trajectories])
     )
     input_ids = torch.cat((_pad(prompts, p, pad_token_id, "left"), _pad(responses, r, pad_token_id, "right")), dim=1)
-    response_mask = _pad([t.response_masks[: len(x)] for t, x in zip(trajectories, responses)], r, 0, "right").float()
+    response_mask = _pad([t.response_masks[: len(x)] for t, x in zip(trajectories, responses, strict=False)], r, 0, "right").float()
     old_logprobs = torch.zeros((n, r), dtype=torch.float32)
     if any(t.response_logprobs is not None for t in trajectories):
         logprobs = [t.response_logprobs[: len(x)] if t.response_logprobs is not None else torch.zeros(len(x))
-                    for t, x in zip(trajectories, responses)]  # fmt: skip
+                    for t, x in zip(trajectories, responses, strict=False)]  # fmt: skip
         old_logprobs = _pad(logprobs, r, 0.0, "right") * response_mask
     # Positions count real tokens from 0; left padding is 0 and right padding repeats the last position.
     offset = torch.arange(p + r) - (p - lp)[:, None]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import nullcontext
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any, Literal
 
 import torch

@@ -70,7 +70,7 @@ def main() -> None:
                                      engine_options={"kv_cache_gib": 0.5})  # fmt: skip
     wrapper.initialize()  # starts the engine and its server: wrapper.server_addresses
     with open(args.data) as f:
-        rows = [json.loads(line) for _, line in zip(range(args.limit), f)]
+        rows = [json.loads(line) for _, line in zip(range(args.limit), f, strict=False)]
 
     async def run() -> list:
         client = openai.AsyncOpenAI(base_url=f"http://{wrapper.server_addresses[0]}/v1", api_key="local")
@@ -86,9 +86,9 @@ def main() -> None:
 
     try:
         results = anyio.run(run)
-        for row, (tid, responses) in zip(rows, results):
+        for row, (tid, responses) in zip(rows, results, strict=False):
             trajectory = wrapper.captured_trajectory(tid)
-            sampled = [t for t, m in zip(trajectory.response_tokens.tolist(), trajectory.response_masks.tolist()) if m]
+            sampled = [t for t, m in zip(trajectory.response_tokens.tolist(), trajectory.response_masks.tolist(), strict=False) if m]
             engine_ids = [i for r in responses for i in r.choices[0].model_extra["token_ids"]]
             reward = gsm8k_reward({"ground_truth": row["answer"]}, trajectory.chat_completions)
             print(f"{tid}: turns={len(responses)} tool_calls={sum(bool(r.choices[0].message.tool_calls) for r in responses)} "

@@ -8,9 +8,9 @@ import types
 import pytest
 import torch
 
+from agentic_rl.train.distributed import backend_for
 from ascend.device import Platform, current_platform
 from ascend.platform import npu_available
-from agentic_rl.train.distributed import backend_for
 
 
 @pytest.fixture

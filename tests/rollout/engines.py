@@ -23,6 +23,10 @@ class RecordingEngine:
     def max_model_len(self) -> int:
         return self.inner.max_model_len
 
+    @property
+    def weight_version(self) -> int:
+        return int(getattr(self.inner, "weight_version", 0))
+
     async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
         generation = await self.inner.generate(prompt_ids, sampling)
         self.calls.append((list(prompt_ids), dict(sampling), generation))
@@ -51,3 +55,64 @@ class ForcedCallEngine(RecordingEngine):
         if turn < self.forced_turns:
             params["structured_outputs"] = StructuredOutputsParams(regex=self.regex)
         return await super().generate(prompt_ids, params)
+
+
+class ScriptedEngine:
+    """A deterministic stand-in engine for fault injection and soak tests: no model, answers from a script.
+
+    Turn k of a trajectory (k = assistant headers in the prompt, minus one) answers with `script(question, k)`,
+    encoded by the real tokenizer and closed by the end-of-turn id; every sampled token gets logprob -0.25. A
+    question containing `[fault:engine_error]` makes turn 0 raise `EngineError`; `[fault:engine_hang]` makes turn 0
+    never return (until cancelled). `in_flight` counts requests being served; `served` counts completed ones.
+    """
+
+    def __init__(self, tokenizer: Any, script: Any = None, *, max_model_len: int = 4096) -> None:
+        self.tokenizer = tokenizer
+        self.script = script or default_script
+        self._max_model_len = max_model_len
+        self.end_of_turn_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.weight_version = 0
+        self.in_flight = 0
+        self.served = 0
+        self._encoded: dict[str, list[int]] = {}
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
+        import anyio
+
+        from agentic_rl.errors import EngineError
+
+        self.in_flight += 1
+        try:
+            await anyio.sleep(0)  # a real engine always yields to the event loop
+            text = self.tokenizer.decode(list(prompt_ids))
+            turn = text.count("<|im_start|>assistant") - 1
+            question = text.split("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+            if turn == 0 and "[fault:engine_error]" in question:
+                raise EngineError("request rejected by vLLM: injected fault")
+            if turn == 0 and "[fault:engine_hang]" in question:
+                await anyio.sleep_forever()
+            reply = self.script(question, turn)
+            ids = self._encoded.get(reply)
+            if ids is None:
+                ids = self._encoded[reply] = self.tokenizer.encode(reply, add_special_tokens=False)
+            ids = [*ids, self.end_of_turn_id]
+            limit = int(sampling.get("max_tokens") or len(ids))
+            finish = "stop" if len(ids) <= limit else "length"
+            ids = ids[:limit]
+            self.served += 1
+            return Generation(token_ids=ids, logprobs=[-0.25] * len(ids), finish_reason=finish)
+        finally:
+            self.in_flight -= 1
+
+
+def default_script(question: str, turn: int) -> str:
+    """Turn 0 calls the tool named by `[tool:NAME]` in the question (calculator by default); then answers 84."""
+    if turn == 0:
+        name = question.split("[tool:", 1)[1].split("]", 1)[0] if "[tool:" in question else "calculator"
+        arguments = '{"expression": "12 * 7"}' if name == "calculator" else "{}"
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+    return "12 * 7 = 84. The answer is 84."

@@ -84,7 +84,7 @@ async def test_qwen25_template_renders_tool_results_as_user_turns_and_stays_alig
     assert not traj.failed, traj.error
     prompt_text = qwen_tokenizer.decode(traj.prompt_tokens.tolist())
     assert "<tools>" in prompt_text and '"name": "calculator"' in prompt_text  # tools via the template argument
-    inserted = [t for t, m in zip(traj.response_tokens.tolist(), traj.response_masks.tolist()) if m == 0]
+    inserted = [t for t, m in zip(traj.response_tokens.tolist(), traj.response_masks.tolist(), strict=False) if m == 0]
     inserted_text = qwen_tokenizer.decode(inserted)
     assert inserted_text.startswith("\n<|im_start|>user\n<tool_response>\n")
     assert "</tool_response><|im_end|>\n<|im_start|>assistant\n" in inserted_text

@@ -176,7 +176,7 @@ async def test_rollout_with_summary_memory_keeps_every_prompt_under_budget(engin
     assert [(s.prompt_ids, s.response_ids) for s in traj.steps] == seen
     # Within a run the prompt grows exactly; a new run starts from a summary.
     summary_header = tokenizer.encode("Summary of the earlier conversation:", add_special_tokens=False)
-    for prev, step in zip(traj.steps, traj.steps[1:]):
+    for prev, step in zip(traj.steps, traj.steps[1:], strict=False):
         head = prev.prompt_ids + prev.response_ids
         if step.prompt_ids[: len(head)] != head:
             assert any(step.prompt_ids[i : i + len(summary_header)] == summary_header

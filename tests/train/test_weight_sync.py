@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import anyio
-import pytest
 import torch
 
 from agentic_rl.train.packing import pack_trajectories

@@ -1,0 +1,239 @@
+"""A batch of trajectories that can be quiesced at turn boundaries and resumed later (also across a weight update).
+
+`Rollout.run(tasks)` runs tasks like `run_tasks` + `run_trajectory`. `await rollout.quiesce()` stops dispatching
+new tasks, lets every turn in flight finish (a generation is never interrupted; its environment step runs too),
+then checkpoints each unfinished trajectory at the next turn boundary. It returns a `SuspendedRollout`: the tasks
+not started yet and one `TrajectoryCheckpoint` per suspended trajectory. `rollout.resume(suspended)` continues
+them; with greedy decoding, the same weights and the same batch composition the final trajectories equal those of
+an uninterrupted run. Every turn records the engine's `weight_version`, so a trajectory resumed after
+`engine.update_weights` says which weights sampled each turn.
+
+Suspended trajectories keep their environment open (tool sessions, sandbox processes): resume them in the same
+process with the same `Rollout`, or call `discard` to close them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from agentic_rl.engine.base import Engine
+from agentic_rl.environments.base import Environment
+from agentic_rl.errors import ConfigError
+from agentic_rl.memory import MemorySimple
+from agentic_rl.rollout.harness import (
+    HarnessConfig,
+    RewardCallable,
+    TerminationReason,
+    TrajectoryCheckpoint,
+    run_trajectory,
+)
+from agentic_rl.rollout.tokens import ChatRenderer
+from agentic_rl.types import StepTrajectory
+
+__all__ = ["Rollout", "RolloutResult", "SuspendedRollout"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SuspendedRollout:
+    """What `Rollout.quiesce` hands back: work that has not finished.
+
+    Attributes:
+        queued: `(idx, task)` of each task that had not started, in index order.
+        checkpoints: one `TrajectoryCheckpoint` per trajectory stopped at a turn boundary, in index order; their
+            environments are still open.
+    """
+
+    queued: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    checkpoints: list[TrajectoryCheckpoint] = field(default_factory=list)
+
+    @property
+    def indices(self) -> list[int]:
+        """Batch indices of every unfinished task, sorted."""
+        return sorted([idx for idx, _ in self.queued] + [cp.idx for cp in self.checkpoints])
+
+    def __len__(self) -> int:
+        return len(self.queued) + len(self.checkpoints)
+
+
+@dataclass
+class RolloutResult:
+    """What one `Rollout.run` or `Rollout.resume` call produced.
+
+    Attributes:
+        trajectories: the trajectories that ended during the call (completed or failed), in index order.
+        suspended: the unfinished work if the call was quiesced, else None.
+    """
+
+    trajectories: list[StepTrajectory]
+    suspended: SuspendedRollout | None = None
+
+
+class Rollout:
+    """Runs trajectories with at most `n_parallel_agents` in flight; can be quiesced and resumed.
+
+    Args:
+        engine, environment, renderer, config, reward_fn, memory_factory: as in `run_trajectory`.
+        n_parallel_agents: trajectories in flight at once, >= 1.
+
+    Raises:
+        ConfigError: if `n_parallel_agents` is not a positive int.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        environment: Environment,
+        renderer: ChatRenderer,
+        config: HarnessConfig,
+        reward_fn: RewardCallable | None = None,
+        memory_factory: Callable[[], MemorySimple] | None = None,
+        n_parallel_agents: int = 8,
+    ) -> None:
+        if isinstance(n_parallel_agents, bool) or not isinstance(n_parallel_agents, int) or n_parallel_agents < 1:
+            raise ConfigError(f"n_parallel_agents must be an int >= 1, got {n_parallel_agents!r}")
+        self.engine = engine
+        self.environment = environment
+        self.renderer = renderer
+        self.config = config
+        self.reward_fn = reward_fn
+        self.memory_factory = memory_factory
+        self.n_parallel_agents = n_parallel_agents
+        self._pause: anyio.Event | None = None
+        self._done: anyio.Event | None = None
+        self._last_suspended = SuspendedRollout()
+
+    @property
+    def running(self) -> bool:
+        """True while a `run` or `resume` call is in progress."""
+        return self._done is not None and not self._done.is_set()
+
+    async def run(
+        self, tasks: Sequence[dict[str, Any]], *, on_result: Callable[[StepTrajectory], None] | None = None
+    ) -> RolloutResult:
+        """Run one trajectory per task (task i gets index i) until all end or `quiesce` stops the call.
+
+        A malformed task gives a failed trajectory (`invalid_task`) without stopping the others.
+
+        Raises:
+            ConfigError: if a `run` or `resume` of this rollout is already in progress.
+        """
+        return await self._drive([(idx, task) for idx, task in enumerate(tasks)], [], on_result)
+
+    async def resume(
+        self, suspended: SuspendedRollout, *, on_result: Callable[[StepTrajectory], None] | None = None
+    ) -> RolloutResult:
+        """Continue the work `quiesce` handed back: checkpoints first, then queued tasks, each in index order.
+
+        Raises:
+            ConfigError: if a `run` or `resume` of this rollout is already in progress.
+        """
+        checkpoints = sorted(suspended.checkpoints, key=lambda cp: cp.idx)
+        return await self._drive(sorted(suspended.queued, key=lambda item: item[0]), checkpoints, on_result)
+
+    def request_quiesce(self) -> None:
+        """Ask the call in progress to quiesce, without waiting (safe from callbacks); a no-op when idle."""
+        if self._pause is not None:
+            self._pause.set()
+
+    async def quiesce(self) -> SuspendedRollout:
+        """Stop dispatching, let in-flight turns finish, and checkpoint every unfinished trajectory.
+
+        The `run`/`resume` call in progress then returns with the same `SuspendedRollout` in its result.
+
+        Returns:
+            The unfinished work (empty when no call is in progress or everything had finished).
+        """
+        if not self.running:
+            return SuspendedRollout()
+        done = self._done
+        self.request_quiesce()
+        assert done is not None
+        await done.wait()
+        return self._last_suspended
+
+    async def discard(self, suspended: SuspendedRollout) -> None:
+        """Close the environment of every checkpoint in `suspended` (for work that will not be resumed)."""
+        for checkpoint in suspended.checkpoints:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.close_timeout_s):
+                try:
+                    await self.environment.close(checkpoint.sample)
+                except Exception:
+                    logger.exception("environment.close failed for discarded trajectory %s", checkpoint.idx)
+        suspended.checkpoints.clear()
+        suspended.queued.clear()
+
+    async def _drive(
+        self,
+        queued: list[tuple[int, Any]],
+        checkpoints: list[TrajectoryCheckpoint],
+        on_result: Callable[[StepTrajectory], None] | None,
+    ) -> RolloutResult:
+        if self.running:
+            raise ConfigError("this Rollout is already running: quiesce it or wait for it before run/resume")
+        pause, done = anyio.Event(), anyio.Event()
+        self._pause, self._done = pause, done
+        limiter = anyio.CapacityLimiter(self.n_parallel_agents)
+        finished: dict[int, StepTrajectory] = {}
+        left = SuspendedRollout()
+
+        async def worker(idx: int, task: Any, checkpoint: TrajectoryCheckpoint | None) -> None:
+            async with limiter:
+                if pause.is_set():  # dispatch is paused: hand the work back untouched
+                    if checkpoint is None:
+                        left.queued.append((idx, task))
+                    else:
+                        left.checkpoints.append(checkpoint)
+                    return
+                result = await self._run_one(idx, task, checkpoint, pause)
+            if isinstance(result, TrajectoryCheckpoint):
+                left.checkpoints.append(result)
+                return
+            finished[idx] = result
+            if on_result is not None:
+                on_result(result)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for checkpoint in checkpoints:
+                    tg.start_soon(worker, checkpoint.idx, checkpoint.task, checkpoint)
+                for idx, task in queued:
+                    tg.start_soon(worker, idx, task, None)
+        finally:
+            left.queued.sort(key=lambda item: item[0])
+            left.checkpoints.sort(key=lambda cp: cp.idx)
+            self._last_suspended = left
+            self._pause = None
+            done.set()
+        trajectories = [finished[idx] for idx in sorted(finished)]
+        logger.info("rollout call ended: %d finished, %d queued, %d suspended", len(trajectories), len(left.queued),
+                    len(left.checkpoints))  # fmt: skip
+        return RolloutResult(trajectories, left if len(left) else None)
+
+    async def _run_one(
+        self, idx: int, task: Any, checkpoint: TrajectoryCheckpoint | None, pause: anyio.Event
+    ) -> StepTrajectory | TrajectoryCheckpoint:
+        from agentic_rl.rollout.wrapper import _failed_trajectory, validate_task
+
+        if checkpoint is None:
+            try:
+                task = validate_task(task)
+            except ConfigError as exc:
+                logger.warning("task %d rejected: %s", idx, exc)
+                return _failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
+        try:
+            return await run_trajectory(
+                task, idx, engine=self.engine, environment=self.environment, renderer=self.renderer,
+                config=self.config, reward_fn=self.reward_fn, memory_factory=self.memory_factory, pause=pause,
+                checkpoint=checkpoint,
+            )  # fmt: skip
+        except Exception as exc:  # run_trajectory turns failures into results; this guards against a bug in it
+            logger.exception("trajectory %d raised", idx)
+            return _failed_trajectory(idx, task, TerminationReason.ERROR, f"{type(exc).__name__}: {exc}")
