@@ -75,8 +75,8 @@ async def measure(engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any
     counts = [int(t.metrics["generated_tokens"]) for t in trajectories]
     inserted = sum(int((t.response_masks == 0).sum()) for t in trajectories)
 
-    def fixed(n: int) -> dict[str, Any]:  # sampled-token logprobs, as every rollout turn records them
-        return {"temperature": 0.0, "ignore_eos": True, "min_tokens": n, "max_tokens": n, "logprobs": 0}
+    def fixed(n: int) -> dict[str, Any]:  # the work of a rollout turn: sampled-token logprobs, no detokenizing
+        return {"temperature": 0.0, "ignore_eos": True, "min_tokens": n, "max_tokens": n, "logprobs": 0, "detokenize": False}
 
     await engine.call(lambda llm: llm.reset_prefix_cache())
     t0 = time.perf_counter()

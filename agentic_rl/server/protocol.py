@@ -126,6 +126,18 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _max_completion_tokens(cls, data: Any) -> Any:
+        # OpenAI's chat API renamed `max_tokens` to `max_completion_tokens`; clients send either.
+        if isinstance(data, dict) and "max_completion_tokens" in data:
+            data = dict(data)
+            value = data.pop("max_completion_tokens")
+            if "max_tokens" in data and data["max_tokens"] != value:
+                raise ValueError(f"max_tokens ({data['max_tokens']}) and max_completion_tokens ({value}) disagree")
+            data["max_tokens"] = value
+        return data
+
 
 def parse_request(model: type[SamplingFields], body: Any) -> SamplingFields:
     """Validate a request body.

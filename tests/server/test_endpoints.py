@@ -109,6 +109,22 @@ def test_defaults_follow_the_documented_values(serving):
         1, 50, 1, 0.0, False, 0.0, 128, 0, 0.0, None, 0.2, 1.0)  # fmt: skip
 
 
+def test_max_completion_tokens_is_the_chat_name_of_max_tokens(base_url):
+    from agentic_rl.server.protocol import ChatCompletionRequest
+
+    messages = CHAT["messages"]
+    assert ChatCompletionRequest(messages=messages, max_completion_tokens=7).max_tokens == 7
+    assert ChatCompletionRequest(messages=messages, max_completion_tokens=7, max_tokens=7).max_tokens == 7
+    r = _post(base_url, "/v1/chat/completions", {"model": MODEL_NAME, "messages": messages, "max_completion_tokens": 3,
+                                                  "min_tokens": 3, "temperature": 0.0})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+    bad = _post(base_url, "/v1/chat/completions", {**CHAT, "max_completion_tokens": 3})
+    assert bad.status_code == 400 and "disagree" in bad.json()["error"]["message"]
+    too_many = _post(base_url, "/v1/chat/completions", {"messages": messages, "max_completion_tokens": 0})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "max_tokens"
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
