@@ -114,10 +114,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    agents = args.agents or (16 if args.quick else 64)
+    agents = args.agents or (8 if args.quick else 64)
     turns = args.turns or (3 if args.quick else 4)
     repeats = args.repeats or (1 if args.quick else 2)
-    max_tokens = args.max_tokens or (96 if args.quick else 256)
+    max_tokens = args.max_tokens or 256  # SmolLM2 rarely closes a greedy turn sooner: shorter caps end it in one turn
     from transformers import AutoTokenizer
 
     from agentic_rl.cli import load_tasks
