@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from wandb_records import config as wandb_config
 from wandb_records import history as wandb_history
 
 from agentic_rl.errors import ConfigError
-from agentic_rl.train.loggers import JsonlLogger, MetricsLogger, TensorBoardLogger, WandbLogger, build_loggers
+from agentic_rl.train.loggers import JsonlLogger, MetricsLogger, TensorBoardLogger, build_loggers
 
 ROWS = [{"step": k, "reward_mean": 0.25 * k, "loss": 1.0 / k, "accuracy": 0.5, "failed": 0, "weight_version": k,
          "note": "text is kept only in JSON Lines", "nan_metric": float("nan")} for k in (1, 2, 3)]  # fmt: skip
@@ -42,12 +46,28 @@ def test_tensorboard_logger_writes_scalars_read_back_by_event_accumulator(tmp_pa
     assert [e.value for e in events.Scalars("loss")] == pytest.approx([1.0, 0.5, 1 / 3])
 
 
-def test_wandb_logger_writes_an_offline_run_with_history_and_config(tmp_path, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "online")  # the logger itself must choose offline
-    logger = WandbLogger(tmp_path, project="unit", name="run-a", config={"lr": 0.001, "model": "tiny"})
-    _log_all(logger)
-    assert logger.run_dir.parent == tmp_path / "wandb" and logger.run_dir.name.startswith("offline-run-")
-    (run_file,) = logger.run_dir.glob("run-*.wandb")
+_WANDB_RUN = """
+import json, sys
+from agentic_rl.train.loggers import WandbLogger
+rows = json.loads(sys.argv[2])
+logger = WandbLogger(sys.argv[1], project="unit", name="run-a", config={"lr": 0.001, "model": "tiny"})
+for row in rows:
+    logger.log(row, step=row["step"])
+logger.close()
+print(logger.run_dir)
+"""
+
+
+def test_wandb_logger_writes_an_offline_run_with_history_and_config(tmp_path):
+    # In a fresh interpreter, as `agentic-rl train` runs it: once, late in a full in-process test session, the
+    # offline run file of this test held no history records (not reproduced alone or in smaller sessions).
+    env = {**os.environ, "WANDB_MODE": "online"}  # the logger itself must choose offline
+    proc = subprocess.run([sys.executable, "-c", _WANDB_RUN, str(tmp_path), json.dumps(ROWS)], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert run_dir.parent == tmp_path / "wandb" and run_dir.name.startswith("offline-run-")
+    (run_file,) = run_dir.glob("run-*.wandb")
     rows = wandb_history(run_file)
     assert [r["_step"] for r in rows] == [1, 2, 3]
     assert [r["reward_mean"] for r in rows] == pytest.approx([0.25, 0.5, 0.75])
