@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.environments.base import Sample
+from agentic_rl.environments.tool_env import ToolEnvironment
 
 CALL_REGEX = (
     r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "[1-9][0-9]? [+*-] [1-9][0-9]?"\}\}\n</tool_call>'
@@ -116,3 +118,15 @@ def default_script(question: str, turn: int) -> str:
         arguments = '{"expression": "12 * 7"}' if name == "calculator" else "{}"
         return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
     return "12 * 7 = 84. The answer is 84."
+
+
+class CountingEnvironment(ToolEnvironment):
+    """A `ToolEnvironment` that counts `close` calls per trajectory (`closed[sample.id]`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.closed: dict[str, int] = {}
+
+    async def close(self, sample: Sample) -> None:
+        self.closed[sample.id] = self.closed.get(sample.id, 0) + 1
+        await super().close(sample)

@@ -7,31 +7,18 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
-from typing import Any
 
 import anyio
 import psutil
 import pytest
-from engines import ScriptedEngine
+from engines import CountingEnvironment, ScriptedEngine
 
-from agentic_rl.environments.base import Sample
-from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.tokens import ChatRenderer
 from agentic_rl.tools.calculator import CalculatorTool
 
 GUARD_S = 120  # a bound on waiting for a state (never asserted as a duration): a hang fails instead of stalling CI
-
-
-class CountingEnvironment(ToolEnvironment):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.closed: dict[str, int] = {}
-
-    async def close(self, sample: Sample) -> None:
-        self.closed[sample.id] = self.closed.get(sample.id, 0) + 1
-        await super().close(sample)
 
 
 async def _wait_until(condition) -> None:

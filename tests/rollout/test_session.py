@@ -12,11 +12,9 @@ from typing import Any
 
 import anyio
 import pytest
-from engines import ForcedCallEngine, ScriptedEngine
+from engines import CountingEnvironment, ForcedCallEngine, ScriptedEngine
 
 from agentic_rl.engine.base import Engine, Generation
-from agentic_rl.environments.base import Sample
-from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint
 from agentic_rl.rollout.rewards import gsm8k_reward
@@ -31,16 +29,6 @@ def three_turn_script(question: str, turn: int) -> str:
     """Two calculator calls, then an answer; the numbers depend on the question so trajectories differ."""
     n = int(question.split("#", 1)[1].split()[0])
     return CALC.format(a=n, b=turn + 2) if turn < 2 else f"The answer is {n * 6}."
-
-
-class CountingEnvironment(ToolEnvironment):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.closed: dict[str, int] = {}
-
-    async def close(self, sample: Sample) -> None:
-        self.closed[sample.id] = self.closed.get(sample.id, 0) + 1
-        await super().close(sample)
 
 
 class QuiesceAfter:
