@@ -220,14 +220,12 @@ class Rollout:
     async def _run_one(
         self, idx: int, task: Any, checkpoint: TrajectoryCheckpoint | None, pause: anyio.Event
     ) -> StepTrajectory | TrajectoryCheckpoint:
-        from agentic_rl.rollout.wrapper import _failed_trajectory, validate_task
+        from agentic_rl.rollout.wrapper import _checked_task, _failed_trajectory
 
         if checkpoint is None:
-            try:
-                task = validate_task(task)
-            except ConfigError as exc:
-                logger.warning("task %d rejected: %s", idx, exc)
-                return _failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
+            task = _checked_task(idx, task)
+            if isinstance(task, StepTrajectory):
+                return task
         try:
             return await run_trajectory(
                 task, idx, engine=self.engine, environment=self.environment, renderer=self.renderer,

@@ -79,6 +79,15 @@ def validate_task(task: Any) -> dict[str, Any]:
         raise ConfigError(f"invalid task field {field!r}{shown}: {msg}") from exc
 
 
+def _checked_task(idx: int, task: Any) -> dict[str, Any] | StepTrajectory:
+    """`validate_task(task)`, or, for a bad task, the failed `invalid_task` trajectory that stands for it."""
+    try:
+        return validate_task(task)
+    except ConfigError as exc:
+        logger.warning("task %d rejected: %s", idx, exc)
+        return _failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
+
+
 def _failed_trajectory(idx: int, task: Any, reason: str, error: str) -> StepTrajectory:
     return StepTrajectory(
         prompt_tokens=[], response_tokens=[], response_masks=[], idx=idx, termination_reason=reason,
@@ -261,11 +270,9 @@ class BaseEngineWrapper(abc.ABC):
         self._check_ready()
 
         async def run_one(task: Any, idx: int) -> Trajectory:
-            try:
-                checked = validate_task(task)
-            except ConfigError as exc:
-                logger.warning("task %d rejected: %s", idx, exc)
-                return _failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
+            checked = _checked_task(idx, task)
+            if isinstance(checked, Trajectory):
+                return checked
             try:
                 result = await self.generate_trajectory(checked, idx)
             except Exception as exc:  # a subclass that raises fails this task only
