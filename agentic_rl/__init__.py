@@ -2,7 +2,10 @@
 
 import logging
 
-from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.chat import AlignmentReport, ChatRenderer, check_alignment
+from agentic_rl.config import Config
+from agentic_rl.engine.base import Engine, Generation, TrainableEngine
+from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import (
@@ -23,7 +26,6 @@ from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, Traject
 from agentic_rl.rollout.rewards import gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.session import Rollout, RolloutResult, SuspendedRollout
-from agentic_rl.rollout.tokens import AlignmentReport, ChatRenderer, check_alignment
 from agentic_rl.rollout.wrapper import BaseEngineWrapper, ToolAgentEngineWrapper
 from agentic_rl.tools.base import StatefulTool, Tool
 from agentic_rl.tools.calculator import CalculatorTool
@@ -36,6 +38,7 @@ __all__ = [
     "BaseEngineWrapper",
     "CalculatorTool",
     "ChatRenderer",
+    "Config",
     "ConfigError",
     "Engine",
     "EngineError",
@@ -49,6 +52,7 @@ __all__ = [
     "Rollout",
     "RolloutResult",
     "Sample",
+    "SamplingConfig",
     "StatefulTool",
     "Step",
     "StepResult",
@@ -62,6 +66,7 @@ __all__ = [
     "ToolCallError",
     "ToolEnvironment",
     "ToolError",
+    "TrainableEngine",
     "Trajectory",
     "TrajectoryCheckpoint",
     "TrajectoryError",

@@ -11,60 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_tools", "load_tasks", "main"]
+__all__ = ["main"]
 
 DEFAULT_DATA = "../shared/data/gsm8k_test.jsonl"
 DEFAULT_CORPUS = "../shared/data/corpus.jsonl"
-TOOLS = ("calculator", "search", "visit", "web_search", "web_visit")
-
-
-def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """Read tasks from JSONL: each row becomes `{"id", "question", "ground_truth", ...}`.
-
-    `ground_truth` is taken from a `ground_truth` field, else from `answer` (GSM8K); `id` defaults to the row
-    number. Rows are not validated here: a malformed row becomes a failed trajectory with a clear error.
-
-    Raises:
-        FileNotFoundError: if `path` does not exist.
-        ValueError: naming the line, if a line is not JSON.
-    """
-    from agentic_rl.data import iter_jsonl
-
-    tasks: list[dict[str, Any]] = []
-    for lineno, row in iter_jsonl(path):
-        if limit is not None and len(tasks) >= limit:
-            break
-        if isinstance(row, dict):
-            row = dict(row)
-            row.setdefault("id", lineno - 1)
-            if "ground_truth" not in row and "answer" in row:
-                row["ground_truth"] = row["answer"]
-        tasks.append(row)
-    return tasks
-
-
-def build_tools(names: list[str], *, corpus: str | Path = DEFAULT_CORPUS) -> list[Any]:
-    """Tool instances by name (see `TOOLS`); `corpus` feeds the local search and visit tools.
-
-    Raises:
-        ConfigError: for an unknown name.
-    """
-    from agentic_rl.errors import ConfigError
-    from agentic_rl.tools.calculator import CalculatorTool
-    from agentic_rl.tools.search import LocalSearchTool, SerperSearchTool
-    from agentic_rl.tools.visit import LocalVisitTool, VisitTool
-
-    factories: dict[str, Any] = {
-        "calculator": CalculatorTool,
-        "search": lambda: LocalSearchTool(corpus),
-        "visit": lambda: LocalVisitTool(corpus),
-        "web_search": SerperSearchTool,
-        "web_visit": VisitTool,
-    }
-    unknown = [n for n in names if n not in factories]
-    if unknown:
-        raise ConfigError(f"unknown tool(s): {', '.join(unknown)}; available: {', '.join(factories)}")
-    return [factories[name]() for name in names]
 
 
 def _bounded(kind: type, low: float | None = None, high: float | None = None) -> Any:
@@ -103,11 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--top-p", type=_bounded(float, 1e-8, 1.0), default=1.0)
     r.add_argument("--top-k", type=_bounded(int, -1), default=-1, help="-1 or 0 = off")
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--tools", default="calculator", help=f"comma-separated, from: {', '.join(TOOLS)}; '' = none")
+    r.add_argument(
+        "--tools",
+        default="calculator",
+        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none",
+    )
     r.add_argument("--reward", default="gsm8k",
                    help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number, llm_judge (asks the served model) or module:function")  # fmt: skip
     r.add_argument("--system-prompt-file", default=None, help="a text file with the system prompt")
-    r.add_argument("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
+    r.add_argument(
+        "--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools"
+    )
     r.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
     r.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
     r.add_argument("--output-dir", default=None, help="default: runs/rollout-<time>")
@@ -163,15 +119,18 @@ def _run_rollout(args: argparse.Namespace) -> int:
     from rich.table import Table
     from transformers import AutoTokenizer
 
+    from agentic_rl.data import load_tasks
     from agentic_rl.models import resolve_model
-    from agentic_rl.rollout.summary import summarize, trajectory_to_dict
+    from agentic_rl.rollout.summary import summarize
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+    from agentic_rl.tools.registry import TOOL_NAMES, build_tools
+    from agentic_rl.types import trajectory_to_dict
 
     console = Console()
     tool_names = [n.strip() for n in args.tools.split(",") if n.strip()]
-    unknown = [n for n in tool_names if n not in TOOLS]
+    unknown = [n for n in tool_names if n not in TOOL_NAMES]
     if unknown:
-        console.print(f"[red]unknown tool(s): {', '.join(unknown)}; available: {', '.join(TOOLS)}")
+        console.print(f"[red]unknown tool(s): {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
         return 2
     tasks = load_tasks(args.data, args.limit)
     if not tasks:
@@ -256,48 +215,21 @@ def _run_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_train_config(path: str | Path, overrides: list[str]) -> Any:
-    """Read a `TrainConfig` from YAML and apply `KEY=VALUE` overrides (values parsed as YAML).
-
-    Raises:
-        ConfigError: naming the bad override or field.
-    """
-    import yaml
-    from pydantic import ValidationError
-
-    from agentic_rl.errors import ConfigError
-    from agentic_rl.loop import TrainConfig
-
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the config must be a YAML mapping")
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set needs KEY=VALUE, got {item!r}")
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part!r} is not a section")
-        node[leaf] = yaml.safe_load(value)
-    try:
-        return TrainConfig.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise ConfigError(f"invalid config field {'.'.join(map(str, err['loc']))!r}: {err['msg']}") from exc
-
-
 def _run_train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentic_rl.loop import run_training
+    from agentic_rl.loop import load_train_config, run_training
 
     config = load_train_config(args.config, args.set)
     console = Console(stderr=True)
-    columns = [TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.description}")]
+    columns = [
+        TextColumn("train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+    ]
     with Progress(*columns, console=console, disable=args.no_progress) as progress:
         bar = progress.add_task("", total=config.steps)
 
@@ -320,23 +252,21 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
     from agentic_rl.models import resolve_model
-    from agentic_rl.server.app import create_app
-    from agentic_rl.server.serving import OpenAIServing
-    from agentic_rl.server.thread import ServerThread
+    from agentic_rl.server.group import EngineServers
 
     model_dir = resolve_model(args.model)
     engine = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=args.max_model_len, dtype=args.dtype,
                                          kv_cache_gib=args.kv_cache_gib))  # fmt: skip
     engine.start_sync()
-    serving = OpenAIServing(engine, AutoTokenizer.from_pretrained(str(model_dir)), model_name=args.name or args.model)
-    server = ServerThread(create_app(serving), host=args.host, port=args.port)
-    server.start()
+    name = args.name or args.model
+    servers = EngineServers([engine], AutoTokenizer.from_pretrained(str(model_dir)), model_name=name)
+    (address,) = servers.start(host=args.host, ports=[args.port])
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"serving {serving.model_name} on http://{server.address}/v1", flush=True)
+    print(f"serving {name} on http://{address}/v1", flush=True)
     stop.wait()
-    server.stop()
+    servers.stop()
     anyio.run(engine.close)
     return 0
 
@@ -345,10 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `agentic-rl` command.
 
     Returns:
-        0 on success, 1 if every trajectory failed, 2 for a usage or input error (one line on stderr), 130 when
-        interrupted.
+        0 on success; 2 for a usage error: a bad argument, config value or task file, an unknown model, a missing
+        input path (`ConfigError`, `ModelError`, `FileNotFoundError`), one line on stderr; 1 for a failure while
+        running (engine, template, I/O, or every trajectory failed); 130 when interrupted.
     """
-    from agentic_rl.errors import AgenticRLError
+    from agentic_rl.errors import AgenticRLError, ConfigError, ModelError
+
+    usage_errors = (ConfigError, ModelError, FileNotFoundError, NotADirectoryError, IsADirectoryError)
 
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
@@ -369,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, FileNotFoundError) and getattr(args, "data", None) == DEFAULT_DATA:
             hint = " (the default data path is relative: run from the repository root, or pass --data)"
         print(f"agentic-rl {args.command}: error: {exc}{hint}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, usage_errors) else 1
     except KeyboardInterrupt:
         print(f"agentic-rl {args.command}: interrupted", file=sys.stderr)
         return 130

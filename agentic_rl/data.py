@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from agentic_rl.errors import ConfigError
 
-__all__ = ["iter_jsonl"]
+__all__ = ["iter_jsonl", "load_tasks"]
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
@@ -27,3 +28,26 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+
+
+def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+    """Read tasks from JSONL: each row becomes `{"id", "question", "ground_truth", ...}`.
+
+    `ground_truth` is taken from a `ground_truth` field, else from `answer` (GSM8K); `id` defaults to the row
+    number. Rows are not validated here: a malformed row becomes a failed trajectory with a clear error.
+
+    Raises:
+        FileNotFoundError: if `path` does not exist.
+        ValueError: naming the line, if a line is not JSON.
+    """
+    tasks: list[dict[str, Any]] = []
+    for lineno, row in iter_jsonl(path):
+        if limit is not None and len(tasks) >= limit:
+            break
+        if isinstance(row, dict):
+            row = dict(row)
+            row.setdefault("id", lineno - 1)
+            if "ground_truth" not in row and "answer" in row:
+                row["ground_truth"] = row["answer"]
+        tasks.append(row)
+    return tasks

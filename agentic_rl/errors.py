@@ -4,7 +4,7 @@ Hierarchy::
 
     AgenticRLError
     ├── ConfigError (also ValueError)      a parameter, task or config value is out of range or of the wrong type
-    │   └── TrajectoryError                a trajectory record is inconsistent (lengths, NaN/Inf values)
+    ├── TrajectoryError (also ValueError)  a trajectory record is inconsistent (lengths, NaN/Inf values)
     ├── ModelError                          a model name cannot be resolved into a local Hugging Face folder
     ├── TemplateError                       a chat template cannot be used for exact token bookkeeping
     ├── EngineError                         the inference engine failed, or was used before start / after close
@@ -12,6 +12,9 @@ Hierarchy::
     ├── ToolError                           a tool failed while executing (turned into error text for the model)
     ├── EnvStepError                        an environment's reset/step failed (fails that trajectory only)
     └── RewardError                         a reward function failed or returned a non-finite value
+
+A `ConfigError` (and a `ModelError`) is the caller's input: the command line exits with 2 for them. The others
+happen while running: the command line exits with 1.
 
 Expected outcomes are not exceptions: a malformed tool call is error text for the model, a full context window
 is a termination reason of the trajectory.
@@ -41,7 +44,7 @@ class ConfigError(AgenticRLError, ValueError):
     """Raised when a parameter, task or config value is out of range or of the wrong type."""
 
 
-class TrajectoryError(ConfigError):
+class TrajectoryError(AgenticRLError, ValueError):
     """Raised when a trajectory record is inconsistent: mismatched lengths, NaN or Inf values."""
 
 

@@ -6,31 +6,42 @@ With the CLI, the only module that imports both `rollout` and `train`. Runs on o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from agentic_rl.config import Config
+from agentic_rl.engine.base import TrainableEngine
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.errors import ConfigError
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
 
-__all__ = ["EngineSection", "RolloutSection", "TrainConfig", "run_training", "weights_digest"]
+__all__ = [
+    "EngineSection",
+    "RolloutSection",
+    "TrainConfig",
+    "load_train_config",
+    "run_training",
+    "train",
+    "weights_digest",
+]
 
 logger = logging.getLogger(__name__)
 
 
-class RolloutSection(BaseModel):
+class RolloutSection(Config):
     """Rollout settings of a training run (`tasks_per_step` tasks per rank, `group_size` samples each)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     tasks_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(default=4, ge=1)
@@ -38,13 +49,11 @@ class RolloutSection(BaseModel):
     max_steps: int = Field(default=2, ge=1, le=10)
     max_prompt_length: int = Field(default=1024, ge=1, le=128 * 1024)
     max_response_length: int = Field(default=512, ge=1, le=8192)
-    sampling: dict[str, Any] = Field(default_factory=lambda: {"temperature": 1.0, "max_tokens": 256})
+    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=1.0, max_tokens=256))
 
 
-class EngineSection(BaseModel):
+class EngineSection(Config):
     """Engine settings; fp32 by default so the engine's logprobs match the fp32 trainer's."""
-
-    model_config = ConfigDict(extra="forbid")
 
     dtype: str = "float32"
     kv_cache_gib: float = Field(default=0.5, gt=0)
@@ -52,10 +61,8 @@ class EngineSection(BaseModel):
     sleep_while_training: bool = False
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(Config):
     """A training run, usually read from YAML (`agentic-rl train --config FILE`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str = "smollm2-135m-instruct"
     data: str = "../shared/data/gsm8k_train.jsonl"
@@ -74,6 +81,31 @@ class TrainConfig(BaseModel):
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     optimizer: GRPOConfig = Field(default_factory=GRPOConfig)
+
+
+def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a `TrainConfig` from YAML and apply `KEY=VALUE` overrides (values parsed as YAML).
+
+    Raises:
+        ConfigError: naming the bad override or field.
+    """
+    import yaml
+
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the config must be a YAML mapping")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set needs KEY=VALUE, got {item!r}")
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key}: {part!r} is not a section")
+        node[leaf] = yaml.safe_load(value)
+    return TrainConfig.model_validate(raw)
 
 
 def weights_digest(model: Any) -> str:
@@ -99,8 +131,23 @@ def _task_batches(tasks: list[dict[str, Any]], per_step: int, seed: int) -> Call
     return next_batch
 
 
-def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def run_training(
+    config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
+    """Run `config.steps` rollout -> train -> sync iterations in one event loop (`anyio.run(train, ...)`).
+
+    See `train` for what it writes and returns. Call `train` instead from code that already runs an event loop.
+    """
+    return anyio.run(functools.partial(train, config, on_step=on_step))
+
+
+async def train(
+    config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None
+) -> list[dict[str, Any]]:
     """Run `config.steps` rollout -> train -> sync iterations.
+
+    Everything runs on the caller's event loop: the rollout's trajectories, the engine's weight sync and sleep/wake;
+    the GRPO step (CPU/accelerator work) runs in a worker thread so the loop stays responsive.
 
     Writes under `output_dir` (rank 0): the `loggers` (`metrics.jsonl`, one line per step; `tensorboard/`;
     `wandb/`), `config.json`, `rollouts/step_K.jsonl`,
@@ -114,15 +161,16 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentic_rl.cli import build_tools, load_tasks
+    from agentic_rl.data import load_tasks
     from agentic_rl.models import resolve_model
     from agentic_rl.rollout.rewards import resolve_reward
-    from agentic_rl.rollout.summary import trajectory_to_dict
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+    from agentic_rl.tools.registry import build_tools
     from agentic_rl.train.distributed import init_from_env, shard
     from agentic_rl.train.loggers import build_loggers
     from agentic_rl.train.plots import write_run_plots
     from agentic_rl.train.trainer import GRPOTrainer
+    from agentic_rl.types import trajectory_to_dict
 
     dist = init_from_env(config.device)
     device = config.device
@@ -148,16 +196,18 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     if config.engine.max_model_len:
         engine_options["max_model_len"] = config.engine.max_model_len
     wrapper = ToolAgentEngineWrapper(
-        "trainer", tokenizer, {**r.sampling, "seed": config.seed + 1000 * dist.rank}, r.max_prompt_length,
+        "trainer", tokenizer, r.sampling.model_copy(update={"seed": config.seed + 1000 * dist.rank}), r.max_prompt_length,
         r.max_response_length, r.n_parallel_agents, r.max_steps, model=model_dir, tools=build_tools(config.tools),
         reward_fn=resolve_reward(config.reward), engine_options=engine_options, serve=False,
     )  # fmt: skip
     wrapper.initialize()
     engine = wrapper.engine
+    if not isinstance(engine, TrainableEngine):
+        raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     trainer = GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
     if dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers
-        anyio.run(engine.update_weights, trainer.named_weights())
+        await engine.update_weights(trainer.named_weights())
     history: list[dict[str, Any]] = []
     sinks: list[Any] = []
     try:
@@ -167,17 +217,17 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
             mine = shard(next_batch(), dist)
             expanded = [dict(task) for task in mine for _ in range(r.group_size)]  # a group shares its task id
             t0 = time.perf_counter()
-            trajectories = anyio.run(wrapper.generate_agent_trajectories_async, expanded)
+            trajectories = await wrapper.generate_agent_trajectories_async(expanded)
             rollout_s = time.perf_counter() - t0
             if config.engine.sleep_while_training:
-                anyio.run(engine.sleep)
-            stats = trainer.train_step(trajectories)
+                await engine.sleep()
+            stats = await anyio.to_thread.run_sync(trainer.train_step, trajectories)
             t0 = time.perf_counter()
             if config.engine.sleep_while_training:
-                anyio.run(engine.wake_up, ["weights"])
-            anyio.run(engine.update_weights, trainer.named_weights())
+                await engine.wake_up(["weights"])
+            await engine.update_weights(trainer.named_weights())
             if config.engine.sleep_while_training:
-                anyio.run(engine.wake_up, ["kv_cache"])
+                await engine.wake_up(["kv_cache"])
             sync_s = time.perf_counter() - t0
             generated = sum(t.num_generated_tokens for t in trajectories)
             local = [
@@ -215,7 +265,7 @@ def run_training(config: TrainConfig, *, on_step: Callable[[dict[str, Any]], Non
     finally:
         for sink in sinks:
             sink.close()
-        anyio.run(wrapper.close)
+        await wrapper.close()
     return history
 
 

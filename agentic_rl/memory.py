@@ -13,8 +13,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
+from agentic_rl.config import Config
 from agentic_rl.errors import ConfigError
 
 __all__ = [
@@ -40,7 +41,7 @@ DEFAULT_SUMMARY_PROMPT = (
 )
 
 
-class MemoryConfig(BaseModel):
+class MemoryConfig(Config):
     """Memory settings (validated again on every assignment).
 
     Attributes:
@@ -55,8 +56,6 @@ class MemoryConfig(BaseModel):
         oai_model_name: model name sent with summary calls.
         train_model_tokenizer_path: tokenizer used to measure lengths ("" = the tokenizer given to the memory).
     """
-
-    model_config = ConfigDict(validate_assignment=True, arbitrary_types_allowed=True, extra="forbid")
 
     simplify_thinking: bool = False
     use_summary: bool = False
@@ -78,12 +77,6 @@ class MemoryConfig(BaseModel):
         if "{max_summary_length}" not in self.summary_system_prompt:
             raise ValueError("summary_system_prompt must contain the {max_summary_length} placeholder")
         return self
-
-
-def _config_error(exc: ValidationError) -> ConfigError:
-    err = exc.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or "config"
-    return ConfigError(f"invalid memory config {field!r}: {err['msg']}")
 
 
 def to_template_messages(messages: Sequence[dict[str, str]]) -> list[dict[str, str]]:
@@ -167,10 +160,7 @@ class MemorySimple:
 
     def __init__(self, config: MemoryConfig | dict[str, Any] | None = None, *, tokenizer: Any = None,
                  messages: Sequence[dict[str, str]] = ()) -> None:  # fmt: skip
-        try:
-            self.config = config if isinstance(config, MemoryConfig) else MemoryConfig(**(config or {}))
-        except ValidationError as exc:
-            raise _config_error(exc) from exc
+        self.config = config if isinstance(config, MemoryConfig) else MemoryConfig(**(config or {}))
         if self.config.train_model_tokenizer_path:
             from transformers import AutoTokenizer
 
@@ -213,10 +203,7 @@ class MemorySimple:
             return
         if not isinstance(config, dict):
             raise ConfigError(f"config must be a dict of MemoryConfig fields, got {type(config).__name__}")
-        try:
-            self.config = MemoryConfig.model_validate({**self.config.model_dump(), **config})
-        except ValidationError as exc:
-            raise _config_error(exc) from exc
+        self.config = MemoryConfig(**{**self.config.model_dump(), **config})
 
     def _raw_bounds(self, n: int) -> tuple[int, int]:
         """Index range [start, stop) of the messages that may be summarized or simplified."""

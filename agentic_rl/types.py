@@ -2,6 +2,11 @@
 
 Only validation lives here, no I/O. Token tensors are 1-D; `response_masks` marks each response token with 1 when
 the engine sampled it and 0 when the environment inserted it (tool observations, chat-template glue).
+
+Names along the token path: token ids are `*_ids` (`prompt_ids`, `response_ids`, `Generation.token_ids`), the
+sampled/inserted mask is `response_mask` and log-probabilities (nats) are `*_logprobs`, from the engine through
+the JSON record (`trajectory_to_dict`) and the packed batch. The one exception is `Trajectory` itself, whose fields
+keep the AgentSDK names: `prompt_tokens`, `response_tokens`, `response_masks`, `response_logprobs`.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import torch
 
 from agentic_rl.errors import TrajectoryError
 
-__all__ = ["Step", "StepTrajectory", "Trajectory", "default_metrics"]
+__all__ = ["Step", "StepTrajectory", "Trajectory", "default_metrics", "trajectory_to_dict"]
 
 
 def default_metrics() -> dict[str, Any]:
@@ -35,7 +40,9 @@ def _as_1d_tensor(name: str, value: Any, dtype: torch.dtype) -> torch.Tensor:
         try:
             value = torch.as_tensor(value, dtype=torch.float64 if dtype.is_floating_point else None)
         except (TypeError, ValueError, RuntimeError) as exc:
-            raise TrajectoryError(f"{name} must be a 1-D tensor or a list of numbers, got {type(value).__name__}") from exc
+            raise TrajectoryError(
+                f"{name} must be a 1-D tensor or a list of numbers, got {type(value).__name__}"
+            ) from exc
         if value.numel() == 0:
             value = value.to(dtype)
     if value.dim() != 1:
@@ -102,9 +109,7 @@ class Trajectory:
             raise TrajectoryError("response_masks must hold only 0 and 1")
         n = self.response_tokens.numel()
         if self.response_masks.numel() != n:
-            raise TrajectoryError(
-                f"response_masks has {self.response_masks.numel()} entries, response_tokens has {n}"
-            )
+            raise TrajectoryError(f"response_masks has {self.response_masks.numel()} entries, response_tokens has {n}")
         if self.response_logprobs is not None:
             self.response_logprobs = _as_1d_tensor("response_logprobs", self.response_logprobs, torch.float32)
             if self.response_logprobs.numel() != n:
@@ -164,3 +169,28 @@ class StepTrajectory(Trajectory):
 
     task: Any = None
     steps: list[Step] = field(default_factory=list)
+
+
+def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
+    """A JSON-ready record: token ids, masks, logprobs, chat, reward, metrics and termination reason."""
+    record: dict[str, Any] = {
+        "idx": trajectory.idx,
+        "prompt_ids": trajectory.prompt_tokens.tolist(),
+        "response_ids": trajectory.response_tokens.tolist(),
+        "response_mask": trajectory.response_masks.tolist(),
+        "response_logprobs": None if trajectory.response_logprobs is None else trajectory.response_logprobs.tolist(),
+        "chat_completions": trajectory.chat_completions,
+        "trajectory_reward": trajectory.trajectory_reward,
+        "metrics": trajectory.metrics,
+        "termination_reason": trajectory.termination_reason,
+        "failed": trajectory.failed,
+        "error": trajectory.error,
+    }
+    if isinstance(trajectory, StepTrajectory):
+        task = trajectory.task if isinstance(trajectory.task, dict) else {"raw": repr(trajectory.task)}
+        record["task_id"] = task.get("id")
+        record["steps"] = [
+            {"action": s.action, "thought": s.thought, "reward": s.reward, "done": s.done, "info": s.info}
+            for s in trajectory.steps
+        ]
+    return record

@@ -120,7 +120,7 @@ def main() -> None:
     max_tokens = args.max_tokens or 256  # SmolLM2 rarely closes a greedy turn sooner: shorter caps end it in one turn
     from transformers import AutoTokenizer
 
-    from agentic_rl.cli import load_tasks
+    from agentic_rl.data import load_tasks
     from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
     from agentic_rl.models import resolve_model
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -30,6 +30,7 @@ from agentic_rl import (
     Generation,
     HarnessConfig,
     Sample,
+    SamplingConfig,
     StepResult,
     run_tasks,
     run_trajectory,
@@ -51,8 +52,8 @@ class SimulatedEngine:
     def token_latency(self, concurrency: int) -> float:
         return self.base_s + self.per_request_s * concurrency
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
-        n = min(len(self.tokens), int(sampling["max_tokens"]) - 1)
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
+        n = min(len(self.tokens), sampling.max_tokens - 1)
         ids = [*self.tokens[:n], self.eot]
         self.in_flight += 1
         try:

@@ -96,7 +96,7 @@ def main() -> None:
     args = parser.parse_args()
     n_soak = args.trajectories or (320 if args.quick else 1000)
     batch = 32 if args.quick else 100
-    from agentic_rl.cli import load_tasks
+    from agentic_rl.data import load_tasks
 
     pool = load_tasks(DATA, 1000)
     results: dict[str, Any] = {}

@@ -115,10 +115,11 @@ def main() -> None:
         sys.exit(f"no peer venv at {PEER_VENV}: run `bash benchmarks/setup_peer.sh` (or set PEER_VENV)")
     from transformers import AutoTokenizer
 
-    from agentic_rl.cli import build_tools, load_tasks
+    from agentic_rl.data import load_tasks
     from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT
     from agentic_rl.models import resolve_model
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+    from agentic_rl.tools.registry import build_tools
 
     model = resolve_model(args.model)
     tasks = load_tasks(DATA, args.tasks)

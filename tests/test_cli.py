@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agentic_rl.cli import load_tasks
+from agentic_rl.data import load_tasks
 
 
 @pytest.mark.slow

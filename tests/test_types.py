@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from agentic_rl.errors import ConfigError, TrajectoryError
+from agentic_rl.errors import AgenticRLError, ConfigError, TrajectoryError
 from agentic_rl.types import Step, StepTrajectory, Trajectory, default_metrics
 
 EXPECTED_METRICS = {
@@ -224,11 +224,11 @@ def test_trajectory_rejects_logprobs_longer_than_tokens():
         make(response_logprobs=torch.zeros(3))
 
 
-def test_trajectory_error_is_a_config_error_and_value_error():
-    with pytest.raises(ConfigError):
+def test_trajectory_error_is_a_value_error_not_a_config_error():
+    with pytest.raises(TrajectoryError) as info:
         make(response_masks=[1])
-    with pytest.raises(ValueError):
-        make(response_masks=[1])
+    assert isinstance(info.value, ValueError) and isinstance(info.value, AgenticRLError)
+    assert not isinstance(info.value, ConfigError)  # a bad record is not the caller's configuration
 
 
 # --------------------------------------------------------------------------------------------------- NaN / Inf

@@ -1,5 +1,5 @@
 """Inference engines: the `Engine` protocol and the in-process vLLM engine (imported lazily: it pulls in vLLM)."""
 
-from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.engine.base import Engine, Generation, TrainableEngine
 
-__all__ = ["Engine", "Generation"]
+__all__ = ["Engine", "Generation", "TrainableEngine"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Engine", "Generation"]
+from agentic_rl.engine.sampling import SamplingConfig
+
+__all__ = ["Engine", "Generation", "TrainableEngine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +21,7 @@ class Generation:
         finish_reason: `stop` (end-of-turn token or stop string), `length` (hit `max_tokens`) or `abort`.
         stop_reason: the stop token id or stop string that ended generation, None for an end-of-sequence token.
         top_logprobs: per position, the engine's most likely tokens `{token_id: logprob}`, when requested with
-            `sampling["logprobs"] = k > 0`; otherwise None.
+            `sampling.logprobs = k > 0`; otherwise None.
     """
 
     token_ids: list[int]
@@ -38,14 +40,49 @@ class Engine(Protocol):
         """Model window in tokens (prompt + response)."""
         ...
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
-        """Sample a continuation of `prompt_ids`.
+    @property
+    def weight_version(self) -> int:
+        """How many weight updates the engine has taken (0 = the weights it started with); stamped on each turn."""
+        ...
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
+        """Sample one continuation of `prompt_ids`.
 
         Args:
             prompt_ids: the full prompt as token ids.
-            sampling: sampling options (`max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `stop_token_ids`...).
+            sampling: the request's sampling options (`max_tokens`, `temperature`, `seed`, `stop_token_ids`...).
 
         Raises:
             EngineError: if the engine is not running or the request fails.
         """
+        ...
+
+
+@runtime_checkable
+class TrainableEngine(Engine, Protocol):
+    """An `Engine` that a training loop owns: new weights go in between steps, memory is freed while training."""
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> float:
+        """Load `(name, tensor)` pairs (Hugging Face names) in place; requests in flight continue on the new weights.
+
+        Afterwards no cached prefix computed with the old weights is reused and `weight_version` is one higher.
+
+        Returns:
+            Seconds spent loading.
+
+        Raises:
+            EngineError: if the engine rejects the weights.
+        """
+        ...
+
+    async def sleep(self, level: int = 1) -> bool:
+        """Free accelerator memory while the trainer runs; False (a no-op) where the engine cannot sleep."""
+        ...
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Reallocate what `sleep` freed (`tags`: `["weights"]`, then `["kv_cache"]`); False where a no-op."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the engine; requests still in flight fail with `EngineError`. Idempotent."""
         ...

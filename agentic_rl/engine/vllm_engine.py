@@ -22,14 +22,16 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
+from pydantic import Field
 
+from agentic_rl.config import Config
 from agentic_rl.engine.base import Generation
-from agentic_rl.errors import ConfigError, EngineError
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.errors import EngineError
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig"]
 
@@ -40,8 +42,7 @@ T = TypeVar("T")
 _ADD, _ABORT, _CALL, _STOP = "add", "abort", "call", "stop"
 
 
-@dataclass(slots=True)
-class VLLMEngineConfig:
+class VLLMEngineConfig(Config):
     """Options for building the in-process vLLM engine.
 
     Attributes:
@@ -62,25 +63,17 @@ class VLLMEngineConfig:
     """
 
     model: str | Path
-    dtype: str = "bfloat16"
-    max_model_len: int = 4096
-    kv_cache_gib: float = 1.0
-    gpu_memory_utilization: float = 0.5
+    dtype: Literal["bfloat16", "float16", "float32", "half", "float", "auto"] = "bfloat16"
+    max_model_len: Annotated[int, Field(ge=16)] = 4096
+    kv_cache_gib: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.5
     enforce_eager: bool = True
     seed: int = 0
-    max_num_seqs: int = 256
+    max_num_seqs: Annotated[int, Field(ge=1)] = 256
     enable_prefix_caching: bool = True
-    logprobs_mode: str = "raw_logprobs"
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] = "raw_logprobs"
     enable_sleep_mode: bool = False
-    engine_kwargs: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.max_model_len < 16:
-            raise ConfigError(f"max_model_len must be >= 16, got {self.max_model_len}")
-        if self.kv_cache_gib <= 0:
-            raise ConfigError(f"kv_cache_gib must be > 0, got {self.kv_cache_gib}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
 def _on_accelerator() -> bool:
@@ -236,17 +229,22 @@ class VLLMEngine:
         if self._dead is not None:
             raise EngineError(f"engine failed earlier: {self._dead}")
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig | Mapping[str, Any]) -> Generation:
         """Sample a continuation of `prompt_ids`; see `Engine.generate`.
 
-        `sampling` takes `vllm.SamplingParams` keyword arguments. The engine always records the sampled token's
-        logprob and skips detokenization unless stop strings need it. Cancelling the awaiting task aborts the
-        request in the engine.
+        `sampling` is a `SamplingConfig` (a dict of its options is accepted and checked). The engine always records
+        the sampled token's logprob and skips detokenization unless stop strings need it. Cancelling the awaiting
+        task aborts the request in the engine.
+
+        Raises:
+            ConfigError: for a dict with an unknown option or a bad value (nothing is sent to the engine).
+            EngineError: if the engine is not running or rejects the request.
         """
+        options = SamplingConfig.of(sampling).vllm_kwargs()
         self._check_alive()
         request_id = str(next(self._ids))
         result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self._inbox.put((_ADD, request_id, list(prompt_ids), dict(sampling), result))
+        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result))
         try:
             return await asyncio.wrap_future(result)
         finally:

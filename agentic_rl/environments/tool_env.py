@@ -15,37 +15,17 @@ from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.errors import ConfigError, EnvStepError, ToolError
 from agentic_rl.parser import ToolCall, parse_tool_calls
 from agentic_rl.tools.base import StatefulTool, Tool
+from agentic_rl.tools.prompt import tools_system_prompt
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "ToolEnvironment"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful assistant that solves problems step by step. "
-    "Give the final answer as a number on the last line."
+    "You are a helpful assistant that solves problems step by step. Give the final answer as a number on the last line."
 )
 
-_TOOL_PROMPT = """ Use the tools when they help.
-
-You can call functions. Their signatures, as JSON, are:
-{schemas}
-
-To call a function, write exactly:
-<tool_call>
-{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}
-</tool_call>
-You may make several calls in one reply; each result comes back in a tool message. When you have the answer, reply
-without a tool call."""
-
 MAX_OBSERVATION_CHARS = 8192
-
-
-def tools_system_prompt(base: str, schemas: Sequence[dict[str, Any]]) -> str:
-    """A system prompt describing `schemas` in the Hermes format, for chat templates without `tools` support."""
-    if not schemas:
-        return base
-    listed = "\n".join(json.dumps(schema["function"], ensure_ascii=False) for schema in schemas)
-    return base + _TOOL_PROMPT.format(schemas=listed)
 
 
 class ToolEnvironment(Environment):

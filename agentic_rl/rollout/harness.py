@@ -9,18 +9,20 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
+from agentic_rl.chat import ChatRenderer, Segment, check_alignment
+from agentic_rl.config import Config
 from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment, Sample
-from agentic_rl.errors import AgenticRLError, ConfigError, EngineTimeoutError, RewardError, TrajectoryError
+from agentic_rl.errors import AgenticRLError, EngineTimeoutError, RewardError, TrajectoryError
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import TOOL_CALL_OPEN, split_thought
-from agentic_rl.rollout.tokens import ChatRenderer, Segment, check_alignment
 from agentic_rl.types import Step, StepTrajectory
 
 __all__ = ["HarnessConfig", "TerminationReason", "TrajectoryCheckpoint", "run_trajectory"]
@@ -41,18 +43,17 @@ class TerminationReason:
     TIMEOUT = "timeout"  # an engine request did not return within `turn_timeout_s`; it was aborted (failed)
 
 
-@dataclass(slots=True)
-class HarnessConfig:
+class HarnessConfig(Config):
     """Limits and sampling of a rollout.
 
     Attributes:
         max_steps: most assistant turns per trajectory.
         max_prompt_length: most tokens of the first prompt.
         max_response_length: most tokens after the first prompt (sampled + inserted), the response budget.
-        sampling: `vllm.SamplingParams` keyword arguments for every turn. `max_tokens`, if given, caps each turn; it
-            is always clamped to what is left of the window and of the response budget. A `seed` is offset per
-            trajectory and turn so that samples of one group differ. Seeded runs repeat exactly only with the same
-            batch composition (`n_parallel_agents`, task order): the engine's numerics depend on the batch.
+        sampling: the `SamplingConfig` of every turn (a dict of its options is accepted). `max_tokens`, if given,
+            caps each turn; it is always clamped to what is left of the window and of the response budget. A `seed`
+            is offset per trajectory and turn so that samples of one group differ. Seeded runs repeat exactly only
+            with the same batch composition (`n_parallel_agents`, task order): the engine's numerics depend on the batch.
         toolcall_weight: `toolcall_reward = toolcall_weight * well-formed calls / attempted calls` (0 without calls).
         check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
             `alignment_mismatches`, `retokenize_drift`).
@@ -66,37 +67,16 @@ class HarnessConfig:
         ConfigError: naming the first field that is out of range or of the wrong type.
     """
 
-    max_steps: int = 5
-    max_prompt_length: int = 128 * 1024
-    max_response_length: int = 8 * 1024
-    sampling: dict[str, Any] = field(default_factory=dict)
-    toolcall_weight: float = 0.1
-    check_alignment: bool = True
-    turn_timeout_s: float = 3600.0
-    close_timeout_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        try:
-            _HarnessLimits.model_validate({name: getattr(self, name) for name in _HarnessLimits.model_fields})
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            name = str(err["loc"][0]) if err["loc"] else "?"
-            raise ConfigError(f"HarnessConfig.{name}={getattr(self, name, None)!r} is invalid: {err['msg']}") from exc
-
-
-class _HarnessLimits(BaseModel):
-    """The checks of `HarnessConfig` (kept apart so the config stays a plain, cheap dataclass)."""
-
     model_config = ConfigDict(strict=True)
 
-    max_steps: Annotated[int, Field(ge=1)]
-    max_prompt_length: Annotated[int, Field(ge=1)]
-    max_response_length: Annotated[int, Field(ge=1)]
-    sampling: dict[str, Any]
-    toolcall_weight: Annotated[float, Field(allow_inf_nan=False)]
-    check_alignment: bool
-    turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    max_steps: Annotated[int, Field(ge=1)] = 5
+    max_prompt_length: Annotated[int, Field(ge=1)] = 128 * 1024
+    max_response_length: Annotated[int, Field(ge=1)] = 8 * 1024
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    toolcall_weight: Annotated[float, Field(allow_inf_nan=False)] = 0.1
+    check_alignment: bool = True
+    turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3600.0
+    close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0
 
 
 RewardCallable = Callable[[dict[str, Any], Sequence[dict[str, str]]], float]
@@ -190,17 +170,18 @@ class TrajectoryCheckpoint:
         return [int(step.info.get("weight_version", 0)) for step in self.steps]
 
 
-def _turn_sampling(config: HarnessConfig, renderer: ChatRenderer, idx: int, turn: int, room: int) -> dict[str, Any]:
-    sampling = dict(config.sampling)
-    requested = sampling.get("max_tokens")
-    sampling["max_tokens"] = room if requested is None else min(int(requested), room)
-    stop_ids = list(sampling.get("stop_token_ids") or [])
+def _turn_sampling(config: HarnessConfig, renderer: ChatRenderer, idx: int, turn: int, room: int) -> SamplingConfig:
+    base = config.sampling
+    stop_ids = list(base.stop_token_ids or [])
     if renderer.end_of_turn_id not in stop_ids:
         stop_ids.append(renderer.end_of_turn_id)
-    sampling["stop_token_ids"] = stop_ids
-    if sampling.get("seed") is not None:
-        sampling["seed"] = (int(sampling["seed"]) + 1_000_003 * idx + 7_919 * turn) % (2**31 - 1)
-    return sampling
+    update: dict[str, Any] = {
+        "max_tokens": room if base.max_tokens is None else min(base.max_tokens, room),
+        "stop_token_ids": stop_ids,
+    }
+    if base.seed is not None:
+        update["seed"] = (base.seed + 1_000_003 * idx + 7_919 * turn) % (2**31 - 1)
+    return base.model_copy(update=update)
 
 
 async def run_trajectory(
@@ -254,7 +235,13 @@ async def run_trajectory(
     memory: MemorySimple | None = None
     cursor = _Cursor()
     if checkpoint is not None:
-        task, idx, sample, steps, metrics = checkpoint.task, checkpoint.idx, checkpoint.sample, checkpoint.steps, checkpoint.metrics
+        task, idx, sample, steps, metrics = (
+            checkpoint.task,
+            checkpoint.idx,
+            checkpoint.sample,
+            checkpoint.steps,
+            checkpoint.metrics,
+        )
         record, cursor, memory = checkpoint._record, checkpoint._cursor, checkpoint._memory
         started -= checkpoint.elapsed_s
     reason = TerminationReason.ERROR
@@ -406,7 +393,7 @@ async def _turn_loop(
             return TerminationReason.CONTEXT_LIMIT
         sampling = _turn_sampling(config, renderer, idx, turn, room)
         prompt = record.prompt_ids + record.response_ids
-        version = int(getattr(engine, "weight_version", 0))  # stamped on the turn: the weights it sampled with
+        version = engine.weight_version  # stamped on the turn: the weights it sampled with
         t0 = time.perf_counter()
         generation: Generation = await _generate(engine, prompt, sampling, config.turn_timeout_s)
         llm_time_s = time.perf_counter() - t0
@@ -439,7 +426,7 @@ async def _turn_loop(
         if not closed:
             # Cut by max_tokens (or the budget): a half-written tool call must not run.
             info["truncated"] = True
-            limited_by_budget = sampling["max_tokens"] == room
+            limited_by_budget = sampling.max_tokens == room
             return TerminationReason.CONTEXT_LIMIT if limited_by_budget else TerminationReason.TRUNCATED
         t0 = time.perf_counter()
         result = await environment.step(sample)

@@ -1,4 +1,8 @@
-"""Run many trajectories concurrently: an anyio task group with at most `n_parallel_agents` in flight."""
+"""Run many trajectories concurrently: an anyio task group with at most `n_parallel_agents` in flight.
+
+`run_batch` is the one place that runs a batch; `run_tasks` (a list in, a list out) and `Rollout` (which can hand
+unfinished work back) are built on it.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,57 @@ import anyio
 
 from agentic_rl.errors import ConfigError
 
-__all__ = ["run_tasks"]
+__all__ = ["check_n_parallel_agents", "run_batch", "run_tasks"]
 
 T = TypeVar("T")
+
+
+def check_n_parallel_agents(n_parallel_agents: Any) -> int:
+    """Return `n_parallel_agents` if it is an int >= 1 (not a bool).
+
+    Raises:
+        ConfigError: otherwise, naming the value.
+    """
+    if isinstance(n_parallel_agents, bool) or not isinstance(n_parallel_agents, int) or n_parallel_agents < 1:
+        raise ConfigError(f"n_parallel_agents must be an int >= 1, got {n_parallel_agents!r}")
+    return n_parallel_agents
+
+
+async def run_batch(
+    items: Sequence[tuple[int, Any]],
+    run_one: Callable[[int, Any], Awaitable[T | None]],
+    *,
+    n_parallel_agents: int,
+    on_result: Callable[[T], None] | None = None,
+) -> dict[int, T]:
+    """Run `run_one(idx, item)` for every `(idx, item)`, at most `n_parallel_agents` at a time, in item order.
+
+    `run_one` is expected to turn its own failures into a result (as `run_trajectory` does); an exception that
+    escapes it cancels the whole batch, as structured concurrency requires. A `None` result means the item was
+    handed back unfinished (see `Rollout.quiesce`): it is neither reported nor returned.
+
+    Returns:
+        `{idx: result}` for every item that produced a result.
+
+    Raises:
+        ConfigError: if `n_parallel_agents` is not an int >= 1.
+    """
+    limiter = anyio.CapacityLimiter(check_n_parallel_agents(n_parallel_agents))
+    results: dict[int, T] = {}
+
+    async def worker(idx: int, item: Any) -> None:
+        async with limiter:
+            result = await run_one(idx, item)
+        if result is None:
+            return
+        results[idx] = result
+        if on_result is not None:
+            on_result(result)
+
+    async with anyio.create_task_group() as tg:
+        for idx, item in items:
+            tg.start_soon(worker, idx, item)
+    return results
 
 
 async def run_tasks(
@@ -23,12 +75,9 @@ async def run_tasks(
 ) -> list[T]:
     """Run `run_one(task, idx)` for every task, at most `n_parallel_agents` at a time.
 
-    `run_one` is expected to turn its own failures into a result (as `run_trajectory` does); an exception that
-    escapes it cancels the whole batch, as structured concurrency requires.
-
     Args:
         tasks: the inputs, in order.
-        run_one: coroutine function producing one result.
+        run_one: coroutine function producing one result (never None); see `run_batch` for failures.
         n_parallel_agents: concurrency cap.
         on_result: called with each result as it finishes (e.g. a progress bar).
 
@@ -38,19 +87,9 @@ async def run_tasks(
     Raises:
         ConfigError: if `n_parallel_agents` is not an int >= 1.
     """
-    if isinstance(n_parallel_agents, bool) or not isinstance(n_parallel_agents, int) or n_parallel_agents < 1:
-        raise ConfigError(f"n_parallel_agents must be an int >= 1, got {n_parallel_agents!r}")
-    limiter = anyio.CapacityLimiter(n_parallel_agents)
-    results: dict[int, T] = {}
 
-    async def worker(idx: int, task: Any) -> None:
-        async with limiter:
-            result = await run_one(task, idx)
-        results[idx] = result
-        if on_result is not None:
-            on_result(result)
+    async def one(idx: int, task: Any) -> T:
+        return await run_one(task, idx)
 
-    async with anyio.create_task_group() as tg:
-        for idx, task in enumerate(tasks):
-            tg.start_soon(worker, idx, task)
+    results = await run_batch(list(enumerate(tasks)), one, n_parallel_agents=n_parallel_agents, on_result=on_result)
     return [results[idx] for idx in range(len(tasks))]

@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine
 from agentic_rl.environments.base import Environment
 from agentic_rl.errors import ConfigError
@@ -32,7 +33,8 @@ from agentic_rl.rollout.harness import (
     TrajectoryCheckpoint,
     run_trajectory,
 )
-from agentic_rl.rollout.tokens import ChatRenderer
+from agentic_rl.rollout.runner import check_n_parallel_agents, run_batch
+from agentic_rl.rollout.tasks import checked_task, failed_trajectory
 from agentic_rl.types import StepTrajectory
 
 __all__ = ["Rollout", "RolloutResult", "SuspendedRollout"]
@@ -97,15 +99,13 @@ class Rollout:
         memory_factory: Callable[[], MemorySimple] | None = None,
         n_parallel_agents: int = 8,
     ) -> None:
-        if isinstance(n_parallel_agents, bool) or not isinstance(n_parallel_agents, int) or n_parallel_agents < 1:
-            raise ConfigError(f"n_parallel_agents must be an int >= 1, got {n_parallel_agents!r}")
+        self.n_parallel_agents = check_n_parallel_agents(n_parallel_agents)
         self.engine = engine
         self.environment = environment
         self.renderer = renderer
         self.config = config
         self.reward_fn = reward_fn
         self.memory_factory = memory_factory
-        self.n_parallel_agents = n_parallel_agents
         self._pause: anyio.Event | None = None
         self._done: anyio.Event | None = None
         self._last_suspended = SuspendedRollout()
@@ -180,32 +180,25 @@ class Rollout:
             raise ConfigError("this Rollout is already running: quiesce it or wait for it before run/resume")
         pause, done = anyio.Event(), anyio.Event()
         self._pause, self._done = pause, done
-        limiter = anyio.CapacityLimiter(self.n_parallel_agents)
-        finished: dict[int, StepTrajectory] = {}
         left = SuspendedRollout()
 
-        async def worker(idx: int, task: Any, checkpoint: TrajectoryCheckpoint | None) -> None:
-            async with limiter:
-                if pause.is_set():  # dispatch is paused: hand the work back untouched
-                    if checkpoint is None:
-                        left.queued.append((idx, task))
-                    else:
-                        left.checkpoints.append(checkpoint)
-                    return
-                result = await self._run_one(idx, task, checkpoint, pause)
+        async def one(idx: int, item: tuple[Any, TrajectoryCheckpoint | None]) -> StepTrajectory | None:
+            task, checkpoint = item
+            if pause.is_set():  # dispatch is paused: hand the work back untouched
+                if checkpoint is None:
+                    left.queued.append((idx, task))
+                else:
+                    left.checkpoints.append(checkpoint)
+                return None
+            result = await self._run_one(idx, task, checkpoint, pause)
             if isinstance(result, TrajectoryCheckpoint):
                 left.checkpoints.append(result)
-                return
-            finished[idx] = result
-            if on_result is not None:
-                on_result(result)
+                return None
+            return result
 
+        items = [(cp.idx, (cp.task, cp)) for cp in checkpoints] + [(idx, (task, None)) for idx, task in queued]
         try:
-            async with anyio.create_task_group() as tg:
-                for checkpoint in checkpoints:
-                    tg.start_soon(worker, checkpoint.idx, checkpoint.task, checkpoint)
-                for idx, task in queued:
-                    tg.start_soon(worker, idx, task, None)
+            finished = await run_batch(items, one, n_parallel_agents=self.n_parallel_agents, on_result=on_result)
         finally:
             left.queued.sort(key=lambda item: item[0])
             left.checkpoints.sort(key=lambda cp: cp.idx)
@@ -220,10 +213,8 @@ class Rollout:
     async def _run_one(
         self, idx: int, task: Any, checkpoint: TrajectoryCheckpoint | None, pause: anyio.Event
     ) -> StepTrajectory | TrajectoryCheckpoint:
-        from agentic_rl.rollout.wrapper import _checked_task, _failed_trajectory
-
         if checkpoint is None:
-            task = _checked_task(idx, task)
+            task = checked_task(idx, task)
             if isinstance(task, StepTrajectory):
                 return task
         try:
@@ -234,4 +225,4 @@ class Rollout:
             )  # fmt: skip
         except Exception as exc:  # run_trajectory turns failures into results; this guards against a bug in it
             logger.exception("trajectory %d raised", idx)
-            return _failed_trajectory(idx, task, TerminationReason.ERROR, f"{type(exc).__name__}: {exc}")
+            return failed_trajectory(idx, task, TerminationReason.ERROR, f"{type(exc).__name__}: {exc}")

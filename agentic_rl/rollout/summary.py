@@ -1,38 +1,13 @@
-"""Aggregate statistics of a rollout and the JSON form of a trajectory."""
+"""Aggregate statistics of a rollout."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from agentic_rl.types import StepTrajectory, Trajectory
+from agentic_rl.types import Trajectory
 
-__all__ = ["summarize", "trajectory_to_dict"]
-
-
-def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
-    """A JSON-ready record: token ids, masks, logprobs, chat, reward, metrics and termination reason."""
-    record: dict[str, Any] = {
-        "idx": trajectory.idx,
-        "prompt_ids": trajectory.prompt_tokens.tolist(),
-        "response_ids": trajectory.response_tokens.tolist(),
-        "response_mask": trajectory.response_masks.tolist(),
-        "response_logprobs": None if trajectory.response_logprobs is None else trajectory.response_logprobs.tolist(),
-        "chat_completions": trajectory.chat_completions,
-        "trajectory_reward": trajectory.trajectory_reward,
-        "metrics": trajectory.metrics,
-        "termination_reason": trajectory.termination_reason,
-        "failed": trajectory.failed,
-        "error": trajectory.error,
-    }
-    if isinstance(trajectory, StepTrajectory):
-        task = trajectory.task if isinstance(trajectory.task, dict) else {"raw": repr(trajectory.task)}
-        record["task_id"] = task.get("id")
-        record["steps"] = [
-            {"action": s.action, "thought": s.thought, "reward": s.reward, "done": s.done, "info": s.info}
-            for s in trajectory.steps
-        ]
-    return record
+__all__ = ["summarize"]
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -9,15 +9,19 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
-from agentic_rl.engine.base import Engine
+from agentic_rl.config import Config
+from agentic_rl.engine.base import Engine, TrainableEngine
+from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.harness import HarnessConfig, RewardCallable, TerminationReason, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.tasks import checked_task, failed_trajectory
+from agentic_rl.server.group import EngineServers
 from agentic_rl.types import StepTrajectory, Trajectory
 
-__all__ = ["BaseEngineWrapper", "Task", "ToolAgentEngineWrapper", "validate_task"]
+__all__ = ["BaseEngineWrapper", "ToolAgentEngineWrapper"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +29,13 @@ MAX_PROMPT_LENGTH = 128 * 1024
 MAX_RESPONSE_LENGTH = 8 * 1024
 
 
-class _WrapperArgs(BaseModel):
+class _WrapperArgs(Config):
+    """The checks of `BaseEngineWrapper`'s arguments (positional, as the AgentSDK API gives them)."""
+
     model_config = ConfigDict(strict=True)
 
     agent_name: Annotated[StrictStr, Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    sampling_params: dict[str, Any]
+    sampling_params: SamplingConfig
     max_prompt_length: Annotated[StrictInt, Field(ge=1, le=MAX_PROMPT_LENGTH)]
     max_response_length: Annotated[StrictInt, Field(ge=1, le=MAX_RESPONSE_LENGTH)]
     n_parallel_agents: Annotated[StrictInt, Field(ge=1, le=64)]
@@ -38,61 +44,12 @@ class _WrapperArgs(BaseModel):
 
 _ALLOWED = {
     "agent_name": "a non-empty string of letters, digits and underscores, not starting with a digit",
-    "sampling_params": "a dict",
+    "sampling_params": "a dict of SamplingConfig options",
     "max_prompt_length": f"an int in [1, {MAX_PROMPT_LENGTH}]",
     "max_response_length": f"an int in [1, {MAX_RESPONSE_LENGTH}]",
     "n_parallel_agents": "an int in [1, 64]",
     "max_steps": "an int in [1, 10]",
 }
-
-
-class Task(BaseModel):
-    """One task: `{"id", "question", "ground_truth"}`; extra keys are kept for the environment and reward."""
-
-    model_config = ConfigDict(extra="allow")
-
-    id: StrictStr | StrictInt
-    question: Annotated[StrictStr, Field(min_length=1, pattern=r"\S")]
-    ground_truth: StrictStr | StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]
-
-
-def _first_error(exc: ValidationError) -> tuple[str, Any, str]:
-    err = exc.errors()[0]
-    field = str(err["loc"][0]) if err["loc"] else "?"
-    value = None if err["type"] == "missing" else err.get("input")  # a missing field's "input" is the whole row
-    return field, value, err["msg"]
-
-
-def validate_task(task: Any) -> dict[str, Any]:
-    """Check one task and return it as a plain dict.
-
-    Raises:
-        ConfigError: naming the first missing or malformed field.
-    """
-    if not isinstance(task, dict):
-        raise ConfigError(f"a task must be a dict with 'id', 'question', 'ground_truth', got {type(task).__name__}")
-    try:
-        return Task.model_validate(task).model_dump()
-    except ValidationError as exc:
-        field, value, msg = _first_error(exc)
-        shown = "" if value is None else f" ({value!r})"
-        raise ConfigError(f"invalid task field {field!r}{shown}: {msg}") from exc
-
-
-def _checked_task(idx: int, task: Any) -> dict[str, Any] | StepTrajectory:
-    """`validate_task(task)`, or, for a bad task, the failed `invalid_task` trajectory that stands for it."""
-    try:
-        return validate_task(task)
-    except ConfigError as exc:
-        logger.warning("task %d rejected: %s", idx, exc)
-        return _failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
-
-
-def _failed_trajectory(idx: int, task: Any, reason: str, error: str) -> StepTrajectory:
-    return StepTrajectory(
-        prompt_tokens=[], response_tokens=[], response_masks=[], idx=idx, termination_reason=reason,
-        failed=True, error=error, task=task,
-    )  # fmt: skip
 
 
 class BaseEngineWrapper(abc.ABC):
@@ -105,7 +62,9 @@ class BaseEngineWrapper(abc.ABC):
     Args:
         agent_name: letters, digits and underscores, not starting with a digit.
         tokenizer: a `transformers` `PreTrainedTokenizer` or `PreTrainedTokenizerFast`.
-        sampling_params: `vllm.SamplingParams` keyword arguments used for every turn (`max_tokens` caps a turn).
+        sampling_params: a dict of `SamplingConfig` options for every turn (`max_tokens` caps a turn), or a
+            `SamplingConfig`; kept as a dict of the options given (`sampling_params`) and typed (`sampling`). An
+            unknown option (e.g. `max_token`) or a bad value raises here, before any engine starts.
         max_prompt_length: most tokens of a first prompt, in [1, 131072].
         max_response_length: most tokens after the first prompt, in [1, 8192].
         n_parallel_agents: trajectories in flight at once, in [1, 64].
@@ -139,32 +98,32 @@ class BaseEngineWrapper(abc.ABC):
             "n_parallel_agents": n_parallel_agents,
             "max_steps": max_steps,
         }
+        if not isinstance(values["sampling_params"], (dict, SamplingConfig)):
+            raise ConfigError(f"sampling_params={sampling_params!r} is invalid: expected {_ALLOWED['sampling_params']}")
         try:
-            args = _WrapperArgs.model_validate(values)
-        except ValidationError as exc:
-            field, value, _ = _first_error(exc)
-            raise ConfigError(f"{field}={value!r} is invalid: expected {_ALLOWED.get(field, 'a valid value')}") from exc
+            args = _WrapperArgs(**values)
+        except ConfigError as exc:
+            field = exc.config_path[1]  # type: ignore[attr-defined]
+            if field == "sampling_params":  # name the option: `sampling_params.max_token is not a known field`
+                raise ConfigError(str(exc).removeprefix("_WrapperArgs.")) from None
+            raise ConfigError(f"{field}={values[field]!r} is invalid: expected {_ALLOWED[field]}") from None
         self.agent_name = args.agent_name
         self.tokenizer = tokenizer
-        self.sampling_params = dict(args.sampling_params)
+        self.sampling = args.sampling_params
+        self.sampling_params = self.sampling.model_dump(exclude_unset=True)
         self.max_prompt_length = args.max_prompt_length
         self.max_response_length = args.max_response_length
         self.n_parallel_agents = args.n_parallel_agents
         self.max_steps = args.max_steps
         self.engines: list[Engine] = []  # filled by initialize()
-        self._servings: list[Any] = []
-        self._servers: list[Any] = []
+        self._servers: EngineServers | None = None
 
     # ---- OpenAI-compatible access to the engines ------------------------------------------------------------
 
-    def _ensure_servings(self) -> list[Any]:
-        if not self._servings:
-            if not self.engines:
-                raise ConfigError("no engines yet: call initialize() first")
-            from agentic_rl.server.serving import OpenAIServing
-
-            self._servings = [OpenAIServing(e, self.tokenizer, model_name=self.agent_name) for e in self.engines]
-        return self._servings
+    def _ensure_servers(self) -> EngineServers:
+        if self._servers is None:
+            self._servers = EngineServers(self.engines, self.tokenizer, model_name=self.agent_name)
+        return self._servers
 
     def start_servers(self, *, host: str = "127.0.0.1", ports: Sequence[int] | None = None) -> list[str]:
         """Serve each engine over HTTP (OpenAI API) on `host`, one port per engine (0 = a free port).
@@ -172,62 +131,33 @@ class BaseEngineWrapper(abc.ABC):
         Returns:
             `server_addresses`.
         """
-        from agentic_rl.server.app import create_app
-        from agentic_rl.server.thread import ServerThread
-
-        if self._servers:
-            return self.server_addresses
-        servings = self._ensure_servings()
-        ports = list(ports) if ports is not None else [0] * len(servings)
-        for serving, port in zip(servings, ports, strict=True):
-            server = ServerThread(create_app(serving), host=host, port=port)
-            server.start()
-            self._servers.append(server)
-        return self.server_addresses
+        return self._ensure_servers().start(host=host, ports=ports)
 
     def stop_servers(self) -> None:
         """Stop the HTTP servers. Idempotent."""
-        for server in self._servers:
-            server.stop()
-        self._servers.clear()
+        if self._servers is not None:
+            self._servers.stop()
 
     @property
     def server_addresses(self) -> list[str]:
         """`"IP:PORT"` of each engine's OpenAI-compatible server ([] before `start_servers`)."""
-        return [server.address for server in self._servers]
+        return [] if self._servers is None else self._servers.addresses
 
     @property
-    def completions(self) -> list[Callable[[dict[str, Any]], dict[str, Any]]]:
+    def completions(self) -> list[Callable[..., dict[str, Any]]]:
         """One callable per engine: `completions[i](request) -> response`, the server's logic without HTTP.
 
         `request` is the JSON body of `/v1/completions` (with `prompt`) or `/v1/chat/completions` (with
         `messages`); the response is the same JSON. It blocks until done; call it from synchronous code or a worker
         thread (from async code, use `acompletions`). Invalid requests raise `RequestError` (`.status` 400/404).
         """
-        return [self._sync_completion(i) for i in range(len(self._ensure_servings()))]
+        servers = self._ensure_servers()
+        return [servers.completion(i) for i in range(len(servers.servings))]
 
     @property
     def acompletions(self) -> list[Callable[..., Any]]:
         """Async twins of `completions`: `await acompletions[i](request, trajectory_id=None)`."""
-        return [serving.handle for serving in self._ensure_servings()]
-
-    def _sync_completion(self, index: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
-        serving = self._ensure_servings()[index]
-
-        def complete(request: dict[str, Any], trajectory_id: str | None = None) -> dict[str, Any]:
-            coro = serving.handle(request, trajectory_id=trajectory_id)
-            if index < len(self._servers):
-                return self._servers[index].run_coroutine(coro)
-            import asyncio
-
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:
-                return asyncio.run(coro)
-            coro.close()
-            raise ConfigError("completions[i] blocks; inside an event loop use `await acompletions[i](request)`")
-
-        return complete
+        return self._ensure_servers().acompletions
 
     def captured_trajectory(self, trajectory_id: str, *, engine_index: int = 0, pop: bool = True) -> StepTrajectory:
         """The trajectory recorded from calls tagged with `trajectory_id` (header `X-Trajectory-Id`).
@@ -235,7 +165,7 @@ class BaseEngineWrapper(abc.ABC):
         Raises:
             KeyError: if no call was captured under that id.
         """
-        return self._ensure_servings()[engine_index].recorder.build(trajectory_id, pop=pop)
+        return self._ensure_servers().captured_trajectory(trajectory_id, engine_index=engine_index, pop=pop)
 
     @abc.abstractmethod
     def initialize(self) -> None:
@@ -270,18 +200,18 @@ class BaseEngineWrapper(abc.ABC):
         self._check_ready()
 
         async def run_one(task: Any, idx: int) -> Trajectory:
-            checked = _checked_task(idx, task)
+            checked = checked_task(idx, task)
             if isinstance(checked, Trajectory):
                 return checked
             try:
                 result = await self.generate_trajectory(checked, idx)
             except Exception as exc:  # a subclass that raises fails this task only
                 logger.exception("generate_trajectory failed for task %d", idx)
-                return _failed_trajectory(idx, checked, TerminationReason.ERROR, f"{type(exc).__name__}: {exc}")
+                return failed_trajectory(idx, checked, TerminationReason.ERROR, f"{type(exc).__name__}: {exc}")
             if not isinstance(result, Trajectory):
                 error = f"generate_trajectory returned {type(result).__name__}, expected a Trajectory"
                 logger.error("task %d: %s", idx, error)
-                return _failed_trajectory(idx, checked, TerminationReason.ERROR, error)
+                return failed_trajectory(idx, checked, TerminationReason.ERROR, error)
             return result
 
         return await run_tasks(list(tasks), run_one, n_parallel_agents=self.n_parallel_agents, on_result=on_result)
@@ -347,13 +277,13 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         self.reward_fn = gsm8k_reward if reward_fn is None else reward_fn
         self.system_prompt = system_prompt
         self.engine = engine
-        self._owns_engine = engine is None
+        self._owned_engine: TrainableEngine | None = None  # the engine initialize() built; close() stops it
         self.engine_options = dict(engine_options or {})
         self.harness_config = HarnessConfig(
             max_steps=self.max_steps,
             max_prompt_length=self.max_prompt_length,
             max_response_length=self.max_response_length,
-            sampling=self.sampling_params,
+            sampling=self.sampling,
             toolcall_weight=toolcall_weight,
             check_alignment=check_alignment,
             turn_timeout_s=turn_timeout_s,
@@ -366,8 +296,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
 
     def initialize(self) -> None:
         """Build the chat renderer, the tool environment and (unless given) the vLLM engine; blocks until ready."""
+        from agentic_rl.chat import ChatRenderer
         from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
-        from agentic_rl.rollout.tokens import ChatRenderer
 
         self.renderer = ChatRenderer(self.tokenizer)
         self.environment = ToolEnvironment(
@@ -383,7 +313,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             t0 = time.perf_counter()
             engine.start_sync()
             logger.info("engine started in %.1f s", time.perf_counter() - t0)
-            self.engine = engine
+            self.engine = self._owned_engine = engine
         self.engines = [self.engine]
         if self.serve:
             self.start_servers()
@@ -393,7 +323,9 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
     def _memory_factory(self) -> Callable[[], Any]:
         from agentic_rl.memory import MemoryConfig, MemorySimple, MemorySummary, OpenAISummaryClient
 
-        config = self.memory_config if isinstance(self.memory_config, MemoryConfig) else MemoryConfig(**self.memory_config)
+        config = (
+            self.memory_config if isinstance(self.memory_config, MemoryConfig) else MemoryConfig(**self.memory_config)
+        )
         if not config.use_summary:
             return lambda: MemorySimple(config, tokenizer=self.tokenizer)
         client = None
@@ -437,5 +369,5 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
     async def close(self) -> None:
         """Stop the servers, and the engine this wrapper built (an engine passed in is left running)."""
         self.stop_servers()
-        if self._owns_engine and self.engine is not None:
-            await self.engine.close()  # type: ignore[attr-defined]
+        if self._owned_engine is not None:
+            await self._owned_engine.close()

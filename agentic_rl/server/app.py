@@ -40,7 +40,7 @@ def create_app(serving: OpenAIServing) -> FastAPI:
     Send the `X-Trajectory-Id` header (or a `trajectory_id` body field) to have a call captured; fetch the
     assembled trajectory from `GET /v1/trajectories/{id}` (`?pop=true` removes it).
     """
-    from agentic_rl.rollout.summary import trajectory_to_dict
+    from agentic_rl.types import trajectory_to_dict
 
     app = FastAPI(title="agentic_rl", docs_url=None, redoc_url=None)
     app.state.serving = serving

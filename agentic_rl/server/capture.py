@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentic_rl.rollout.tokens import ChatRenderer
+from agentic_rl.chat import ChatRenderer
+from agentic_rl.tools.prompt import tools_system_prompt
 from agentic_rl.types import Step, StepTrajectory
 
 __all__ = ["CapturedTurn", "TrajectoryRecorder", "template_messages"]
@@ -62,7 +63,10 @@ def _arguments(value: Any) -> Any:
 
 def _normalize(message: dict[str, Any]) -> tuple[Any, ...]:
     calls = tuple(
-        (c.get("function", c).get("name"), json.dumps(_arguments(c.get("function", c).get("arguments")), sort_keys=True))
+        (
+            c.get("function", c).get("name"),
+            json.dumps(_arguments(c.get("function", c).get("arguments")), sort_keys=True),
+        )
         for c in (message.get("tool_calls") or [])
     )
     return message.get("role"), message.get("content") or "", calls
@@ -100,8 +104,6 @@ def template_messages(messages: Sequence[dict[str, Any]], renderer: ChatRenderer
 
 def _with_tools_in_system_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For templates without `tools` support: describe the tools in the system message (added if missing)."""
-    from agentic_rl.environments.tool_env import tools_system_prompt
-
     if messages and messages[0]["role"] == "system":
         return [{**messages[0], "content": tools_system_prompt(messages[0]["content"], tools)}, *messages[1:]]
     return [{"role": "system", "content": tools_system_prompt("You are a helpful assistant.", tools)}, *messages]

@@ -9,10 +9,11 @@ from typing import Any
 
 import anyio
 
+from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import EngineError
 from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, parse_tool_calls
-from agentic_rl.rollout.tokens import ChatRenderer
 from agentic_rl.server.capture import CapturedTurn, TrajectoryRecorder
 from agentic_rl.server.protocol import (
     ChatCompletionRequest,
@@ -138,7 +139,7 @@ class OpenAIServing:
             raise RequestError("trajectory capture records one sample per call: use n=1", param="n")
         return tid
 
-    def _sampling(self, request: SamplingFields, prompt_len: int, stop_ids: list[int]) -> dict[str, Any]:
+    def _sampling(self, request: SamplingFields, prompt_len: int, stop_ids: list[int]) -> SamplingConfig:
         room = self.engine.max_model_len - prompt_len
         if room < 1:
             raise RequestError(f"the prompt has {prompt_len} tokens; the model window is {self.engine.max_model_len}",
@@ -163,7 +164,7 @@ class OpenAIServing:
                 sampling["structured_outputs"] = StructuredOutputsParams(**request.structured_outputs)
             except (TypeError, ValueError) as exc:
                 raise RequestError(f"invalid 'structured_outputs': {exc}", param="structured_outputs") from exc
-        return {k: v for k, v in sampling.items() if v is not None}
+        return SamplingConfig(**{k: v for k, v in sampling.items() if v is not None})
 
     @staticmethod
     def _top_n(request: SamplingFields) -> int:
@@ -176,9 +177,9 @@ class OpenAIServing:
         results: list[Generation | None] = [None] * request.n
 
         async def one(i: int) -> None:
-            params = dict(sampling)
-            if request.n > 1 and params.get("seed") is not None:
-                params["seed"] = params["seed"] + i
+            params = sampling
+            if request.n > 1 and sampling.seed is not None:
+                params = sampling.model_copy(update={"seed": sampling.seed + i})
             results[i] = await self.engine.generate(prompt_ids, params)
 
         try:
@@ -221,7 +222,8 @@ class OpenAIServing:
             "tokens": [self._token_text(t) for t in gen.token_ids],
             "token_logprobs": gen.logprobs,
             "top_logprobs": [
-                {self._token_text(t): lp for t, lp in sorted(top.items(), key=lambda kv: -kv[1])[:top_n]} for top in tops
+                {self._token_text(t): lp for t, lp in sorted(top.items(), key=lambda kv: -kv[1])[:top_n]}
+                for top in tops
             ],
         }
 

@@ -10,8 +10,9 @@ from contextlib import nullcontext
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from agentic_rl.config import Config
 from agentic_rl.train.advantages import group_advantages
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.loss import grpo_loss, response_logprobs
@@ -23,7 +24,7 @@ __all__ = ["GRPOConfig", "GRPOTrainer"]
 logger = logging.getLogger(__name__)
 
 
-class GRPOConfig(BaseModel):
+class GRPOConfig(Config):
     """Optimizer and loss settings.
 
     Attributes:
@@ -37,8 +38,6 @@ class GRPOConfig(BaseModel):
         max_grad_norm: gradient clipping norm.
         micro_batch_size: rows per forward/backward (gradients are accumulated over the batch).
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(default=1e-6, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)

@@ -82,8 +82,8 @@ async def test_bad_request_fails_alone_while_siblings_complete(engine, tokenizer
     async def good(i):
         outcomes[i] = await engine.generate(prompt, {"max_tokens": 8})
 
-    async def bad(kind, sampling, ids):
-        with pytest.raises(EngineError, match="rejected"):
+    async def bad(kind, sampling, ids, error=EngineError, match="rejected"):
+        with pytest.raises(error, match=match):
             await engine.generate(ids, sampling)
         outcomes[kind] = "raised"
 
@@ -91,9 +91,10 @@ async def test_bad_request_fails_alone_while_siblings_complete(engine, tokenizer
         for i in range(4):
             tg.start_soon(good, i)
         tg.start_soon(bad, "too_long", {"max_tokens": 8}, [5] * 3000)
-        tg.start_soon(bad, "bad_param", {"max_tokens": 8, "temperature": -1.0}, prompt)
+        tg.start_soon(bad, "bad_param", {"max_tokens": 8, "temperature": -1.0}, prompt, ConfigError, "temperature")
+        tg.start_soon(bad, "unknown_param", {"max_token": 8}, prompt, ConfigError, "max_token is not a known field")
         tg.start_soon(bad, "bad_token", {"max_tokens": 8}, [10**7])
-    assert outcomes["too_long"] == outcomes["bad_param"] == outcomes["bad_token"] == "raised"
+    assert outcomes["too_long"] == outcomes["bad_param"] == outcomes["unknown_param"] == outcomes["bad_token"] == "raised"
     assert all(len(outcomes[i].token_ids) > 0 for i in range(4))
 
 

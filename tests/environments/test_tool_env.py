@@ -11,10 +11,11 @@ import anyio
 import pytest
 
 from agentic_rl.environments.base import Environment, Sample, StepResult
-from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment, tools_system_prompt
+from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
 from agentic_rl.errors import ConfigError, EnvStepError, ToolError
 from agentic_rl.tools.base import StatefulTool, Tool
 from agentic_rl.tools.calculator import CalculatorTool
+from agentic_rl.tools.prompt import tools_system_prompt
 
 # --------------------------------------------------------------------------------------------------- test tools
 
@@ -456,9 +457,7 @@ async def test_step_times_out_a_tool_sleeping_beyond_its_timeout():
 
 async def test_step_runs_an_async_tool():
     env = ToolEnvironment([AsyncTool()])
-    observation, done, info = await env.step(
-        with_reply(await new_sample(env), call("async_add", {"a": 2, "b": 40}))
-    )
+    observation, done, info = await env.step(with_reply(await new_sample(env), call("async_add", {"a": 2, "b": 40})))
     assert observation == [{"role": "tool", "content": "42"}]
     assert info["tool_errors"] == 0
 

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Sample
 from agentic_rl.environments.tool_env import ToolEnvironment
 
-CALL_REGEX = (
-    r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "[1-9][0-9]? [+*-] [1-9][0-9]?"\}\}\n</tool_call>'
-)
+CALL_REGEX = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "[1-9][0-9]? [+*-] [1-9][0-9]?"\}\}\n</tool_call>'
 
 
-class RecordingEngine:
-    """Records every prompt and generation passing through to the real engine."""
+class DelegatingEngine:
+    """An `Engine` that passes everything to `inner`; subclasses override `generate` to steer or observe."""
 
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
-        self.calls: list[tuple[list[int], dict[str, Any], Generation]] = []
 
     @property
     def max_model_len(self) -> int:
@@ -27,11 +25,22 @@ class RecordingEngine:
 
     @property
     def weight_version(self) -> int:
-        return int(getattr(self.inner, "weight_version", 0))
+        return self.inner.weight_version
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
+        return await self.inner.generate(prompt_ids, sampling)
+
+
+class RecordingEngine(DelegatingEngine):
+    """Records every prompt and generation passing through to the real engine."""
+
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.calls: list[tuple[list[int], SamplingConfig, Generation]] = []
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
         generation = await self.inner.generate(prompt_ids, sampling)
-        self.calls.append((list(prompt_ids), dict(sampling), generation))
+        self.calls.append((list(prompt_ids), sampling, generation))
         return generation
 
 
@@ -49,14 +58,13 @@ class ForcedCallEngine(RecordingEngine):
         self.forced_turns = forced_turns
         self.regex = regex
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
         from vllm.sampling_params import StructuredOutputsParams
 
         turn = self.tokenizer.decode(list(prompt_ids)).count("<|im_start|>assistant") - 1
-        params = dict(sampling)
         if turn < self.forced_turns:
-            params["structured_outputs"] = StructuredOutputsParams(regex=self.regex)
-        return await super().generate(prompt_ids, params)
+            sampling = sampling.model_copy(update={"structured_outputs": StructuredOutputsParams(regex=self.regex)})
+        return await super().generate(prompt_ids, sampling)
 
 
 class ScriptedEngine:
@@ -82,7 +90,7 @@ class ScriptedEngine:
     def max_model_len(self) -> int:
         return self._max_model_len
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
         import anyio
 
         from agentic_rl.errors import EngineError
@@ -102,7 +110,7 @@ class ScriptedEngine:
             if ids is None:
                 ids = self._encoded[reply] = self.tokenizer.encode(reply, add_special_tokens=False)
             ids = [*ids, self.end_of_turn_id]
-            limit = int(sampling.get("max_tokens") or len(ids))
+            limit = sampling.max_tokens or len(ids)
             finish = "stop" if len(ids) <= limit else "length"
             ids = ids[:limit]
             self.served += 1

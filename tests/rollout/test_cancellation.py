@@ -13,9 +13,9 @@ import psutil
 import pytest
 from engines import CountingEnvironment, ScriptedEngine
 
+from agentic_rl.chat import ChatRenderer
 from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
-from agentic_rl.rollout.tokens import ChatRenderer
 from agentic_rl.tools.calculator import CalculatorTool
 
 GUARD_S = 120  # a bound on waiting for a state (never asserted as a duration): a hang fails instead of stalling CI

@@ -14,14 +14,14 @@ from typing import Any
 import anyio
 import pytest
 import torch
-from engines import ScriptedEngine
+from engines import DelegatingEngine, ScriptedEngine
 
+from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import MAX_OBSERVATION_CHARS, ToolEnvironment
 from agentic_rl.errors import EnvStepError
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
-from agentic_rl.rollout.tokens import ChatRenderer
 from agentic_rl.tools.base import Tool
 from agentic_rl.tools.calculator import CalculatorTool
 from agentic_rl.train.advantages import group_advantages
@@ -240,16 +240,12 @@ async def test_cancelled_rollout_with_faults_closes_every_started_trajectory_onc
     assert len(env.closed) == 4 and set(env.closed.values()) == {1}
 
 
-class OutOfVocabEngine:
+class OutOfVocabEngine(DelegatingEngine):
     """Sends the real engine a prompt with an id outside the vocabulary for questions marked `[fault:bad_ids]`."""
 
     def __init__(self, inner: Any, tokenizer: Any) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.tokenizer = tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.inner.max_model_len
 
     async def generate(self, prompt_ids, sampling):
         if "[fault:bad_ids]" in self.tokenizer.decode(list(prompt_ids)):

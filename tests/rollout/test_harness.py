@@ -8,13 +8,13 @@ import anyio
 import pytest
 from engines import ForcedCallEngine, RecordingEngine
 
+from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import EnvStepError
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
 from agentic_rl.rollout.rewards import gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
-from agentic_rl.rollout.tokens import ChatRenderer
 from agentic_rl.tools.base import Tool
 from agentic_rl.tools.calculator import CalculatorTool, evaluate_expression
 
@@ -129,7 +129,7 @@ async def test_response_budget_ends_with_context_limit_instead_of_engine_error(e
     assert traj.termination_reason == TerminationReason.CONTEXT_LIMIT
     assert len(traj.response_tokens) <= 60
     for prompt, sampling, _ in forced.calls:
-        assert len(prompt) - len(traj.prompt_tokens) + sampling["max_tokens"] <= 60
+        assert len(prompt) - len(traj.prompt_tokens) + sampling.max_tokens <= 60
 
 
 async def test_max_steps_stops_a_model_that_keeps_calling_tools(engine, tokenizer, make_task):
@@ -199,7 +199,9 @@ async def test_raising_environment_and_failing_tool_leave_sibling_trajectories_i
     assert "environment exploded" in trajs[1].error
     for t in (trajs[0], trajs[2], trajs[3]):
         assert not t.failed, t.error
-        assert t.chat_completions[3]["content"].startswith("Error: tool 'calculator' failed: RuntimeError: disk on fire")
+        assert t.chat_completions[3]["content"].startswith(
+            "Error: tool 'calculator' failed: RuntimeError: disk on fire"
+        )
         assert t.metrics["tool_errors"] >= 1
         assert t.metrics["alignment_mismatches"] == 0
     assert sorted(env.closed.values()) == [1, 1, 1, 1]

@@ -7,19 +7,20 @@ two use the real vLLM engine with greedy decoding.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import pytest
-from engines import CountingEnvironment, ForcedCallEngine, ScriptedEngine
+from engines import CountingEnvironment, DelegatingEngine, ForcedCallEngine, ScriptedEngine
 
+from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint
 from agentic_rl.rollout.rewards import gsm8k_reward
 from agentic_rl.rollout.session import Rollout, SuspendedRollout
-from agentic_rl.rollout.tokens import ChatRenderer
 from agentic_rl.tools.calculator import CalculatorTool
 
 CALC = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}\n</tool_call>'
@@ -31,25 +32,17 @@ def three_turn_script(question: str, turn: int) -> str:
     return CALC.format(a=n, b=turn + 2) if turn < 2 else f"The answer is {n * 6}."
 
 
-class QuiesceAfter:
+class QuiesceAfter(DelegatingEngine):
     """Asks `rollout` to quiesce once `after` generations have returned (and counts starts and returns)."""
 
     def __init__(self, inner: Engine, after: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.after = after
         self.rollout: Rollout | None = None
         self.started = 0
         self.returned = 0
 
-    @property
-    def max_model_len(self) -> int:
-        return self.inner.max_model_len
-
-    @property
-    def weight_version(self) -> int:
-        return int(getattr(self.inner, "weight_version", 0))
-
-    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
         self.started += 1
         generation = await self.inner.generate(prompt_ids, sampling)
         self.returned += 1
@@ -188,7 +181,7 @@ async def test_wrapper_make_rollout_uses_the_wrappers_engine_environment_and_set
 # ---------------------------------------------------------------------------------------------- real engine
 
 
-class FreshPrefillEngine:
+class FreshPrefillEngine(DelegatingEngine):
     """Empties the engine's prefix cache before every request, so every turn is prefilled from scratch; also caps
     the turns that are not forced into a tool call at `free_turn_tokens` (they only need to be compared).
 
@@ -200,21 +193,13 @@ class FreshPrefillEngine:
     """
 
     def __init__(self, inner: Any, free_turn_tokens: int = 12) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.free_turn_tokens = free_turn_tokens
 
-    @property
-    def max_model_len(self) -> int:
-        return self.inner.max_model_len
-
-    @property
-    def weight_version(self) -> int:
-        return self.inner.weight_version
-
-    async def generate(self, prompt_ids: Sequence[int], sampling: Mapping[str, Any]) -> Generation:
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
         assert await self.inner.call(lambda llm: llm.reset_prefix_cache())
-        if "structured_outputs" not in sampling:
-            sampling = {**sampling, "max_tokens": min(sampling["max_tokens"], self.free_turn_tokens)}
+        if sampling.structured_outputs is None:
+            sampling = sampling.model_copy(update={"max_tokens": min(sampling.max_tokens, self.free_turn_tokens)})
         return await self.inner.generate(prompt_ids, sampling)
 
 

@@ -28,11 +28,11 @@ import pytest
 from engines import ScriptedEngine
 from test_faults import FaultyEnvironment, HangingTool, HugeTool, RaisingTool, reward
 
+from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Sample
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint
 from agentic_rl.rollout.session import Rollout
-from agentic_rl.rollout.tokens import ChatRenderer
 from agentic_rl.tools.calculator import CalculatorTool
 from agentic_rl.types import Trajectory
 

@@ -12,7 +12,8 @@ from transformers import PreTrainedTokenizerFast
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.harness import TerminationReason
-from agentic_rl.rollout.wrapper import BaseEngineWrapper, validate_task
+from agentic_rl.rollout.tasks import validate_task
+from agentic_rl.rollout.wrapper import BaseEngineWrapper
 from agentic_rl.types import StepTrajectory, Trajectory
 
 # --------------------------------------------------------------------------------------------------- fixtures

@@ -17,7 +17,9 @@ def _history(n_pairs: int = 12) -> list[dict[str, str]]:
     for i in range(n_pairs):
         messages.append({"role": "assistant", "content": f"<think>Step {i}: I should look up city {i}.</think>"
                                                           f"Looking up city number {i} now."})  # fmt: skip
-        messages.append({"role": "tool", "content": f"City {i} has {1000 + 37 * i} inhabitants according to the census."})
+        messages.append(
+            {"role": "tool", "content": f"City {i} has {1000 + 37 * i} inhabitants according to the census."}
+        )
     return messages
 
 
@@ -147,9 +149,9 @@ async def test_rollout_with_summary_memory_keeps_every_prompt_under_budget(engin
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
     from engines import ForcedCallEngine
 
+    from agentic_rl.chat import ChatRenderer
     from agentic_rl.environments.tool_env import ToolEnvironment
     from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
-    from agentic_rl.rollout.tokens import ChatRenderer
     from agentic_rl.tools.calculator import CalculatorTool
 
     budget = 420
@@ -182,4 +184,3 @@ async def test_rollout_with_summary_memory_keeps_every_prompt_under_budget(engin
             assert any(step.prompt_ids[i : i + len(summary_header)] == summary_header
                        for i in range(len(step.prompt_ids)))  # fmt: skip
     assert traj.metrics["alignment_mismatches"] == 0
-

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentic_rl.cli import load_train_config
 from agentic_rl.errors import ConfigError
+from agentic_rl.loop import load_train_config
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

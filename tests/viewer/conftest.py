@@ -15,27 +15,56 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))  # engi
 @pytest.fixture
 def make_record(tokenizer):
     """A two-turn trajectory record (calculator call, tool result, answer) tokenized by SmolLM2's tokenizer."""
-    from agentic_rl.rollout.summary import trajectory_to_dict
-    from agentic_rl.types import Step, StepTrajectory
+    from agentic_rl.types import Step, StepTrajectory, trajectory_to_dict
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def encode(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
-    def make(idx: int = 0, *, question: str = "What is 17 * 23?", answer: str = "The answer is 391.",
-             reward: float = 1.0, failed: bool = False, reason: str = "env_done", source: str | None = None) -> dict:
+    def make(
+        idx: int = 0,
+        *,
+        question: str = "What is 17 * 23?",
+        answer: str = "The answer is 391.",
+        reward: float = 1.0,
+        failed: bool = False,
+        reason: str = "env_done",
+        source: str | None = None,
+    ) -> dict:
         call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17 * 23"}}\n</tool_call>'
-        turn1, glue, turn2 = encode(call) + [end], encode("\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"), encode(answer) + [end]
+        turn1, glue, turn2 = (
+            encode(call) + [end],
+            encode("\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"),
+            encode(answer) + [end],
+        )
         ids = turn1 + glue + turn2
         mask = [1] * len(turn1) + [0] * len(glue) + [1] * len(turn2)
         logprobs = [-0.05 * (i % 7) if m else 0.0 for i, m in enumerate(mask)]
-        chat = [{"role": "user", "content": question}, {"role": "assistant", "content": call},
-                {"role": "tool", "content": "391"}, {"role": "assistant", "content": answer}]
-        steps = [Step(action=call, info={"finish_reason": "stop", "sampled_tokens": len(turn1), "llm_time_s": 0.25,
-                                         "env_time_s": 0.01, "weight_version": 0, "tool_calls": 1}),
-                 Step(info={"finish_reason": "stop", "sampled_tokens": len(turn2), "llm_time_s": 0.125,
-                            "weight_version": 0}, reward=reward, done=True)]
+        chat = [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": "391"},
+            {"role": "assistant", "content": answer},
+        ]
+        steps = [
+            Step(
+                action=call,
+                info={
+                    "finish_reason": "stop",
+                    "sampled_tokens": len(turn1),
+                    "llm_time_s": 0.25,
+                    "env_time_s": 0.01,
+                    "weight_version": 0,
+                    "tool_calls": 1,
+                },
+            ),
+            Step(
+                info={"finish_reason": "stop", "sampled_tokens": len(turn2), "llm_time_s": 0.125, "weight_version": 0},
+                reward=reward,
+                done=True,
+            ),
+        ]
         traj = StepTrajectory(
             prompt_tokens=encode(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"),
             response_tokens=ids, response_masks=mask, response_logprobs=logprobs, idx=idx, trajectory_reward=reward,
@@ -74,13 +103,13 @@ def rollout_run(engine, tokenizer, model_dir, tmp_path_factory) -> Path:
     import anyio
     from engines import ForcedCallEngine
 
+    from agentic_rl.chat import ChatRenderer
     from agentic_rl.environments.tool_env import ToolEnvironment
     from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
     from agentic_rl.rollout.rewards import gsm8k_reward
     from agentic_rl.rollout.runner import run_tasks
-    from agentic_rl.rollout.summary import trajectory_to_dict
-    from agentic_rl.rollout.tokens import ChatRenderer
     from agentic_rl.tools.calculator import CalculatorTool
+    from agentic_rl.types import trajectory_to_dict
 
     renderer = ChatRenderer(tokenizer)
     forced = ForcedCallEngine(engine, tokenizer, forced_turns=1)

@@ -86,11 +86,15 @@ class ChatRenderer:
             return self._backend.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def prompt_ids(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    def prompt_ids(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Ids of the first prompt: the messages plus the generation prompt."""
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
 
-    def observation_ids(self, observation: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> list[int]:
+    def observation_ids(
+        self, observation: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Ids to append after an assistant turn that ended on the end-of-turn token.
 
         They cover the rest of the closed assistant turn (e.g. ChatML's newline), the observation messages as the
@@ -119,7 +123,9 @@ class ChatRenderer:
         if at < 0:
             raise TemplateError("the chat template drops assistant content")
         tail = text[at + len(_SENTINEL) :]
-        candidates = [t for t in (getattr(self.tokenizer, "eos_token", None), "<|im_end|>", "<|eot_id|>", "<end_of_turn>") if t]
+        candidates = [
+            t for t in (getattr(self.tokenizer, "eos_token", None), "<|im_end|>", "<|eot_id|>", "<end_of_turn>") if t
+        ]
         for token in candidates:
             if tail.startswith(token):
                 return token, tail[len(token) :]
@@ -195,9 +201,14 @@ def check_alignment(
         else:
             expected = renderer.encode(span)
             if expected != list(segment.token_ids):
-                differing = sum(a != b for a, b in zip(expected, segment.token_ids, strict=False)) + abs(len(expected) - len(segment.token_ids))
+                differing = sum(a != b for a, b in zip(expected, segment.token_ids, strict=False)) + abs(
+                    len(expected) - len(segment.token_ids)
+                )
                 mismatches += differing
-                detail = detail or f"segment {index}: template ids {expected[:12]} != recorded {list(segment.token_ids)[:12]}"
+                detail = (
+                    detail
+                    or f"segment {index}: template ids {expected[:12]} != recorded {list(segment.token_ids)[:12]}"
+                )
         pos += len(text)
     rest = rendered[pos:]
     closings = ("", renderer.after_end_of_turn, renderer.end_of_turn_text + renderer.after_end_of_turn)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentic_rl.chat import ChatRenderer, Segment, check_alignment
 from agentic_rl.errors import TemplateError
-from agentic_rl.rollout.tokens import ChatRenderer, Segment, check_alignment
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "math",
           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]  # fmt: skip
@@ -47,7 +47,9 @@ def test_recorded_ids_match_a_full_template_render(template, tokenizer, qwen_tok
 def test_qwen25_tool_turn_is_a_user_turn_with_tool_response(qwen_tokenizer):
     renderer = ChatRenderer(qwen_tokenizer)
     assert renderer.supports_tools
-    glue = qwen_tokenizer.decode(renderer.observation_ids([{"role": "tool", "content": "5"}, {"role": "tool", "content": "7"}], TOOLS))
+    glue = qwen_tokenizer.decode(
+        renderer.observation_ids([{"role": "tool", "content": "5"}, {"role": "tool", "content": "7"}], TOOLS)
+    )
     assert glue == (
         "\n<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n7\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
@@ -115,7 +117,9 @@ def test_template_that_rewrites_history_is_rejected(tokenizer):
 
     tok = copy.deepcopy(tokenizer)
     # Renders only the last message: adding an observation changes what came before.
-    tok.chat_template = "{{ '<|im_start|>' + messages[-1]['role'] + '\\n' + messages[-1]['content'] + '<|im_end|>\\n' }}"
+    tok.chat_template = (
+        "{{ '<|im_start|>' + messages[-1]['role'] + '\\n' + messages[-1]['content'] + '<|im_end|>\\n' }}"
+    )
     renderer = ChatRenderer(tok)
     with pytest.raises(TemplateError, match="rewrites earlier turns"):
         renderer.observation_ids([{"role": "tool", "content": "1"}])

@@ -1,0 +1,78 @@
+"""The one style of user-facing configuration: a pydantic model that rejects unknown fields and bad values.
+
+Every settings object of the package (`SamplingConfig`, `VLLMEngineConfig`, `HarnessConfig`, `MemoryConfig`,
+`GRPOConfig`, `TrainConfig` and its sections) is a `Config`: built with keyword arguments (or `model_validate` from
+a dict, e.g. YAML), validated on construction and on every assignment, and any problem raises `ConfigError` naming
+`ClassName.field`, the value and the rule, before anything starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from agentic_rl.errors import ConfigError
+
+__all__ = ["Config", "config_error"]
+
+
+def config_error(owner: str, exc: ValidationError) -> ConfigError:
+    """A `ConfigError` naming `owner.field`, the offending value and pydantic's rule, for the first error of `exc`.
+
+    A nested `Config` that already raised `ConfigError` keeps its message, with the outer path put in front.
+    """
+    err = exc.errors()[0]
+    field = ".".join(str(part) for part in err["loc"])
+    inner = (err.get("ctx") or {}).get("error")
+    if isinstance(inner, ConfigError) and hasattr(inner, "config_path"):
+        return _error(f"{owner}.{field}" if field else owner, inner.config_path[1:], inner.config_detail)
+    if not field:  # a check across fields (a model validator)
+        detail = f" is invalid: {err['msg'].removeprefix('Value error, ')}"
+    elif err["type"] == "missing":
+        detail = " is required"
+    elif err["type"] == "extra_forbidden":
+        detail = " is not a known field"
+    else:
+        value = err.get("input")
+        shown = repr(value) if len(repr(value)) <= 80 else f"{type(value).__name__} {repr(value)[:60]}..."
+        detail = f"={shown} is invalid: {err['msg']}"
+    return _error(owner, [field] if field else [], detail)
+
+
+def _error(owner: str, path: list[str], detail: str) -> ConfigError:
+    full = [owner, *path]
+    error = ConfigError(".".join(full) + detail)
+    error.config_path, error.config_detail = full, detail  # type: ignore[attr-defined]
+    return error
+
+
+class Config(BaseModel):
+    """Base of every settings object: unknown fields rejected, checked on assignment, errors as `ConfigError`.
+
+    Raises:
+        ConfigError: on construction, `model_validate` or assignment, naming the first bad field.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise config_error(type(self).__name__, exc) from None
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:
+        if isinstance(obj, dict) and not kwargs:
+            return cls(**obj)
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise config_error(cls.__name__, exc) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except ValidationError as exc:
+            raise config_error(type(self).__name__, exc) from None

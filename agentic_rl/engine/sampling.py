@@ -1,0 +1,84 @@
+"""`SamplingConfig`: the typed sampling options of one engine request (a subset of `vllm.SamplingParams`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator
+
+from agentic_rl.config import Config
+
+__all__ = ["SamplingConfig"]
+
+_Float = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class SamplingConfig(Config):
+    """Sampling options of one request; names and meanings are `vllm.SamplingParams`'s. One sample per request.
+
+    Attributes:
+        max_tokens: most tokens to sample, >= 1; None lets the caller decide (the rollout uses what is left of the
+            window and the response budget, and always clamps a given value to it).
+        min_tokens: sample at least this many tokens before a stop may end the request, >= 0.
+        temperature: >= 0; 0 is greedy.
+        top_p: nucleus mass in (0, 1].
+        top_k: sample from the k most likely tokens; 0 or -1 = off.
+        min_p: drop tokens below `min_p` x the most likely token's probability, in [0, 1].
+        presence_penalty, frequency_penalty: OpenAI-style penalties in [-2, 2].
+        repetition_penalty: > 0; 1 = off.
+        seed: per-request seed (the rollout offsets it per trajectory and turn); None = unseeded.
+        stop: strings that end the request (the match is not part of the output text).
+        stop_token_ids: token ids that end the request (the id is the last sampled token).
+        logprobs: how many most-likely tokens to report per position besides the sampled one; None or 0 = only the
+            sampled token's logprob (always recorded).
+        detokenize: let the engine build output text (None: only when `stop` strings need it).
+        structured_outputs: a `vllm.sampling_params.StructuredOutputsParams` constraining the output (regex,
+            JSON schema, grammar), or None.
+
+    Raises:
+        ConfigError: naming an unknown option or a value out of range (e.g. `SamplingConfig.max_token is not a
+            known field`).
+    """
+
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    temperature: Annotated[_Float, Field(ge=0.0)] = 1.0
+    top_p: Annotated[_Float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[StrictInt, Field(ge=-1)] = 0
+    min_p: Annotated[_Float, Field(ge=0.0, le=1.0)] = 0.0
+    presence_penalty: Annotated[_Float, Field(ge=-2.0, le=2.0)] = 0.0
+    frequency_penalty: Annotated[_Float, Field(ge=-2.0, le=2.0)] = 0.0
+    repetition_penalty: Annotated[_Float, Field(gt=0.0)] = 1.0
+    seed: StrictInt | None = None
+    stop: list[StrictStr] | None = None
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
+    detokenize: StrictBool | None = None
+    structured_outputs: Any = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop_string(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @classmethod
+    def of(cls, sampling: SamplingConfig | Mapping[str, Any] | None) -> SamplingConfig:
+        """`sampling` itself, or a `SamplingConfig` built from a mapping of options (None = all defaults).
+
+        Raises:
+            ConfigError: for an unknown option, a bad value, or something that is neither.
+        """
+        if isinstance(sampling, SamplingConfig):
+            return sampling
+        if sampling is None:
+            return cls()
+        if not isinstance(sampling, Mapping):
+            from agentic_rl.errors import ConfigError
+
+            raise ConfigError(f"sampling must be a SamplingConfig or a dict of options, got {type(sampling).__name__}")
+        return cls.model_validate(dict(sampling))
+
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `vllm.SamplingParams`: every option that is set (None values left out)."""
+        return {name: value for name, value in self if value is not None}
