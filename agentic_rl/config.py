@@ -8,7 +8,10 @@ a dict, e.g. YAML), validated on construction and on every assignment, and any p
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -26,7 +29,7 @@ def config_error(owner: str, exc: ValidationError) -> ConfigError:
     field = ".".join(str(part) for part in err["loc"])
     inner = (err.get("ctx") or {}).get("error")
     if isinstance(inner, ConfigError) and hasattr(inner, "config_path"):
-        return _error(f"{owner}.{field}" if field else owner, inner.config_path[1:], inner.config_detail)
+        return _error(owner, [*([field] if field else []), *inner.config_path[1:]], inner.config_detail)
     if not field:  # a check across fields (a model validator)
         detail = f" is invalid: {err['msg'].removeprefix('Value error, ')}"
     elif err["type"] == "missing":
@@ -70,6 +73,32 @@ class Config(BaseModel):
             return super().model_validate(obj, **kwargs)
         except ValidationError as exc:
             raise config_error(cls.__name__, exc) from None
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Self:
+        """Read the config from a YAML mapping, then apply `KEY=VALUE` overrides (`a.b=3`; values parsed as YAML).
+
+        Raises:
+            ConfigError: naming the file, the bad override or the bad field.
+            FileNotFoundError: if `path` does not exist.
+        """
+        import yaml
+
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the config must be a YAML mapping")
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"--set needs KEY=VALUE, got {item!r}")
+            node = raw
+            *parents, leaf = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(f"--set {key}: {part!r} is not a section")
+            node[leaf] = yaml.safe_load(value)
+        return cls.model_validate(raw)
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:

@@ -10,7 +10,10 @@ from typing import Any
 
 from agentic_rl.errors import ConfigError
 
-__all__ = ["iter_jsonl", "load_tasks"]
+__all__ = ["SHARED_DATA", "iter_jsonl", "load_tasks"]
+
+#: The shared data folder beside the repository (`<repo>/../shared/data`): GSM8K, HotpotQA, MATH-500.
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:

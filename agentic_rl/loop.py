@@ -84,28 +84,12 @@ class TrainConfig(Config):
 
 
 def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a `TrainConfig` from YAML and apply `KEY=VALUE` overrides (values parsed as YAML).
+    """`TrainConfig.from_yaml(path, overrides)`: a training config from YAML with `KEY=VALUE` overrides.
 
     Raises:
         ConfigError: naming the bad override or field.
     """
-    import yaml
-
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the config must be a YAML mapping")
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set needs KEY=VALUE, got {item!r}")
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {key}: {part!r} is not a section")
-        node[leaf] = yaml.safe_load(value)
-    return TrainConfig.model_validate(raw)
+    return TrainConfig.from_yaml(path, overrides)
 
 
 def weights_digest(model: Any) -> str:

