@@ -18,14 +18,13 @@ import httpx
 
 from agentic_rl.errors import ConfigError, ToolError
 from agentic_rl.tools.base import Tool
+from agentic_rl.tools.corpus import DEFAULT_CORPUS_PATH, load_corpus
 from agentic_rl.tools.search import (
     _MIN_MAX_CHARS,
-    DEFAULT_CORPUS_PATH,
     RetryPolicy,
     _deadline,
     _PerLoop,
     cap_text,
-    load_corpus,
     request_with_retries,
 )
 
