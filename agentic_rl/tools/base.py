@@ -1,11 +1,31 @@
-"""Tools the model can call: a JSON function schema plus `execute(arguments) -> str`."""
+"""Tools the model can call: a JSON function schema plus `execute(arguments) -> str`, and observation capping."""
 
 from __future__ import annotations
 
 import abc
 from typing import Any
 
-__all__ = ["StatefulTool", "Tool"]
+__all__ = ["MIN_MAX_CHARS", "StatefulTool", "Tool", "cap_text"]
+
+#: The smallest observation limit (`max_chars`) a tool accepts: room for some text and `cap_text`'s marker.
+MIN_MAX_CHARS = 200
+
+
+def cap_text(text: str, max_chars: int) -> str:
+    """Cut `text` to at most `max_chars` characters, ending with a `...[truncated N characters]` marker.
+
+    Args:
+        text: the text to cap.
+        max_chars: the most characters of the result, marker included (must exceed the marker's ~40 characters).
+
+    Returns:
+        `text` itself when it fits, else its start plus the marker; never longer than `max_chars`.
+    """
+    if len(text) <= max_chars:
+        return text
+    # The marker counts at most len(text) characters, so its length with len(text) is an upper bound.
+    keep = max(0, max_chars - len(f"\n...[truncated {len(text)} characters]"))
+    return text[:keep] + f"\n...[truncated {len(text) - keep} characters]"
 
 
 class Tool(abc.ABC):

@@ -1,7 +1,8 @@
 """A stateful Python tool: one persistent, sandboxed interpreter per session (trajectory).
 
-Each session runs a small worker script (`sys.executable -I -c <worker>`) in its own process. The parent sends the
-code of each call as a length-prefixed JSON frame on the worker's stdin; the worker executes it in a persistent
+Each session runs the worker program `agentic_rl.tools.sandbox_worker` in its own process, by path from the package
+(`sys.executable -I <its file> <JSON config>`; that module says why no copy is needed). The parent sends the code
+of each call as a length-prefixed JSON frame on the worker's stdin; the worker executes it in a persistent
 globals dict and answers with the captured stdout + stderr (a traceback for an exception, the repr of a final
 expression), capped inside the worker. Variables, imports and files in the private working directory persist
 between the calls of a session; `session_end` kills every process of the session and removes the directory.
@@ -59,7 +60,6 @@ import random
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -69,6 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentic_rl.errors import ConfigError, ToolError
+from agentic_rl.tools import sandbox_worker
 from agentic_rl.tools.base import StatefulTool
 
 __all__ = [
@@ -86,368 +87,11 @@ SANDBOX_UID_BASE = 1_900_000_000
 SANDBOX_UID_COUNT = 4096
 """Number of uids in the sandbox range: the most concurrent sessions per machine when running as root."""
 
-_HEADER = struct.Struct(">I")
+_HEADER = sandbox_worker.HEADER  # the frame format is the worker's
+_WORKER_PATH = os.path.abspath(sandbox_worker.__file__)
 _KILL_GRACE_S = 5.0  # time to kill, reap and sweep a session's processes
 _PROBE_CODE = "import fractions, json\nprint(sum(range(5)))"
 _ISOLATION_MODES = ("auto", "namespaces", "userns", "uid", "none")
-
-
-# ------------------------------------------------------------------------------------------------- worker script
-
-_WORKER_SOURCE = r'''
-import ast, builtins, io, json, linecache, os, resource, select, signal, stat, struct, sys, threading, traceback
-
-HEADER = struct.Struct(">I")
-CFG = json.loads(sys.argv[1])
-IS_FORK_CHILD = False
-
-
-def write_all(fd, data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def read_exact(fd, n):
-    parts = []
-    while n:
-        chunk = os.read(fd, n)
-        if not chunk:
-            return None
-        parts.append(chunk)
-        n -= len(chunk)
-    return b"".join(parts)
-
-
-def read_frame(fd):
-    head = read_exact(fd, HEADER.size)
-    if head is None:
-        return None
-    body = read_exact(fd, HEADER.unpack(head)[0])
-    return None if body is None else json.loads(body)
-
-
-def write_frame(fd, obj):
-    body = json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace")
-    write_all(fd, HEADER.pack(len(body)) + body)
-
-
-def utf8_len(s):
-    if s.isascii():
-        return len(s)
-    return sum(len(s[i:i + 65536].encode("utf-8", "backslashreplace")) for i in range(0, len(s), 65536))
-
-
-def under(path, top):
-    return path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def first_blocked(path, uid):
-    """The first directory on `path` that `uid` (no groups) cannot traverse, or None."""
-    current = "/"
-    for part in [""] + [p for p in path.split("/") if p]:
-        current = os.path.join(current, part) if part else "/"
-        st = os.stat(current)
-        if st.st_mode & stat.S_IXOTH or (st.st_uid == uid and st.st_mode & stat.S_IXUSR):
-            continue
-        return current
-    return None
-
-
-def private_mounts(workdir, uid, size_mb):
-    """Private tmpfs on /tmp, /var/tmp, /dev/shm and on directories `uid` cannot traverse; bind back what we need."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-
-    def mount(src, dst, fstype, flags, data):
-        enc = lambda s: None if s is None else s.encode()
-        if libc.mount(enc(src), enc(dst), enc(fstype), flags, enc(data)) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, "mount %s on %s: %s" % (fstype or src, dst, os.strerror(err)))
-
-    overlays = {}
-    for d in ("/tmp", "/var/tmp", "/dev/shm"):
-        real = os.path.realpath(d)
-        if os.path.isdir(real):
-            overlays[real] = "1777"
-    interpreter = set()
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                  os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(sys.executable)), *sys.path]
-    for p in candidates:
-        if not p:
-            continue
-        real = os.path.realpath(p)
-        if not os.path.isdir(real):
-            real = os.path.dirname(real)
-        if os.path.isdir(real):
-            interpreter.add(real)
-    if uid is not None:
-        for p in interpreter:
-            blocked = first_blocked(p, uid)
-            if blocked not in (None, "/"):
-                overlays.setdefault(blocked, "755")
-    tops = [o for o in overlays if not any(o != q and under(o, q) for q in overlays)]
-    needed = sorted(p for p in interpreter | {os.path.realpath(workdir)} if any(under(p, o) for o in tops))
-    binds = [p for p in needed if not any(p != q and under(p, q) for q in needed)]
-    fds = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in binds]
-    MS_NOSUID, MS_NODEV, MS_BIND, MS_REC = 2, 4, 4096, 16384
-    for top in tops:
-        mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=%s,size=%dm" % (overlays[top], size_mb))
-    old_umask = os.umask(0o022)
-    for p, fd in fds:
-        os.makedirs(p, exist_ok=True)
-        mount("/proc/self/fd/%d" % fd, p, None, MS_BIND | MS_REC, None)
-        os.close(fd)
-    os.umask(old_umask)
-
-
-def set_limit(res, soft, hard=None):
-    hard = soft if hard is None else hard
-    _, cur_hard = resource.getrlimit(res)
-    if cur_hard != resource.RLIM_INFINITY:
-        soft, hard = min(soft, cur_hard), min(hard, cur_hard)
-    resource.setrlimit(res, (soft, hard))
-
-
-def no_new_privs():
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-
-
-def setup():
-    """Runs before any user code: namespaces' mounts, limits, privilege drop. Raises on failure."""
-    uid = CFG["uid"]
-    workdir = CFG["workdir"]
-    if CFG["private_mounts"]:
-        private_mounts(workdir, uid, CFG["max_file_mb"])
-    set_limit(resource.RLIMIT_AS, CFG["memory_limit_mb"] * 1024 * 1024)
-    set_limit(resource.RLIMIT_CPU, CFG["cpu_time_limit_s"], CFG["cpu_time_limit_s"] + 1)
-    if CFG["max_processes"] is not None:
-        set_limit(resource.RLIMIT_NPROC, CFG["max_processes"])
-    set_limit(resource.RLIMIT_FSIZE, CFG["max_file_mb"] * 1024 * 1024)
-    set_limit(resource.RLIMIT_CORE, 0)
-    try:
-        no_new_privs()
-    except Exception:
-        if uid is not None:
-            raise
-    if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-        if os.getuid() != uid or os.geteuid() != uid or os.getgroups():
-            raise OSError("privilege drop did not take effect")
-    os.chdir(workdir)
-    os.listdir(os.path.dirname(os.__file__))  # the standard library is still readable
-
-
-def supervise(child):
-    """PID 1 of the namespace: reap every orphan; exit like the executor (128 + signal) when it ends."""
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.closerange(3, 65536)
-    while True:
-        try:
-            pid, status = os.wait()
-        except ChildProcessError:
-            os._exit(0)
-        except InterruptedError:
-            continue
-        if pid == child:
-            if os.WIFSIGNALED(status):
-                os._exit(128 + os.WTERMSIG(status))
-            os._exit(os.waitstatus_to_exitcode(status))
-
-
-class Capture(io.TextIOBase):
-    """sys.stdout/sys.stderr of user code: writes to the capture file until it holds `cap` bytes, counts the rest."""
-
-    encoding = "utf-8"
-    errors = "backslashreplace"
-
-    def __init__(self, fd, cap):
-        self.fd, self.cap, self.dropped, self.full = fd, cap, 0, False
-
-    def reset(self):
-        self.dropped, self.full = 0, False
-
-    def writable(self):
-        return True
-
-    def isatty(self):
-        return False
-
-    def fileno(self):
-        return self.fd
-
-    def flush(self):
-        pass
-
-    def write(self, s):
-        if not isinstance(s, str):
-            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
-        room = 0 if self.full else self.cap - os.fstat(self.fd).st_size
-        if room <= 0:
-            self.full = True  # the file only grows until the next call truncates it
-            self.dropped += utf8_len(s)
-            return len(s)
-        if len(s) <= room:
-            data = s.encode("utf-8", "backslashreplace")
-            total = len(data)
-        else:
-            data = s[:room].encode("utf-8", "backslashreplace")
-            total = None
-        head = data[:room]
-        write_all(self.fd, head)
-        self.dropped += (utf8_len(s) if total is None else total) - len(head)
-        return len(s)
-
-
-def format_exception(exc):
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
-        tb = tb.tb_next  # drop the worker's own frames
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def open_capture_file(workdir):
-    try:
-        return os.open(workdir, os.O_TMPFILE | os.O_RDWR, 0o600)
-    except OSError:  # file systems without O_TMPFILE
-        path = os.path.join(workdir, ".capture-%d" % os.getpid())
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        os.unlink(path)
-        return fd
-
-
-def executor(proto_in, proto_out):
-    global IS_FORK_CHILD
-    cap = CFG["max_output_bytes"]
-    capture_fd = open_capture_file(CFG["workdir"])
-    stream = Capture(capture_fd, cap)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-
-    def after_fork_in_child():
-        global IS_FORK_CHILD
-        IS_FORK_CHILD = True
-        for fd in (proto_in, proto_out):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    os.register_at_fork(after_in_child=after_fork_in_child)
-
-    def watchdog():
-        # The parent closed our stdin (it exited or died): end the whole session, even in the middle of a call.
-        poller = select.poll()
-        poller.register(proto_in, select.POLLHUP | select.POLLERR)
-        while True:
-            try:
-                if poller.poll():
-                    break
-            except InterruptedError:
-                continue
-        if CFG["can_kill_all"]:
-            try:
-                os.kill(-1, signal.SIGKILL)  # every process of this session's uid / PID namespace, not us
-            except OSError:
-                pass
-        os._exit(0)
-
-    threading.Thread(target=watchdog, name="sandbox-watchdog", daemon=True).start()
-    import warnings
-
-    # Python >= 3.12 warns on fork() with threads running: the only other thread is the watchdog.
-    warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
-    sys.argv = [""]
-    sys.path.insert(0, CFG["workdir"])
-    user_globals = {"__name__": "__main__", "__builtins__": builtins}
-    write_frame(proto_out, {"ready": True, "uid": os.getuid()})
-    cell = 0
-    while True:
-        request = read_frame(proto_in)
-        if request is None:
-            os._exit(0)
-        cell += 1
-        os.ftruncate(capture_fd, 0)
-        os.lseek(capture_fd, 0, os.SEEK_SET)
-        os.dup2(capture_fd, 1)
-        os.dup2(capture_fd, 2)
-        stream.reset()
-        sys.stdout = sys.stderr = stream
-        code = request["code"]
-        name = "<cell %d>" % cell
-        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
-        try:
-            tree = ast.parse(code, name, "exec")
-            last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = compile(ast.Expression(tree.body.pop().value), name, "eval")
-            body = compile(tree, name, "exec")
-        except (SyntaxError, ValueError) as exc:
-            stream.write("".join(traceback.format_exception_only(type(exc), exc)))
-            body = None
-        try:
-            if body is not None:
-                exec(body, user_globals)
-                if last is not None:
-                    value = eval(last, user_globals)
-                    if value is not None:
-                        user_globals["_"] = value
-                        stream.write(repr(value) + "\n")
-        except BaseException as exc:  # noqa: BLE001 - everything the code raises is its output
-            if IS_FORK_CHILD:
-                os._exit(1)
-            try:
-                stream.write(format_exception(exc))
-            except BaseException:  # noqa: BLE001
-                stream.write("%s (the traceback could not be formatted)\n" % type(exc).__name__)
-        if IS_FORK_CHILD:
-            os._exit(0)  # a process forked by the user's code must not answer the parent
-        for std in (sys.__stdout__, sys.__stderr__):
-            try:
-                std.flush()
-            except Exception:
-                pass
-        size = os.fstat(capture_fd).st_size
-        data = os.pread(capture_fd, min(size, cap), 0)
-        write_frame(proto_out, {"output": data.decode("utf-8", "replace"),
-                                "dropped": size - len(data) + stream.dropped})
-
-
-def main():
-    proto_in, proto_out = os.dup(0), os.dup(1)  # non-inheritable copies: children never see the protocol
-    try:
-        setup()
-    except BaseException as exc:  # noqa: BLE001
-        write_frame(proto_out, {"ready": False, "error": "%s: %s" % (type(exc).__name__, exc)})
-        os._exit(1)
-    if CFG["pid_namespace"]:
-        child = os.fork()
-        if child:
-            supervise(child)
-    try:
-        executor(proto_in, proto_out)
-    except BaseException as exc:  # noqa: BLE001
-        if IS_FORK_CHILD:
-            os._exit(1)
-        try:
-            write_frame(proto_out, {"ready": False, "error": "%s: %s" % (type(exc).__name__, exc)})
-        finally:
-            os._exit(1)
-
-
-main()
-'''
 
 
 # ------------------------------------------------------------------------------------------------- public records
@@ -1013,7 +657,7 @@ class SandboxTool(StatefulTool):
             "max_file_mb": self.max_file_mb,
             "max_output_bytes": min(self.max_output_bytes, self.max_file_mb * 1024 * 1024),
         }
-        command = [*mode.unshare_args, "--", sys.executable, "-I", "-c", _WORKER_SOURCE, json.dumps(config)]
+        command = [*mode.unshare_args, "--", sys.executable, "-I", _WORKER_PATH, json.dumps(config)]
         if not mode.unshare_args:
             command = command[1:]
         with session.proc_lock:

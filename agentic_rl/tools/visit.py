@@ -1,9 +1,9 @@
 """Visit tools: read a web page through Jina Reader (optionally summarized toward a goal), or a local document.
 
 `VisitTool` fetches `GET {base_url}/{url}` from Jina Reader with the same timeout and retry behaviour as the search
-tools (`request_with_retries`). Pages longer than `max_page_chars` are summarized toward the call's `goal` by an
-OpenAI-compatible chat endpoint when one is configured (our own server in production); if that fails, the model
-gets the truncated page with a note instead.
+tools (`agentic_rl.tools.http.request_with_retries`). Pages longer than `max_page_chars` are summarized toward the
+call's `goal` by an OpenAI-compatible chat endpoint when one is configured (our own server in production); if that
+fails, the model gets the truncated page with a note instead.
 """
 
 from __future__ import annotations
@@ -17,17 +17,9 @@ import anyio
 import httpx
 
 from agentic_rl.errors import ConfigError, ToolError
-from agentic_rl.tools.base import Tool
-from agentic_rl.tools.search import (
-    _MIN_MAX_CHARS,
-    DEFAULT_CORPUS_PATH,
-    RetryPolicy,
-    _deadline,
-    _PerLoop,
-    cap_text,
-    load_corpus,
-    request_with_retries,
-)
+from agentic_rl.tools.base import MIN_MAX_CHARS, Tool, cap_text
+from agentic_rl.tools.corpus import DEFAULT_CORPUS_PATH, load_corpus
+from agentic_rl.tools.http import PerLoop, RetryPolicy, call_deadline, request_with_retries
 
 __all__ = ["JINA_READER_URL", "LocalVisitTool", "VisitTool"]
 
@@ -109,8 +101,8 @@ class VisitTool(Tool):
         client: httpx.AsyncClient | None = None,
         summary_client: Any = None,
     ) -> None:
-        if not isinstance(max_page_chars, int) or max_page_chars < _MIN_MAX_CHARS:
-            raise ConfigError(f"max_page_chars must be an integer >= {_MIN_MAX_CHARS}, got {max_page_chars!r}")
+        if not isinstance(max_page_chars, int) or max_page_chars < MIN_MAX_CHARS:
+            raise ConfigError(f"max_page_chars must be an integer >= {MIN_MAX_CHARS}, got {max_page_chars!r}")
         if not timeout_s > 0 or not summary_timeout_s > 0:
             raise ConfigError(f"timeout_s and summary_timeout_s must be > 0, got {timeout_s}, {summary_timeout_s}")
         if not isinstance(summary_max_tokens, int) or summary_max_tokens < 1:
@@ -130,8 +122,8 @@ class VisitTool(Tool):
         self.max_summary_input_chars = max_summary_input_chars
         self.timeout_s = float(timeout_s)
         self.policy = RetryPolicy(max_retries, backoff_s, max_backoff_s, request_timeout_s)
-        self._clients: _PerLoop[httpx.AsyncClient] = _PerLoop(httpx.AsyncClient, client)
-        self._summary_clients: _PerLoop[Any] | None = None
+        self._clients: PerLoop[httpx.AsyncClient] = PerLoop(httpx.AsyncClient, client)
+        self._summary_clients: PerLoop[Any] | None = None
         if has_endpoint:
             summary_key = summary_api_key or os.environ.get("OPENAI_API_KEY") or "local"
 
@@ -141,7 +133,7 @@ class VisitTool(Tool):
                 return openai.AsyncOpenAI(base_url=summary_base_url, api_key=summary_key, max_retries=0,
                                           timeout=self.summary_timeout_s)  # fmt: skip
 
-            self._summary_clients = _PerLoop(make_summary_client, summary_client)
+            self._summary_clients = PerLoop(make_summary_client, summary_client)
 
     @property
     def summarizes(self) -> bool:
@@ -166,7 +158,7 @@ class VisitTool(Tool):
                 or returns an empty page.
         """
         url, goal = _parse_visit_arguments(arguments)
-        deadline = _deadline(self.timeout_s)
+        deadline = call_deadline(self.timeout_s)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         response = await request_with_retries(
             self._clients.get(), "GET", f"{self.base_url}/{url}", service="Jina Reader", policy=self.policy,
@@ -269,8 +261,8 @@ class LocalVisitTool(Tool):
     timeout_s = 5.0
 
     def __init__(self, corpus_path: str | os.PathLike[str] = DEFAULT_CORPUS_PATH, *, max_chars: int = 6000) -> None:
-        if not isinstance(max_chars, int) or max_chars < _MIN_MAX_CHARS:
-            raise ConfigError(f"max_chars must be an integer >= {_MIN_MAX_CHARS}, got {max_chars!r}")
+        if not isinstance(max_chars, int) or max_chars < MIN_MAX_CHARS:
+            raise ConfigError(f"max_chars must be an integer >= {MIN_MAX_CHARS}, got {max_chars!r}")
         self.max_chars = max_chars
         self.corpus = load_corpus(corpus_path)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socketserver
 import stat
 import subprocess
@@ -23,6 +24,7 @@ import pytest
 
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import ConfigError, ToolError
+from agentic_rl.tools import sandbox as sandbox_module
 from agentic_rl.tools.base import StatefulTool
 from agentic_rl.tools.sandbox import SANDBOX_UID_BASE, SANDBOX_UID_COUNT, SandboxTool
 
@@ -182,7 +184,7 @@ def test_final_expression_value_and_exceptions_come_back_as_text(tool, session):
     error = run(tool, session, "def f():\n    return 1 / 0\nf()")
     assert "Traceback" in error and "ZeroDivisionError: division by zero" in error
     assert 'File "<cell' in error and "return 1 / 0" in error
-    assert "<string>" not in error  # the worker's own frames are not shown
+    assert "<string>" not in error and "sandbox_worker" not in error  # the worker's own frames are not shown
     syntax = run(tool, session, "def broken(:\n    pass")
     assert "SyntaxError" in syntax
     assert run(tool, session, "print(y)") == "20\n"  # errors do not lose the state
@@ -404,6 +406,26 @@ def test_unprivileged_uid_cannot_write_to_root_owned_places(tool, session):
         assert "PermissionError" in observation or "Read-only" in observation, observation
         assert not os.path.exists(os.path.join(directory, name))
     assert run(tool, session, "import os\nprint(os.getuid() != 0, os.getgroups())") == "True []\n"
+
+
+def test_the_worker_file_need_not_be_readable_by_the_session_uid(tool, monkeypatch, tmp_path):
+    """The worker is read at start-up, before the privilege drop: it may live where the session uid cannot enter."""
+    if not tool.isolation.unprivileged_uid:
+        pytest.skip(f"isolation mode {tool.isolation.mode!r} runs as the calling user")
+    hidden = tmp_path / "private"
+    hidden.mkdir(mode=0o700)
+    copy = hidden / "sandbox_worker.py"
+    shutil.copyfile(sandbox_module._WORKER_PATH, copy)
+    copy.chmod(0o600)
+    monkeypatch.setattr(sandbox_module, "_WORKER_PATH", str(copy))
+    session_id = f"test-{uuid.uuid4().hex[:8]}"
+    tool.session_start(session_id)
+    try:
+        assert run(tool, session_id, f"import os\nos.access({str(copy)!r}, os.R_OK)") == "False\n"
+        assert "ZeroDivisionError" in run(tool, session_id, "1 / 0")
+        assert run(tool, session_id, "print(6 * 7)") == "42\n"
+    finally:
+        tool.session_end(session_id)
 
 
 def test_writes_to_tmp_stay_private_to_the_session(tool, session):

@@ -17,8 +17,8 @@ from fake_web import (  # noqa: F401  (fixtures)
 )
 
 from agentic_rl.errors import ConfigError, ToolError
-from agentic_rl.tools import search as search_module
-from agentic_rl.tools.search import DEFAULT_CORPUS_PATH, load_corpus
+from agentic_rl.tools import corpus as corpus_module
+from agentic_rl.tools.corpus import DEFAULT_CORPUS_PATH, load_corpus
 from agentic_rl.tools.visit import DEFAULT_GOAL, LocalVisitTool, VisitTool
 
 FAST = {"backoff_s": 0.01, "max_backoff_s": 0.05}
@@ -234,4 +234,4 @@ def test_local_visit_caps_long_documents(local_visit):
 
 def test_local_visit_shares_the_cached_corpus(local_visit):
     assert LocalVisitTool(DEFAULT_CORPUS_PATH).corpus is local_visit.corpus is load_corpus(DEFAULT_CORPUS_PATH)
-    assert search_module._CORPUS_CACHE[DEFAULT_CORPUS_PATH.resolve()] is local_visit.corpus
+    assert corpus_module._CORPUS_CACHE[DEFAULT_CORPUS_PATH.resolve()] is local_visit.corpus
