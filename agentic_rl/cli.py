@@ -76,6 +76,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a field, e.g. --set steps=2 --set rollout.group_size=4 (repeatable)")  # fmt: skip
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("-v", "--verbose", action="store_true")
+    f = sub.add_parser("sft", help="supervised fine-tuning for tool use on synthesized traces, from a YAML config",
+                       formatter_class=fmt)  # fmt: skip
+    f.add_argument("--config", default=None, help="YAML file with SFTConfig fields (see examples/sft_tools.yaml)")
+    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. --set steps=10 --set traces=64 (repeatable)")  # fmt: skip
+    f.add_argument("--no-progress", action="store_true")
+    f.add_argument("-v", "--verbose", action="store_true")
     s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
                        formatter_class=fmt)  # fmt: skip
     s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
@@ -243,6 +250,30 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_sft(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentic_rl.sft import SFTConfig, run_sft
+
+    config = SFTConfig.from_yaml(args.config, args.set)
+    columns = [TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.description}")]  # fmt: skip
+    with Progress(*columns, console=Console(stderr=True), disable=args.no_progress) as progress:
+        bar = progress.add_task("synthesizing traces", total=config.steps)
+
+        def on_step(row: dict[str, Any]) -> None:
+            progress.update(bar, advance=1, description=f"loss {row['loss']:.3f}")
+
+        manifest = run_sft(config, on_step=on_step)
+    traces = manifest["traces"]
+    print(f"fine-tuned {config.model} on {traces['kept']} traces ({traces['dropped_observation_mismatch']} dropped: "
+          f"calculator disagreed) into {config.output_dir}: loss {manifest['first_loss']:.3f} -> "
+          f"{manifest['last_loss']:.3f}, held-out NLL {manifest['held_out_nll_before']:.3f} -> "
+          f"{manifest['held_out_nll_after']:.3f} in {manifest['seconds']:.0f} s")  # fmt: skip
+    return 0
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -292,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_serve(args)
         if args.command == "train":
             return _run_train(args)
+        if args.command == "sft":
+            return _run_sft(args)
         if args.command == "view":
             from agentic_rl.viewer import build_view
 

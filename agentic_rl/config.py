@@ -75,8 +75,9 @@ class Config(BaseModel):
             raise config_error(cls.__name__, exc) from None
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Self:
-        """Read the config from a YAML mapping, then apply `KEY=VALUE` overrides (`a.b=3`; values parsed as YAML).
+    def from_yaml(cls, path: str | os.PathLike[str] | None, overrides: Sequence[str] = ()) -> Self:
+        """Read the config from a YAML mapping (None: the defaults), then apply `KEY=VALUE` overrides (`a.b=3`;
+        values parsed as YAML).
 
         Raises:
             ConfigError: naming the file, the bad override or the bad field.
@@ -84,7 +85,7 @@ class Config(BaseModel):
         """
         import yaml
 
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        raw = {} if path is None else yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the config must be a YAML mapping")
         for item in overrides:

@@ -1,0 +1,88 @@
+"""Supervised traces replayed through the real turn loop: exact records, real tool results, dropped disagreements."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+
+from agentic_rl.chat import ChatRenderer
+from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
+from agentic_rl.parser import ToolCall, parse_tool_calls
+from agentic_rl.rollout.harness import HarnessConfig
+from agentic_rl.rollout.rewards import gsm8k_reward
+from agentic_rl.rollout.traces import Trace, gsm8k_trace, gsm8k_traces, replay_traces, tool_call_text
+from agentic_rl.tools.calculator import CalculatorTool
+
+ROW = {
+    "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How "
+    "many clips did Natalia sell altogether in April and May?",
+    "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether "
+    "in April and May.\n#### 72",
+}
+
+
+def test_gsm8k_trace_turns_each_annotation_into_a_calculator_call():
+    trace = gsm8k_trace(ROW, 7)
+    assert trace is not None and trace.task == {"id": 7, "question": ROW["question"], "ground_truth": "72"}
+    assert trace.expected_observations == ("24", "72")
+    calls = [parse_tool_calls(turn) for turn in trace.turns[:-1]]
+    assert [[(c.name, c.arguments) for c in turn] for turn in calls] == [
+        [("calculator", {"expression": "48/2"})], [("calculator", {"expression": "48+24"})],
+    ]  # fmt: skip
+    assert all(isinstance(c, ToolCall) for turn in calls for c in turn)
+    final = trace.turns[-1]
+    assert "<<" not in final and "####" not in final and final.splitlines()[-1] == "72"
+    assert gsm8k_trace({"question": "q", "answer": "no annotation\n#### 3"}, 0) is None
+    assert gsm8k_trace({"question": "q", "answer": "no marker <<1+1=2>>"}, 0) is None
+
+
+def test_gsm8k_traces_balance_the_call_counts_and_are_seeded(gsm8k_rows):
+    rows = gsm8k_rows * 4  # 256 rows; the test split has the same annotations as the train split
+    traces = gsm8k_traces(rows, count=40, max_calls=4, seed=1)
+    counts = [len(t.expected_observations) for t in traces]
+    assert len(traces) == 40 and max(counts) <= 4
+    assert all(counts.count(k) >= 5 for k in range(1, 5)), counts  # no call count dominates
+    assert [t.task["id"] for t in gsm8k_traces(rows, count=40, max_calls=4, seed=1)] == [t.task["id"] for t in traces]
+    with pytest.raises(ValueError):
+        gsm8k_traces(rows, count=0)
+
+
+def _replay(tokenizer, traces):
+    renderer = ChatRenderer(tokenizer)
+    environment = ToolEnvironment([CalculatorTool()], system_prompt=DEFAULT_SYSTEM_PROMPT,
+                                  tools_in_system_prompt=not renderer.supports_tools)  # fmt: skip
+    config = HarnessConfig(max_steps=5, max_prompt_length=2048, max_response_length=2048, sampling={"max_tokens": 512})
+    kept, stats = anyio.run(lambda: replay_traces(traces, renderer=renderer, environment=environment, config=config,
+                                                  reward_fn=gsm8k_reward))  # fmt: skip
+    return renderer, kept, stats
+
+
+def test_replayed_traces_are_exact_records_with_real_tool_results(tokenizer, gsm8k_rows):
+    traces = gsm8k_traces(gsm8k_rows, count=24, max_calls=4)
+    renderer, kept, stats = _replay(tokenizer, traces)
+    assert stats.kept == len(kept) > 0 and stats.dropped_failed == 0
+    for trajectory, trace in zip(kept, [t for t in traces if t.task["id"] in {k.task["id"] for k in kept}], strict=True):
+        assert trajectory.task["id"] == trace.task["id"]
+        assert trajectory.metrics["steps"] == len(trace.turns) and trajectory.termination_reason == "env_done"
+        # the turn loop compared the record with a full template re-render (check_alignment), as in a rollout
+        assert trajectory.metrics["alignment_mismatches"] == 0 and trajectory.metrics["retokenize_drift"] == 0
+        sampled = [i for i, m in zip(trajectory.response_tokens.tolist(), trajectory.response_masks.tolist(),
+                                     strict=True) if m]  # fmt: skip
+        expected = [i for turn in trace.turns for i in [*renderer.encode(turn), renderer.end_of_turn_id]]
+        assert sampled == expected  # exactly the scripted text is trained; observations and glue are masked
+        tools = [m["content"] for m in trajectory.chat_completions if m["role"] == "tool"]
+        assert len(tools) == len(trace.expected_observations)
+        assert trajectory.metrics["res_reward"] == 1.0
+
+
+def test_a_trace_whose_tool_result_disagrees_is_dropped_and_counted(tokenizer):
+    good = Trace({"id": 0, "question": "2+3?", "ground_truth": "5"}, (tool_call_text("calculator", {"expression": "2+3"}), "5"), ("5",))
+    wrong = Trace({"id": 1, "question": "2+3?", "ground_truth": "6"}, (tool_call_text("calculator", {"expression": "2+3"}), "6"), ("6",))
+    short = Trace({"id": 2, "question": "q?", "ground_truth": "1"}, tuple(tool_call_text("calculator", {"expression": "1"}) for _ in range(6)) + ("1",), ("1",) * 6)  # fmt: skip
+    _, kept, stats = _replay(tokenizer, [good, wrong, short])
+    assert [t.task["id"] for t in kept] == [0]
+    assert (stats.kept, stats.dropped_observation_mismatch, stats.dropped_incomplete) == (1, 1, 1)
+    assert any("'5' != '6'" in reason for reason in stats.reasons), stats.reasons
+    assert json.dumps(stats.reasons)  # plain strings, for the manifest

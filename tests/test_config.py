@@ -1,0 +1,100 @@
+"""`Config`, the one style of settings objects, and `SamplingConfig`: errors name the full path of the bad field."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import Field
+
+from agentic_rl.config import Config
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.engine.vllm_engine import VLLMEngineConfig
+from agentic_rl.errors import ConfigError
+from agentic_rl.loop import TrainConfig
+from agentic_rl.memory import MemoryConfig
+from agentic_rl.rollout.harness import HarnessConfig
+from agentic_rl.train.trainer import GRPOConfig
+
+
+class Inner(Config):
+    size: int = Field(default=1, ge=1)
+
+
+class Middle(Config):
+    inner: Inner = Field(default_factory=Inner)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+
+
+class Outer(Config):
+    middle: Middle = Field(default_factory=Middle)
+    name: str = "x"
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Outer(bogus=1), "Outer.bogus is not a known field"),
+        (lambda: Outer(middle={"inner": {"size": 0}}), "Outer.middle.inner.size=0 is invalid"),
+        (lambda: Outer(middle={"sampling": {"max_token": 3}}), "Outer.middle.sampling.max_token is not a known field"),
+        (lambda: Outer.model_validate({"middle": {"inner": {"size": "big"}}}), "Outer.middle.inner.size='big'"),
+        (lambda: Outer(middle=3), "Outer.middle=3 is invalid"),
+    ],
+)
+def test_config_errors_name_the_full_path_of_the_bad_field(build, message):
+    with pytest.raises(ConfigError) as info:
+        build()
+    assert str(info.value).startswith(message)
+
+
+def test_assignment_is_checked_and_names_the_field():
+    outer = Outer()
+    outer.name = "y"
+    with pytest.raises(ConfigError, match=r"^Outer\.name=3 is invalid"):
+        outer.name = 3  # type: ignore[assignment]
+    assert outer.name == "y"
+
+
+def test_every_settings_object_is_a_config_and_rejects_unknown_fields():
+    for cls, required in [(SamplingConfig, {}), (HarnessConfig, {}), (MemoryConfig, {}), (GRPOConfig, {}),
+                          (TrainConfig, {}), (VLLMEngineConfig, {"model": "m"})]:  # fmt: skip
+        assert issubclass(cls, Config)
+        with pytest.raises(ConfigError, match=rf"^{cls.__name__}\.no_such_field is not a known field"):
+            cls(**required, no_such_field=1)
+
+
+def test_a_misspelled_sampling_option_fails_where_the_rollout_is_configured():
+    with pytest.raises(ConfigError, match=r"HarnessConfig\.sampling\.max_token is not a known field"):
+        HarnessConfig(sampling={"max_token": 8})
+    with pytest.raises(ConfigError, match=r"TrainConfig\.rollout\.sampling\.temperature=-1"):
+        TrainConfig.model_validate({"rollout": {"sampling": {"temperature": -1}}})
+
+
+def test_sampling_config_values_and_vllm_arguments():
+    sampling = SamplingConfig.of({"max_tokens": 5, "stop": "\n", "seed": 3})
+    assert sampling.stop == ["\n"] and sampling.max_tokens == 5
+    kwargs = sampling.vllm_kwargs()
+    assert kwargs["max_tokens"] == 5 and kwargs["stop"] == ["\n"] and kwargs["seed"] == 3
+    assert "logprobs" not in kwargs and "structured_outputs" not in kwargs  # unset options are left to vLLM
+    assert SamplingConfig.of(sampling) is sampling and SamplingConfig.of(None) == SamplingConfig()
+    for bad, field in [({"max_tokens": 0}, "max_tokens"), ({"max_tokens": True}, "max_tokens"),
+                       ({"top_p": 0.0}, "top_p"), ({"top_k": -2}, "top_k"), ({"temperature": float("nan")}, "temperature"),
+                       ({"stop_token_ids": [-1]}, "stop_token_ids")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"SamplingConfig\.{field}"):
+            SamplingConfig.of(bad)
+    with pytest.raises(ConfigError, match="SamplingConfig or a dict"):
+        SamplingConfig.of([("max_tokens", 3)])  # type: ignore[arg-type]
+
+
+def test_from_yaml_applies_overrides_and_names_bad_ones(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: a\nmiddle:\n  inner:\n    size: 2\n")
+    loaded = Outer.from_yaml(path, ["middle.inner.size=5", "middle.sampling.max_tokens=7"])
+    assert (loaded.name, loaded.middle.inner.size, loaded.middle.sampling.max_tokens) == ("a", 5, 7)
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        Outer.from_yaml(path, ["name"])
+    with pytest.raises(ConfigError, match="'name' is not a section"):
+        Outer.from_yaml(path, ["name.x=1"])
+    with pytest.raises(ConfigError, match=r"Outer\.middle\.inner\.size=0"):
+        Outer.from_yaml(path, ["middle.inner.size=0"])
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="YAML mapping"):
+        Outer.from_yaml(path)

@@ -1,0 +1,87 @@
+"""Supervised fine-tuning: masked NLL on the GRPO packing, a trainer that learns, and derived registry models."""
+
+from __future__ import annotations
+
+import json
+
+import derived_builders
+import pytest
+import torch
+
+from agentic_rl import models
+from agentic_rl.errors import ConfigError, ModelError
+from agentic_rl.models import DerivedModel, resolve_model
+from agentic_rl.train.sft import SFTTrainer, masked_nll
+from agentic_rl.types import Trajectory
+
+
+def test_masked_nll_counts_only_trained_tokens():
+    logprobs = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -100.0, -0.25]])
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    nll, tokens = masked_nll(logprobs, mask)
+    assert float(nll) == pytest.approx(1.0 + 3.0 + 0.5) and float(tokens) == 3.0  # the -100 is context only
+
+
+def _trajectories(tokenizer, n=4):
+    rows = []
+    for i in range(n):
+        prompt = tokenizer.encode(f"<|im_start|>user\nWhat is {i} + {i}?<|im_end|>\n<|im_start|>assistant\n")
+        answer = tokenizer.encode(f"It is {2 * i}.<|im_end|>")
+        glue = tokenizer.encode("\n<|im_start|>tool\nok<|im_end|>\n")
+        rows.append(Trajectory(prompt_tokens=prompt, response_tokens=answer + glue,
+                               response_masks=[1] * len(answer) + [0] * len(glue), idx=i))  # fmt: skip
+    return rows
+
+
+def test_sft_trainer_lowers_the_masked_loss_of_its_batch(tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")), dtype=torch.float32)
+    trainer = SFTTrainer(model, pad_token_id=tokenizer.pad_token_id, lr=3e-3, micro_batch_size=2, bf16_autocast=False)
+    batch = _trajectories(tokenizer)
+    before = trainer.evaluate(batch)
+    first = trainer.train_step(batch)
+    for _ in range(3):
+        last = trainer.train_step(batch)
+    assert first["loss"] == pytest.approx(before, rel=1e-4)  # the step's loss is the batch NLL before the update
+    assert first["tokens"] == sum(t.num_generated_tokens for t in batch)
+    assert last["loss"] < first["loss"] and trainer.evaluate(batch) < before
+    assert trainer.steps_done == 4 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_sft_trainer_refuses_a_batch_without_trained_tokens(tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")), dtype=torch.float32)
+    trainer = SFTTrainer(model, pad_token_id=tokenizer.pad_token_id, bf16_autocast=False)
+    observation_only = Trajectory(prompt_tokens=[1, 2], response_tokens=[3, 4], response_masks=[0, 0])
+    with pytest.raises(ConfigError, match="no trajectory with trained tokens"):
+        trainer.train_step([observation_only])
+    with pytest.raises(ConfigError, match="lr > 0"):
+        SFTTrainer(model, pad_token_id=0, lr=0.0)
+
+
+def test_a_derived_model_is_built_once_and_rebuilt_when_its_recipe_changes(tmp_path, monkeypatch, model_dir):
+    spec = DerivedModel(base=models.DEFAULT_MODEL, build="derived_builders:copy_build",
+                        fingerprint="derived_builders:fingerprint", description="test copy")  # fmt: skip
+    monkeypatch.setitem(models.DERIVED, "copy-model", spec)
+    derived_builders.BUILDS.clear()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / models.DEFAULT_MODEL).symlink_to(model_dir)  # the base, already built
+    first = resolve_model("copy-model", cache_dir=cache)
+    again = resolve_model("copy-model", cache_dir=cache)
+    assert first == again == cache / "copy-model" and len(derived_builders.BUILDS) == 1
+    manifest = json.loads((first / "manifest.json").read_text())
+    assert manifest["copied_from"] == str(cache / models.DEFAULT_MODEL) and manifest["fingerprint"]["version"] == 1
+    assert (first / "config.json").is_file()
+    monkeypatch.setitem(derived_builders.VERSION, "value", 2)
+    resolve_model("copy-model", cache_dir=cache)
+    assert len(derived_builders.BUILDS) == 2  # a changed recipe rebuilds
+    broken = DerivedModel(base=models.DEFAULT_MODEL, build="derived_builders:failing_build",
+                          fingerprint="derived_builders:fingerprint", description="broken")  # fmt: skip
+    monkeypatch.setitem(models.DERIVED, "broken-model", broken)
+    with pytest.raises(ModelError, match="building broken-model failed: RuntimeError: the recipe broke"):
+        resolve_model("broken-model", cache_dir=cache)
+    assert not (cache / "broken-model").exists()
