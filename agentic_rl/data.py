@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agentic_rl.errors import ConfigError
+from agentic_rl.synthetic import parse_arithmetic_spec
 
 __all__ = ["SHARED_DATA", "iter_jsonl", "load_tasks"]
 
@@ -38,11 +39,18 @@ def load_tasks(path: str | Path, limit: int | None = None) -> list[dict[str, Any
 
     `ground_truth` is taken from a `ground_truth` field, else from `answer` (GSM8K); `id` defaults to the row
     number. Rows are not validated here: a malformed row becomes a failed trajectory with a clear error.
+    `path` may also be a generated task family: `arithmetic:SPLIT:COUNT[:STEPS]` (see `agentic_rl.synthetic`).
 
     Raises:
         FileNotFoundError: if `path` does not exist.
-        ValueError: naming the line, if a line is not JSON.
+        ConfigError: naming the line, if a line is not JSON, or for a malformed `arithmetic:` spec.
     """
+    try:
+        generated = parse_arithmetic_spec(str(path))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if generated is not None:
+        return generated[:limit] if limit is not None else generated
     tasks: list[dict[str, Any]] = []
     for lineno, row in iter_jsonl(path):
         if limit is not None and len(tasks) >= limit:

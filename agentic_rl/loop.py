@@ -73,6 +73,10 @@ class TrainConfig(Config):
     seed: int = 0
     device: str = "cpu"
     checkpoint_every: int = Field(default=0, ge=0, description="0: only the final checkpoint")
+    eval_data: str | None = Field(
+        default=None, description="held-out tasks (a JSONL path or e.g. 'arithmetic:heldout:64'), rolled out greedily"
+    )
+    eval_every: int = Field(default=0, ge=0, description="evaluate every K steps (0: before the first and after the last)")
     loggers: list[LoggerName] = Field(
         default_factory=lambda: ["jsonl"],
         description="metric sinks: jsonl (metrics.jsonl), tensorboard (tensorboard/), wandb (offline, wandb/)",
@@ -192,11 +196,19 @@ async def train(
     trainer = GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
     if dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers
         await engine.update_weights(trainer.named_weights())
+    eval_tasks = load_tasks(config.eval_data) if config.eval_data else []
     history: list[dict[str, Any]] = []
     sinks: list[Any] = []
     try:
         if dist.is_main:
             sinks = build_loggers(config.loggers, out, config=config.model_dump(), wandb_project=config.wandb_project)
+        if eval_tasks:
+            before = {"step": 0, **await _evaluate(wrapper, eval_tasks, dist, out / "rollouts" / "eval_step_0.jsonl")}
+            if dist.is_main:
+                for sink in sinks:
+                    sink.log(before, step=0)
+            if on_step is not None:
+                on_step(before)
         for step in range(config.steps):
             mine = shard(next_batch(), dist)
             expanded = [dict(task) for task in mine for _ in range(r.group_size)]  # a group shares its task id
@@ -230,6 +242,9 @@ async def train(
                 "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": mean[9],
                 "weight_version": engine.weight_version, "trajectories": len(trajectories) * dist.world_size,
             }  # fmt: skip
+            last = step + 1 == config.steps
+            if eval_tasks and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):
+                row.update(await _evaluate(wrapper, eval_tasks, dist, out / "rollouts" / f"eval_step_{step + 1}.jsonl"))
             history.append(row)
             if dist.is_main:
                 for sink in sinks:
@@ -251,6 +266,31 @@ async def train(
             sink.close()
         await wrapper.close()
     return history
+
+
+async def _evaluate(wrapper: Any, tasks: list[dict[str, Any]], dist: Any, records: Path) -> dict[str, float]:
+    """Greedy rollout of the held-out tasks through the same rollout path (this rank's shard; ranks gathered).
+
+    Returns:
+        `heldout_accuracy` (share with a positive task reward), `heldout_tool_call_rate`, `heldout_mean_turns`.
+    """
+    from agentic_rl.train.distributed import shard
+    from agentic_rl.types import trajectory_to_dict
+
+    rollout = wrapper.make_rollout(sampling=wrapper.sampling.model_copy(update={"temperature": 0.0, "seed": None}))
+    trajectories = (await rollout.run(shard(tasks, dist))).trajectories
+    local = [
+        float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
+        float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
+        float(sum(t.metrics.get("steps", 0) for t in trajectories)), float(len(trajectories)),
+    ]  # fmt: skip
+    totals = [sum(col) for col in zip(*dist.gather_floats(local), strict=False)]
+    n = max(totals[3], 1.0)
+    if dist.is_main:
+        with records.open("w") as f:
+            for t in trajectories:
+                f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
+    return {"heldout_accuracy": totals[0] / n, "heldout_tool_call_rate": totals[1] / n, "heldout_mean_turns": totals[2] / n}
 
 
 def _checkpoint(model: Any, tokenizer: Any, folder: Path) -> None:

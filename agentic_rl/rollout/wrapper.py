@@ -352,17 +352,23 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             config=self.harness_config, reward_fn=self.reward_fn, memory_factory=self.memory_factory,
         )  # fmt: skip
 
-    def make_rollout(self) -> Any:
+    def make_rollout(self, *, sampling: SamplingConfig | dict[str, Any] | None = None) -> Any:
         """A `Rollout` over this wrapper's engine, environment and settings, which can be quiesced and resumed.
 
+        Args:
+            sampling: other sampling options for this rollout (e.g. greedy for evaluation); default the wrapper's.
+
         Raises:
-            ConfigError: if `initialize()` was not called.
+            ConfigError: if `initialize()` was not called, or `sampling` is invalid.
         """
         from agentic_rl.rollout.session import Rollout
 
         self._check_ready()
+        config = self.harness_config
+        if sampling is not None:
+            config = config.model_copy(update={"sampling": SamplingConfig.of(sampling)})
         return Rollout(
-            engine=self.engine, environment=self.environment, renderer=self.renderer, config=self.harness_config,
+            engine=self.engine, environment=self.environment, renderer=self.renderer, config=config,
             reward_fn=self.reward_fn, memory_factory=self.memory_factory, n_parallel_agents=self.n_parallel_agents,
         )  # fmt: skip
 

@@ -26,6 +26,7 @@ __all__ = [
 # (panel title, metrics.jsonl keys drawn in it)
 METRIC_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward and accuracy", ("reward_mean", "accuracy")),
+    ("held-out accuracy (greedy)", ("heldout_accuracy",)),
     ("response length (sampled tokens, mean)", ("response_length",)),
     ("loss", ("loss", "pg_loss")),
     ("KL and clip fraction", ("kl", "clip_fraction")),
@@ -73,7 +74,9 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
         ConfigError: if it holds no rows, or a malformed one.
     """
     plt = _pyplot()
-    rows = read_metrics(metrics_path)
+    rows = [r for r in read_metrics(metrics_path) if "reward_mean" in r]  # evaluation-only rows have no reward
+    if not rows:
+        raise ConfigError(f"{metrics_path}: no row has a reward_mean")
     steps = [r["step"] for r in rows]
     mean = [r["reward_mean"] for r in rows]
     std = [r.get("reward_std", 0.0) for r in rows]

@@ -70,12 +70,19 @@ def test_config_overrides_and_validation(tmp_path):
 
 @pytest.mark.slow
 def test_single_process_training_logs_metrics_advances_weight_versions_and_checkpoints(tmp_path):
-    path = _config(tmp_path, loggers=["jsonl", "tensorboard", "wandb"])
+    path = _config(tmp_path, loggers=["jsonl", "tensorboard", "wandb"], eval_data="arithmetic:heldout:4")
     proc = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "train", "--config", str(path), "--no-progress"],
                           capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    before, rows = logged[0], logged[1:]  # a greedy held-out evaluation before the first step
+    assert before["step"] == 0 and set(before) == {"step", "heldout_accuracy", "heldout_tool_call_rate",
+                                                   "heldout_mean_turns"}  # fmt: skip
+    assert 0.0 <= before["heldout_accuracy"] <= 1.0 and before["heldout_mean_turns"] >= 1.0
+    assert "heldout_accuracy" not in rows[0] and 0.0 <= rows[-1]["heldout_accuracy"] <= 1.0  # and after the last
+    assert len((run / "rollouts/eval_step_0.jsonl").read_text().splitlines()) == 4
+    assert (run / "rollouts/eval_step_2.jsonl").is_file()
     assert [r["step"] for r in rows] == [1, 2] and [r["weight_version"] for r in rows] == [1, 2]
     for key in ("reward_mean", "reward_std", "accuracy", "loss", "kl", "grad_norm", "clip_fraction",
                 "response_length", "tokens_per_s", "rollout_seconds", "train_seconds", "sync_seconds"):  # fmt: skip
@@ -94,11 +101,12 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward_mean")] == [1, 2]
+    assert [e.step for e in events.Scalars("heldout_accuracy")] == [0, 2]
     assert [e.value for e in events.Scalars("reward_mean")] == pytest.approx([r["reward_mean"] for r in rows])
     (run_file,) = run.glob("wandb/offline-run-*/run-*.wandb")
-    logged = history(run_file)
-    assert [r["_step"] for r in logged] == [1, 2]
-    assert [r["loss"] for r in logged] == pytest.approx([r["loss"] for r in rows])
+    records = [r for r in history(run_file) if "loss" in r]
+    assert [r["_step"] for r in records] == [1, 2]
+    assert [r["loss"] for r in records] == pytest.approx([r["loss"] for r in rows])
 
     from agentic_rl.viewer import build_view
 
