@@ -73,3 +73,7 @@ class Environment(abc.ABC):
 
     async def close(self, sample: Sample) -> None:  # noqa: B027  (optional hook)
         """Free what `reset` or `step` allocated for `sample`. Optional, idempotent, and must not raise."""
+
+    async def aclose(self) -> None:  # noqa: B027  (optional hook)
+        """Free what the environment holds across trajectories (tool clients, pools), when its owner is done with
+        it. Optional; must not raise."""

@@ -123,6 +123,16 @@ class ToolEnvironment(Environment):
             except Exception:
                 logger.exception("session_end of tool %s failed for trajectory %s", name, sample.id)
 
+    async def aclose(self) -> None:
+        """Close every tool (`Tool.aclose`: HTTP clients and the like), each bounded by its `timeout_s`; failures are
+        logged, never raised."""
+        for name, tool in self.tools.items():
+            try:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(tool.timeout_s):
+                    await tool.aclose()
+            except Exception:
+                logger.exception("closing tool %s failed", name)
+
     def _cap(self, text: str) -> str:
         if len(text) <= self.max_observation_chars:
             return text

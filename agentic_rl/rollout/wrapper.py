@@ -373,7 +373,10 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         )  # fmt: skip
 
     async def close(self) -> None:
-        """Stop the servers, and the engine this wrapper built (an engine passed in is left running)."""
+        """Stop the servers, close the environment's tools (their HTTP clients), and stop the engine this wrapper
+        built (an engine passed in is left running). Call it from the event loop that ran the rollouts."""
         self.stop_servers()
+        if self.environment is not None:
+            await self.environment.aclose()
         if self._owned_engine is not None:
             await self._owned_engine.close()

@@ -51,6 +51,10 @@ class Tool(abc.ABC):
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
 
+    async def aclose(self) -> None:  # noqa: B027  (optional hook)
+        """Release what the tool holds across calls (HTTP clients, pools). Called once when its owner closes; must
+        not raise. The default holds nothing."""
+
     @abc.abstractmethod
     def execute(self, arguments: dict[str, Any]) -> str:
         """Run the tool on already-parsed `arguments`.

@@ -637,3 +637,23 @@ async def test_close_gives_up_on_session_end_after_tool_timeout():
     await env.close(sample)
     # with a working timeout (0.1 s), close returns before the 1 s session_end completes
     assert tool.ended == []
+
+
+async def test_aclose_closes_every_tool_once_and_survives_a_failing_one():
+    closed: list[str] = []
+
+    class Holding(Tool):
+        def __init__(self, name: str, fail: bool = False) -> None:
+            self.name, self.fail = name, fail
+
+        def execute(self, arguments):
+            return "ok"
+
+        async def aclose(self) -> None:
+            closed.append(self.name)
+            if self.fail:
+                raise RuntimeError("cannot close")
+
+    env = ToolEnvironment([Holding("a", fail=True), Holding("b"), CalculatorTool()])
+    await env.aclose()
+    assert closed == ["a", "b"]  # the failing one is logged, the next one still closed
