@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -92,8 +93,9 @@ def test_openai_sdk_example_captures_exact_trajectories():
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("gsm8k-")]
     assert len(lines) == 2
-    for line in lines:
-        assert "exact=True" in line and "continuous=True" in line and "tool_calls=1" in line
+    for line in lines:  # the first turn is forced to a calculator call; later sampled turns may call again or not
+        assert "exact=True" in line and "continuous=True" in line
+        assert int(re.search(r"tool_calls=(\d+)", line).group(1)) >= 1, line
 
 
 def test_out_of_range_options_are_rejected_before_anything_starts(capsys):

@@ -51,6 +51,34 @@ class QuiesceAfter(DelegatingEngine):
         return generation
 
 
+class QuiesceAtTurn(DelegatingEngine):
+    """Holds every request for turn `turn` until `parties` trajectories have asked for it, asks `rollout` to
+    quiesce, then lets them all through: every one of them is then stopped at the next turn boundary, whatever
+    order the tasks run in."""
+
+    def __init__(self, inner: Engine, tokenizer: Any, *, turn: int, parties: int) -> None:
+        super().__init__(inner)
+        self.tokenizer, self.turn, self.parties = tokenizer, turn, parties
+        self.rollout: Rollout | None = None
+        self.arrived = 0
+        self.release = anyio.Event()
+        self.started = 0
+        self.returned = 0
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
+        self.started += 1
+        if self.tokenizer.decode(list(prompt_ids)).count("<|im_start|>assistant") - 1 == self.turn:
+            self.arrived += 1
+            if self.arrived == self.parties:
+                assert self.rollout is not None
+                self.rollout.request_quiesce()
+                self.release.set()
+            await self.release.wait()
+        generation = await self.inner.generate(prompt_ids, sampling)
+        self.returned += 1
+        return generation
+
+
 def _tasks(n: int) -> list[dict[str, Any]]:
     return [{"id": i, "question": f"Task #{i + 2} asks for a product.", "ground_truth": str((i + 2) * 6)}
             for i in range(n)]  # fmt: skip
@@ -75,19 +103,20 @@ async def test_quiesce_hands_back_queued_and_suspended_work_and_resume_matches_a
     )
     assert reference.suspended is None and len(reference.trajectories) == 10
 
-    engine = QuiesceAfter(ScriptedEngine(tokenizer, three_turn_script), after=6)
+    # quiesce once the 4 trajectories in flight have all asked for their second turn (of 3): none can finish first
+    engine = QuiesceAtTurn(ScriptedEngine(tokenizer, three_turn_script), tokenizer, turn=1, parties=4)
     rollout = _rollout(tokenizer, engine, n_parallel_agents=4)
     engine.rollout = rollout
     first = await rollout.run(_tasks(10))
 
     suspended = first.suspended
-    assert suspended is not None
-    assert engine.started == engine.returned  # no generation was interrupted
+    assert suspended is not None and first.trajectories == []
+    assert engine.started == engine.returned == 8  # no generation was interrupted: 4 x 2 turns
     assert [idx for idx, _ in suspended.queued] == list(range(4, 10))  # never dispatched
     assert [cp.idx for cp in suspended.checkpoints] == [0, 1, 2, 3]
     for cp in suspended.checkpoints:
         assert isinstance(cp, TrajectoryCheckpoint)
-        assert cp.turn == len(cp.steps) >= 1  # stopped at a turn boundary, after whole turns
+        assert cp.turn == len(cp.steps) == 2  # stopped at a turn boundary, after whole turns
         assert cp.response_ids[-1] != tokenizer.convert_tokens_to_ids("<|im_end|>")  # ends with an observation
     assert rollout.environment.closed == {}  # suspended environments stay open
     finished_first = {t.idx for t in first.trajectories}
