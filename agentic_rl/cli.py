@@ -34,6 +34,17 @@ def _bounded(kind: type, low: float | None = None, high: float | None = None) ->
     return convert
 
 
+def _config_command(sub: Any, name: str, help_text: str, config: str, example: str, overrides: str, *,
+                    required: bool) -> None:  # fmt: skip
+    """A subcommand run from a YAML config (`--config`) with `--set KEY=VALUE` overrides."""
+    p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", required=required, default=None, help=f"YAML file with {config} fields (see {example})")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help=f"override a field, e.g. {overrides} (repeatable)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentic-rl", description="Agentic RL rollouts on a colocated vLLM engine.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,20 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--output-dir", default=None, help="default: runs/rollout-<time>")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("-v", "--verbose", action="store_true")
-    t = sub.add_parser("train", help="GRPO training: rollout -> train -> weight sync, from a YAML config",
-                       formatter_class=fmt)  # fmt: skip
-    t.add_argument("--config", required=True, help="YAML file with TrainConfig fields (see examples/train_gsm8k.yaml)")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field, e.g. --set steps=2 --set rollout.group_size=4 (repeatable)")  # fmt: skip
-    t.add_argument("--no-progress", action="store_true")
-    t.add_argument("-v", "--verbose", action="store_true")
-    f = sub.add_parser("sft", help="supervised fine-tuning for tool use on synthesized traces, from a YAML config",
-                       formatter_class=fmt)  # fmt: skip
-    f.add_argument("--config", default=None, help="YAML file with SFTConfig fields (see examples/sft_tools.yaml)")
-    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a field, e.g. --set steps=10 --set traces=64 (repeatable)")  # fmt: skip
-    f.add_argument("--no-progress", action="store_true")
-    f.add_argument("-v", "--verbose", action="store_true")
+    _config_command(sub, "train", "GRPO training: rollout -> train -> weight sync, from a YAML config",
+                    "TrainConfig", "examples/train_gsm8k.yaml", "--set steps=2 --set rollout.group_size=4",
+                    required=True)  # fmt: skip
+    _config_command(sub, "sft", "supervised fine-tuning for tool use on synthesized traces, from a YAML config",
+                    "SFTConfig", "examples/sft_tools.yaml", "--set steps=10 --set traces=64", required=False)  # fmt: skip
     s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
                        formatter_class=fmt)  # fmt: skip
     s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
