@@ -18,6 +18,7 @@ from agentic_rl.errors import (
     RewardError,
     TemplateError,
     ToolError,
+    TrainingError,
     TrajectoryError,
 )
 from agentic_rl.models import DEFAULT_MODEL, resolve_model
@@ -67,6 +68,7 @@ __all__ = [
     "ToolEnvironment",
     "ToolError",
     "TrainableEngine",
+    "TrainingError",
     "Trajectory",
     "TrajectoryCheckpoint",
     "TrajectoryError",

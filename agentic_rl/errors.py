@@ -11,7 +11,8 @@ Hierarchy::
     │   └── EngineTimeoutError              one generate call did not return within the per-turn limit
     ├── ToolError                           a tool failed while executing (turned into error text for the model)
     ├── EnvStepError                        an environment's reset/step failed (fails that trajectory only)
-    └── RewardError                         a reward function failed or returned a non-finite value
+    ├── RewardError                         a reward function failed or returned a non-finite value
+    └── TrainingError                       training cannot go on (e.g. optimizer steps skipped too often in a row)
 
 A `ConfigError` (and a `ModelError`) is the caller's input: the command line exits with 2 for them. The others
 happen while running: the command line exits with 1.
@@ -32,6 +33,7 @@ __all__ = [
     "RewardError",
     "TemplateError",
     "ToolError",
+    "TrainingError",
     "TrajectoryError",
 ]
 
@@ -74,3 +76,8 @@ class EnvStepError(AgenticRLError):
 
 class RewardError(AgenticRLError):
     """Raised when a reward function fails or returns a non-finite value."""
+
+
+class TrainingError(AgenticRLError):
+    """Raised when training cannot go on: e.g. `GRPOConfig.max_consecutive_skips` optimizer steps in a row were
+    skipped for a non-finite gradient norm."""

@@ -39,6 +39,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
+_TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
+               "tokens_excluded_aborted", "tokens_excluded_over_length")  # fmt: skip
+
 
 class RolloutSection(Config):
     """Rollout settings of a training run (`tasks_per_step` tasks per rank, `group_size` samples each)."""
@@ -143,8 +147,15 @@ async def train(
     `response_lengths.png` (`write_run_plots`); and every rank writes
     `weights_rank{R}.sha256` with its final weights' digest.
 
+    Each metrics row holds the step's token accounting summed over ranks (`tokens_sampled` = `tokens_trained` +
+    `tokens_excluded`, and `tokens_excluded_failed` / `_aborted` / `_over_length`), the clip fractions, and
+    `step_skipped` / `skipped_steps` (optimizer steps skipped for a non-finite gradient norm).
+
     Returns:
         The metrics of every step (rank 0's view, aggregated over ranks).
+
+    Raises:
+        TrainingError: when `optimizer.max_consecutive_skips` optimizer steps in a row were skipped.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -231,15 +242,19 @@ async def train(
                 sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
                 sum(t.failed for t in trajectories), stats["response_length"], generated / max(rollout_s, 1e-9),
                 rollout_s, stats["train_seconds"], sync_s, stats["logprob_diff"],
+                *(stats[key] for key in _TOKEN_KEYS),
             ]  # fmt: skip
             ranks = dist.gather_floats(local)
             mean = [sum(col) / len(col) for col in zip(*ranks, strict=False)]
+            tokens = {key: int(sum(rk[10 + k] for rk in ranks)) for k, key in enumerate(_TOKEN_KEYS)}
             row = {
                 "step": step + 1, "reward_mean": mean[0], "reward_std": mean[1], "accuracy": mean[2],
                 "failed": int(sum(rk[3] for rk in ranks)), "loss": stats["loss"], "pg_loss": stats["pg_loss"],
                 "kl": stats["kl"], "grad_norm": stats["grad_norm"], "clip_fraction": stats["clip_fraction"],
+                "dual_clip_fraction": stats["dual_clip_fraction"], "kl_clamp_fraction": stats["kl_clamp_fraction"],
                 "response_length": mean[4], "tokens_per_s": sum(rk[5] for rk in ranks), "rollout_seconds": mean[6],
-                "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": mean[9],
+                "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": mean[9], **tokens,
+                "step_skipped": stats["step_skipped"], "skipped_steps": stats["skipped_steps"],
                 "weight_version": engine.weight_version, "trajectories": len(trajectories) * dist.world_size,
             }  # fmt: skip
             last = step + 1 == config.steps

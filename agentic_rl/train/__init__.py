@@ -1,15 +1,21 @@
 """Training: packing trajectories into tensors, GRPO advantages and loss, the trainer loop."""
 
-from agentic_rl.train.advantages import group_advantages
-from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs, token_logprobs
-from agentic_rl.train.packing import PackedBatch, pack_trajectories
+from agentic_rl.train.advantages import batch_advantages, group_advantages
+from agentic_rl.train.loss import LOG_RATIO_MAX, LossOutput, grpo_loss, response_logprobs, token_logprobs
+from agentic_rl.train.packing import PackedBatch, TokenCounts, pack_trajectories
+from agentic_rl.train.runs import exclusion_reason, trajectory_runs
 
 __all__ = [
+    "LOG_RATIO_MAX",
     "LossOutput",
     "PackedBatch",
+    "TokenCounts",
+    "batch_advantages",
+    "exclusion_reason",
     "group_advantages",
     "grpo_loss",
     "pack_trajectories",
     "response_logprobs",
     "token_logprobs",
+    "trajectory_runs",
 ]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from agentic_rl.errors import TrajectoryError
+from agentic_rl.train.packing import PackedBatch
 
-__all__ = ["group_advantages"]
+__all__ = ["batch_advantages", "group_advantages"]
 
 
 def group_advantages(
@@ -61,3 +62,21 @@ def group_advantages(
         var = torch.zeros(n_groups).index_add_(0, group, centered**2) / count.clamp(min=1)
         centered = centered / (var.sqrt().clamp(min=std_floor)[group] + eps)
     return torch.where(count[group] > 1, centered, torch.zeros_like(centered))
+
+
+def batch_advantages(batch: PackedBatch, *, scale_by_std: bool = True, std_floor: float = 0.1) -> torch.Tensor:
+    """The advantage of every row of a packed batch: its trajectory's group advantage.
+
+    Group statistics are taken over trajectories (`batch.trajectory_rewards`, `trajectory_group_ids`,
+    `trajectory_valid`), not rows: a trajectory split into several runs by memory weighs once in its group's mean
+    and std, and each of its runs gets the same advantage.
+
+    Returns:
+        (B,) float32 on the batch's device, 0 on rows of invalid trajectories.
+
+    Raises:
+        TrajectoryError: as `group_advantages`.
+    """
+    per_trajectory = group_advantages(batch.trajectory_rewards.cpu(), batch.trajectory_group_ids.cpu(),
+                                      batch.trajectory_valid.cpu(), scale_by_std=scale_by_std, std_floor=std_floor)  # fmt: skip
+    return per_trajectory.to(batch.row_trajectory.device)[batch.row_trajectory]

@@ -9,7 +9,7 @@ import torch
 
 from agentic_rl.errors import ConfigError, TrajectoryError
 
-__all__ = ["LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
+__all__ = ["LOG_RATIO_MAX", "LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -42,15 +42,24 @@ def response_logprobs(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: A
     return token_logprobs(logits, batch.responses)
 
 
+LOG_RATIO_MAX = 20.0
+"""Upper bound (nats) on a log-ratio before `exp`, in the policy ratio and in the k3 KL (see `grpo_loss`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LossOutput:
-    """The loss and its diagnostics (all detached except `loss`).
+    """The loss and its diagnostics (all detached except `loss`; fractions are shares of response tokens).
 
     Attributes:
         loss: scalar to back-propagate.
         pg_loss: the policy-gradient part.
         kl: mean k3 KL estimate to the reference (0 without one).
-        clip_fraction: share of response tokens whose ratio was clipped.
+        clip_fraction: share of response tokens whose policy gradient a clip cut off: the ratio clip (A > 0 and
+            ratio > 1 + clip_high, or A < 0 and ratio < 1 - clip_low) or the dual clip (A < 0 and ratio >
+            clip_ratio_c).
+        dual_clip_fraction: share of response tokens cut off by the dual clip alone (counted in `clip_fraction` too).
+        kl_clamp_fraction: share of response tokens whose KL log-ratio (ref - new) exceeded `LOG_RATIO_MAX` and was
+            clamped (0 without a KL term).
         approx_kl_old: mean of (old_logprobs - new_logprobs) on response tokens, a drift diagnostic.
     """
 
@@ -58,16 +67,28 @@ class LossOutput:
     pg_loss: torch.Tensor
     kl: torch.Tensor
     clip_fraction: torch.Tensor
+    dual_clip_fraction: torch.Tensor
+    kl_clamp_fraction: torch.Tensor
     approx_kl_old: torch.Tensor
 
 
-def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids: torch.Tensor | None) -> torch.Tensor:
+    on = mask.bool()
+    masked = torch.where(on, values, torch.zeros_like(values))
     if mode == "token-mean":
-        return (values * mask).sum() / mask.sum().clamp(min=1)
+        return masked.sum() / mask.sum().clamp(min=1)
     if mode == "sequence-mean":
-        per_row = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        rows = (mask.sum(-1) > 0).float()
-        return (per_row * rows).sum() / rows.sum().clamp(min=1)
+        if sequence_ids is None:
+            sequence_ids = torch.arange(values.shape[0], device=values.device)
+        _, seq = torch.unique(sequence_ids, return_inverse=True)
+        n = int(seq.max()) + 1 if seq.numel() else 0
+        sums = torch.zeros(n, dtype=values.dtype, device=values.device).index_add(0, seq, masked.sum(-1))
+        counts = torch.zeros(n, dtype=values.dtype, device=values.device).index_add(
+            0, seq, mask.to(values.dtype).sum(-1)
+        )
+        present = counts > 0
+        per_sequence = sums / counts.clamp(min=1)
+        return (per_sequence * present).sum() / present.sum().clamp(min=1)
     raise ConfigError(f"loss_agg_mode must be 'token-mean' or 'sequence-mean', got {mode!r}")
 
 
@@ -77,12 +98,17 @@ def _check_finite(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
+    sequence_ids: torch.Tensor | None,
 ) -> None:
     if old_logprobs.shape != new_logprobs.shape or response_mask.shape != new_logprobs.shape:
         raise TrajectoryError(f"new_logprobs {tuple(new_logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} "
                               f"and response_mask {tuple(response_mask.shape)} must have one (B, R) shape")  # fmt: skip
     if advantages.shape not in (new_logprobs.shape, new_logprobs.shape[:1]):
         raise TrajectoryError(f"advantages must be (B,) or (B, R), got {tuple(advantages.shape)}")
+    if ref_logprobs is not None and ref_logprobs.shape != new_logprobs.shape:
+        raise TrajectoryError(f"ref_logprobs must be (B, R) like new_logprobs, got {tuple(ref_logprobs.shape)}")
+    if sequence_ids is not None and sequence_ids.shape != new_logprobs.shape[:1]:
+        raise TrajectoryError(f"sequence_ids must be (B,), got {tuple(sequence_ids.shape)}")
     tensors = {"old_logprobs": old_logprobs, "advantages": advantages, "ref_logprobs": ref_logprobs}
     for name, tensor in tensors.items():
         if tensor is not None and not bool(torch.isfinite(tensor).all()):
@@ -100,50 +126,93 @@ def grpo_loss(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     loss_agg_mode: Literal["token-mean", "sequence-mean"] = "token-mean",
+    sequence_ids: torch.Tensor | None = None,
 ) -> LossOutput:
-    """Clipped importance-ratio policy loss with an optional KL penalty.
+    """Dual-clipped importance-ratio policy loss with an optional k3 KL penalty.
 
-    Per token: ratio = exp(new - old); pg = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
-    (PPO, Schulman et al. 2017, eq. 7), with the trajectory's advantage A on each of its tokens (GRPO, Shao et al.
-    2024). KL to the reference uses the k3 estimator exp(ref - new) - (ref - new) - 1 (Schulman 2020, "Approximating
-    KL divergence"). `token-mean` averages over all response tokens of the batch (DAPO, Yu et al. 2025);
-    `sequence-mean` averages per sequence first (the original GRPO).
+    Per response token, with the trajectory's advantage A on each of its tokens (GRPO, Shao et al. 2024,
+    "DeepSeekMath"):
+
+    - ratio = exp(min(new - old, LOG_RATIO_MAX));
+    - clipped objective: J = min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A) (PPO, Schulman et al.
+      2017, "Proximal Policy Optimization Algorithms", eq. 7);
+    - dual clip: for A < 0, J = max(J, clip_ratio_c * A) (Ye et al. 2020, "Mastering Complex Control in MOBA Games
+      with Deep Reinforcement Learning"). Without it, J = ratio * A is unbounded below for A < 0: a token
+      whose ratio is e^8 would pull with a gradient of ~3000 |A|. With it, a negative-advantage token contributes at
+      most clip_ratio_c * |A| and no gradient once ratio > clip_ratio_c;
+    - pg = -J.
+
+    KL to the reference uses the k3 estimator exp(d) - d - 1 with d = min(ref - new, LOG_RATIO_MAX) (Schulman 2020,
+    "Approximating KL Divergence"). `token-mean` averages over all response tokens of the batch (DAPO, Yu et al.
+    2025); `sequence-mean` averages over each sequence's tokens first, then over sequences (the original GRPO).
+
+    Log-ratio bound: both log-ratios are clamped to at most LOG_RATIO_MAX = 20 nats before `exp`. float32 `exp`
+    overflows past ~88.7: unclamped, a token with new logprob -95 and reference -1 would give exp(94) = inf and an
+    infinite loss; e^20 ~ 4.9e8 stays finite in float32 and bfloat16 even times a large advantage and summed over
+    millions of tokens. The bound costs no useful gradient: in the policy term a token past it is already clipped
+    (ratio > 1 + clip_high for A > 0, ratio > clip_ratio_c for A < 0; any setting below e^20), so its gradient is
+    0 either way; in the KL term the true gradient there, 1 - e^d, is past -4.9e8 and would swamp every other token,
+    so the clamp stops it instead (0 gradient, `kl_clamp_fraction` counts such tokens). There is no lower bound:
+    exp of a very negative log-ratio underflows to 0 harmlessly, and the k3 term -d then stays exact. Everything is
+    computed in float32 whatever the input dtype (float16's range would overflow at e^11).
 
     Args:
-        new_logprobs: (B, R) float, log-probabilities under the policy being trained (with gradient).
-        old_logprobs: (B, R) float, the engine's logprobs at sampling time.
+        new_logprobs: (B, R) float, log-probabilities (nats) under the policy being trained (with gradient).
+        old_logprobs: (B, R) float, the engine's logprobs at sampling time (nats).
         advantages: (B,) or (B, R) float.
-        response_mask: (B, R) float, 1 on sampled tokens of valid rows.
-        clip_low, clip_high: ratio clip range.
-        ref_logprobs: (B, R) reference-policy logprobs, or None.
+        response_mask: (B, R) float or bool, 1 on the tokens that enter the loss (sampled tokens of valid rows).
+        clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high].
+        clip_ratio_c: dual-clip bound (> 1) on the ratio of negative-advantage tokens.
+        ref_logprobs: (B, R) reference-policy logprobs (nats), or None.
         kl_coef: weight of the KL term.
         loss_agg_mode: `token-mean` or `sequence-mean`.
+        sequence_ids: (B,) int, rows with one id are parts of one sequence for `sequence-mean` (the runs of a
+            trajectory whose history memory rewrote); default: every row is its own sequence.
+
+    Returns:
+        A `LossOutput`; rows without response tokens contribute nothing, and an all-masked batch gives loss 0.
 
     Raises:
-        ConfigError: for an unknown `loss_agg_mode`.
+        ConfigError: for an unknown `loss_agg_mode`, or `clip_ratio_c` <= 1.
         TrajectoryError: naming the tensor, if `old_logprobs`, `advantages` or `ref_logprobs` holds NaN or Inf
             anywhere, or `new_logprobs` does on a response token (a diverged policy); or if shapes disagree.
     """
-    _check_finite(new_logprobs, old_logprobs, advantages, response_mask, ref_logprobs)
-    mask = response_mask.to(new_logprobs.dtype)
-    adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(new_logprobs)
+    if not clip_ratio_c > 1.0:
+        raise ConfigError(f"clip_ratio_c must be > 1 (Ye et al. 2020), got {clip_ratio_c}")
+    _check_finite(new_logprobs, old_logprobs, advantages, response_mask, ref_logprobs, sequence_ids)
+    new = new_logprobs.float()
+    mask = response_mask.float()
     on_response = mask.bool()  # `where`, not `* mask`: a NaN on a padding position must not reach the loss
-    log_ratio = torch.where(on_response, new_logprobs - old_logprobs, 0.0)
-    ratio = torch.exp(log_ratio)
+    adv = advantages.float() if advantages.dim() == 2 else advantages.float()[:, None].expand_as(new)
+    log_ratio = torch.where(on_response, new - old_logprobs.float(), 0.0)
+    ratio = torch.exp(torch.clamp(log_ratio, max=LOG_RATIO_MAX))
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    pg = -torch.minimum(unclipped, clipped)
-    pg_loss = _aggregate(pg, mask, loss_agg_mode)
-    kl = torch.zeros((), device=new_logprobs.device)
+    objective = torch.minimum(unclipped, clipped)
+    floor = clip_ratio_c * adv
+    dual = (adv < 0) & (floor > objective)
+    objective = torch.where(dual, floor, objective)
+    pg_loss = _aggregate(-objective, mask, loss_agg_mode, sequence_ids)
+    kl = torch.zeros((), device=new.device)
+    kl_clamped = torch.zeros_like(on_response)
     if ref_logprobs is not None and kl_coef:
-        delta = torch.where(on_response, ref_logprobs - new_logprobs, 0.0)
-        kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, loss_agg_mode)
+        delta = torch.where(on_response, ref_logprobs.float() - new, 0.0)
+        kl_clamped = delta > LOG_RATIO_MAX
+        delta = torch.clamp(delta, max=LOG_RATIO_MAX)
+        kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, loss_agg_mode, sequence_ids)
     loss = pg_loss + kl_coef * kl
     with torch.no_grad():
-        clip_fraction = ((clipped < unclipped).float() * mask).sum() / mask.sum().clamp(min=1)  # clip active
-        approx_kl_old = (-log_ratio * mask).sum() / mask.sum().clamp(min=1)
-    return LossOutput(loss=loss, pg_loss=pg_loss.detach(), kl=kl.detach(), clip_fraction=clip_fraction,
-                      approx_kl_old=approx_kl_old)  # fmt: skip
+        tokens = mask.sum().clamp(min=1)
+        ratio_clipped = clipped < unclipped  # the clip branch won: no gradient through the ratio
+
+        def share(flags: torch.Tensor) -> torch.Tensor:
+            return (flags & on_response).sum() / tokens
+
+        out = LossOutput(loss=loss, pg_loss=pg_loss.detach(), kl=kl.detach(), clip_fraction=share(ratio_clipped | dual),
+                         dual_clip_fraction=share(dual), kl_clamp_fraction=share(kl_clamped),
+                         approx_kl_old=(-log_ratio * mask).sum() / tokens)  # fmt: skip
+    return out

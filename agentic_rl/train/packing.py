@@ -14,27 +14,73 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from agentic_rl.errors import TrajectoryError
+from agentic_rl.train.runs import exclusion_reason, trajectory_runs
 from agentic_rl.types import Trajectory
 
-__all__ = ["PackedBatch", "pack_trajectories"]
+__all__ = ["PackedBatch", "TokenCounts", "pack_trajectories"]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenCounts:
+    """Where the sampled tokens of a packed batch went: `sampled == trained + excluded`, always.
+
+    Attributes:
+        sampled: tokens the engine sampled, over every run of every trajectory.
+        trained: sampled tokens that enter the loss (`response_mask` 1 in the packed batch).
+        excluded_failed: sampled tokens of failed trajectories.
+        excluded_aborted: sampled tokens of trajectories with an aborted engine turn (see `exclusion_reason`).
+        excluded_over_length: sampled tokens of valid trajectories cut by `max_prompt_length` (a run whose prompt is
+            longer is left out whole) or `max_response_length` (a run keeps its first R response tokens).
+    """
+
+    sampled: int = 0
+    trained: int = 0
+    excluded_failed: int = 0
+    excluded_aborted: int = 0
+    excluded_over_length: int = 0
+
+    @property
+    def excluded(self) -> int:
+        """Sampled tokens that do not enter the loss, for any reason."""
+        return self.excluded_failed + self.excluded_aborted + self.excluded_over_length
+
+    def as_metrics(self) -> dict[str, int]:
+        """`tokens_sampled`, `tokens_trained`, `tokens_excluded` and `tokens_excluded_{failed,aborted,over_length}`."""
+        return {
+            "tokens_sampled": self.sampled, "tokens_trained": self.trained, "tokens_excluded": self.excluded,
+            "tokens_excluded_failed": self.excluded_failed, "tokens_excluded_aborted": self.excluded_aborted,
+            "tokens_excluded_over_length": self.excluded_over_length,
+        }  # fmt: skip
 
 
 @dataclass
 class PackedBatch:
-    """Tensors of a packed batch (B rows, P prompt columns, R response columns).
+    """Tensors of a packed batch: B rows (one per exact token run), P prompt columns, R response columns.
+
+    A continuous trajectory gives one row; one whose history memory rewrote gives one row per run
+    (`trajectory_runs`), all sharing its reward, group and advantage; a failed or aborted trajectory gives one empty
+    row. N is the number of trajectories; group statistics are taken over trajectories (`trajectory_*` fields), so
+    a trajectory with several runs weighs once in its group.
 
     Attributes:
         input_ids: (B, P + R) int64, pad where `attention_mask` is 0.
         attention_mask: (B, P + R) int64, 1 on real tokens.
         position_ids: (B, P + R) int64, 0 at each row's first real token (0 on left padding).
         responses: (B, R) int64, the response part of `input_ids`.
-        response_mask: (B, R) float32, 1 on tokens the engine sampled (0 on observations, glue and padding).
+        response_mask: (B, R) float32, 1 on sampled tokens that enter the loss (0 on observations, glue, padding,
+            and on every token of an excluded trajectory or run).
         old_logprobs: (B, R) float32, the engine's logprobs of sampled tokens (nats), 0 where masked.
-        rewards: (B,) float32, trajectory rewards (0 on invalid rows).
-        group_ids: (B,) int64, rows with the same id answered the same task (GRPO groups).
-        valid: (B,) bool, False for failed trajectories: excluded from group statistics and the loss.
-        truncated: (B,) bool, True where the prompt or response was cut to fit P or R.
+        rewards: (B,) float32, the reward of each row's trajectory (0 on invalid rows).
+        group_ids: (B,) int64, the group of each row's trajectory.
+        valid: (B,) bool, False for rows of failed or aborted trajectories.
+        truncated: (B,) bool, True where a run was cut or left out by `max_prompt_length` / `max_response_length`.
         prompt_width: P.
+        row_trajectory: (B,) int64, index (in the packed sequence) of the trajectory each row comes from.
+        trajectory_rewards: (N,) float32, trajectory rewards (0 on invalid trajectories).
+        trajectory_group_ids: (N,) int64, rows with the same id answered the same task (GRPO groups).
+        trajectory_valid: (N,) bool, False for failed or aborted trajectories: excluded from group statistics.
+        trajectory_tokens: (N,) int64, tokens each trajectory sampled, over all its runs.
+        tokens: where the sampled tokens went (`TokenCounts`).
     """
 
     input_ids: torch.Tensor
@@ -48,6 +94,12 @@ class PackedBatch:
     valid: torch.Tensor
     truncated: torch.Tensor
     prompt_width: int
+    row_trajectory: torch.Tensor
+    trajectory_rewards: torch.Tensor
+    trajectory_group_ids: torch.Tensor
+    trajectory_valid: torch.Tensor
+    trajectory_tokens: torch.Tensor
+    tokens: TokenCounts
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -65,6 +117,16 @@ class PackedBatch:
         return PackedBatch(**picked)
 
 
+@dataclass(slots=True)
+class _Row:
+    prompt: torch.Tensor
+    response: torch.Tensor
+    mask: torch.Tensor
+    logprobs: torch.Tensor | None
+    trajectory: int
+    truncated: bool = False
+
+
 def pack_trajectories(
     trajectories: Sequence[Trajectory],
     *,
@@ -74,22 +136,29 @@ def pack_trajectories(
     max_response_length: int | None = None,
     device: torch.device | str = "cpu",
 ) -> PackedBatch:
-    """Pack trajectories into one padded batch.
+    """Pack every exact token run of the trajectories into one padded batch, and account for every sampled token.
 
     Args:
-        trajectories: B trajectories; failed ones are packed with `valid=False` (and their tokens, if any).
+        trajectories: N trajectories. A trajectory whose history memory rewrote gives one row per run
+            (`trajectory_runs`); a failed or aborted one (`exclusion_reason`) gives one empty, invalid row and its
+            sampled tokens are counted as excluded.
         pad_token_id: id written into padding.
         group_ids: one int per trajectory naming its task group; default: each trajectory's `task["id"]` when it
             has one (grouped by value), else its `idx`.
-        max_prompt_length: width P; default the longest prompt. Longer prompts keep their last P tokens.
-        max_response_length: width R; default the longest response. Longer responses keep their first R tokens.
+        max_prompt_length: width P; default the longest prompt. A run whose prompt is longer is left out whole
+            (cutting the prompt would change the context its tokens were sampled in).
+        max_response_length: width R; default the longest response. Longer responses keep their first R tokens
+            (the kept tokens' context is unchanged).
         device: where the tensors are built.
 
     Returns:
-        A `PackedBatch`; rows cut by P or R have `truncated=True`.
+        A `PackedBatch` whose `tokens` satisfy `sampled == trained + excluded`. The sampled count of an excluded
+        trajectory is what its record holds, or the sum of its steps' `info["sampled_tokens"]` when that is larger
+        (a record dropped for being invalid).
 
     Raises:
-        TrajectoryError: if `trajectories` is empty or `group_ids` has the wrong length.
+        TrajectoryError: if `trajectories` is empty, `group_ids` has the wrong length, or a valid trajectory's runs
+            cannot be rebuilt (`trajectory_runs`).
     """
     n = len(trajectories)
     if n == 0:
@@ -98,36 +167,73 @@ def pack_trajectories(
         group_ids = _default_groups(trajectories)
     if len(group_ids) != n:
         raise TrajectoryError(f"group_ids has {len(group_ids)} entries for {n} trajectories")
-    p = max_prompt_length or max(t.prompt_tokens.numel() for t in trajectories)
-    r = max_response_length or max(max(t.response_tokens.numel() for t in trajectories), 1)
+    counts = {"sampled": 0, "trained": 0, "excluded_failed": 0, "excluded_aborted": 0, "excluded_over_length": 0}
+    per_trajectory: list[int] = []
+    valid_list: list[bool] = []
+    rows: list[_Row] = []
+    empty = torch.zeros(0, dtype=torch.long)
+    for i, t in enumerate(trajectories):
+        reason = exclusion_reason(t)
+        if reason is not None:
+            try:
+                recorded = sum(run.num_generated_tokens for run in trajectory_runs(t))
+            except TrajectoryError:  # a broken record of an excluded trajectory: count what the top level holds
+                recorded = t.num_generated_tokens
+            reported = sum(int(s.info.get("sampled_tokens", 0)) for s in getattr(t, "steps", None) or ())
+            sampled = max(recorded, reported)
+            counts[f"excluded_{reason}"] += sampled
+            rows.append(_Row(empty, empty, empty, None, i))
+        else:
+            sampled = 0
+            for run in trajectory_runs(t):
+                run_sampled = run.num_generated_tokens
+                sampled += run_sampled
+                if max_prompt_length is not None and run.prompt_tokens.numel() > max_prompt_length:
+                    counts["excluded_over_length"] += run_sampled
+                    rows.append(_Row(empty, empty, empty, None, i, truncated=True))
+                    continue
+                cut = run.response_tokens.numel() if max_response_length is None else max_response_length
+                mask = run.response_masks[:cut]
+                kept = int(mask.sum())
+                counts["trained"] += kept
+                counts["excluded_over_length"] += run_sampled - kept
+                logprobs = None if run.response_logprobs is None else run.response_logprobs[:cut]
+                rows.append(_Row(run.prompt_tokens, run.response_tokens[:cut], mask, logprobs, i,
+                                 truncated=cut < run.response_tokens.numel()))  # fmt: skip
+        counts["sampled"] += sampled
+        per_trajectory.append(sampled)
+        valid_list.append(reason is None)
 
+    p = max_prompt_length if max_prompt_length is not None else max(r.prompt.numel() for r in rows)
+    r = max_response_length if max_response_length is not None else max(max(x.response.numel() for x in rows), 1)
     # One C++ padding call per field (`pad_sequence`) instead of a Python copy per row and field.
-    prompts = [t.prompt_tokens[-p:] if p else t.prompt_tokens[:0] for t in trajectories]
-    responses = [t.response_tokens[:r] for t in trajectories]
-    lp = torch.tensor([x.numel() for x in prompts], dtype=torch.long)
-    lr = torch.tensor([x.numel() for x in responses], dtype=torch.long)
-    truncated = (lp < torch.tensor([t.prompt_tokens.numel() for t in trajectories])) | (
-        lr < torch.tensor([t.response_tokens.numel() for t in trajectories])
-    )
-    input_ids = torch.cat((_pad(prompts, p, pad_token_id, "left"), _pad(responses, r, pad_token_id, "right")), dim=1)
-    response_mask = _pad([t.response_masks[: len(x)] for t, x in zip(trajectories, responses, strict=False)], r, 0, "right").float()
-    old_logprobs = torch.zeros((n, r), dtype=torch.float32)
-    if any(t.response_logprobs is not None for t in trajectories):
-        logprobs = [t.response_logprobs[: len(x)] if t.response_logprobs is not None else torch.zeros(len(x))
-                    for t, x in zip(trajectories, responses, strict=False)]  # fmt: skip
+    lp = torch.tensor([x.prompt.numel() for x in rows], dtype=torch.long)
+    lr = torch.tensor([x.response.numel() for x in rows], dtype=torch.long)
+    input_ids = torch.cat((_pad([x.prompt for x in rows], p, pad_token_id, "left"),
+                           _pad([x.response for x in rows], r, pad_token_id, "right")), dim=1)  # fmt: skip
+    response_mask = _pad([x.mask for x in rows], r, 0, "right").float()
+    old_logprobs = torch.zeros((len(rows), r), dtype=torch.float32)
+    if any(x.logprobs is not None for x in rows):
+        logprobs = [x.logprobs if x.logprobs is not None else torch.zeros(x.response.numel()) for x in rows]
         old_logprobs = _pad(logprobs, r, 0.0, "right") * response_mask
     # Positions count real tokens from 0; left padding is 0 and right padding repeats the last position.
     offset = torch.arange(p + r) - (p - lp)[:, None]
     length = (lp + lr)[:, None]
     attention_mask = ((offset >= 0) & (offset < length)).long()
     position_ids = torch.clamp(offset, torch.zeros_like(length), (length - 1).clamp(min=0))
-    valid = torch.tensor([not t.failed for t in trajectories], dtype=torch.bool)
-    rewards = torch.tensor([float(t.trajectory_reward) for t in trajectories], dtype=torch.float32) * valid
+    row_trajectory = torch.tensor([x.trajectory for x in rows], dtype=torch.long)
+    trajectory_valid = torch.tensor(valid_list, dtype=torch.bool)
+    trajectory_rewards = torch.tensor([float(t.trajectory_reward) for t in trajectories]) * trajectory_valid
+    trajectory_group_ids = torch.tensor(list(group_ids), dtype=torch.long)
+    valid = trajectory_valid[row_trajectory]
     batch = PackedBatch(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         responses=input_ids[:, p:].clone(), response_mask=response_mask * valid[:, None], old_logprobs=old_logprobs,
-        rewards=rewards, group_ids=torch.tensor(list(group_ids), dtype=torch.long), valid=valid, truncated=truncated,
-        prompt_width=p,
+        rewards=trajectory_rewards[row_trajectory], group_ids=trajectory_group_ids[row_trajectory], valid=valid,
+        truncated=torch.tensor([x.truncated for x in rows], dtype=torch.bool), prompt_width=p,
+        row_trajectory=row_trajectory, trajectory_rewards=trajectory_rewards, trajectory_group_ids=trajectory_group_ids,
+        trajectory_valid=trajectory_valid, trajectory_tokens=torch.tensor(per_trajectory, dtype=torch.long),
+        tokens=TokenCounts(**counts),
     )  # fmt: skip
     return batch.to(device)
 

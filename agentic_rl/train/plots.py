@@ -29,7 +29,8 @@ METRIC_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("held-out accuracy (greedy)", ("heldout_accuracy",)),
     ("response length (sampled tokens, mean)", ("response_length",)),
     ("loss", ("loss", "pg_loss")),
-    ("KL and clip fraction", ("kl", "clip_fraction")),
+    ("KL and clip fractions", ("kl", "clip_fraction", "dual_clip_fraction")),
+    ("sampled tokens: trained and excluded", ("tokens_trained", "tokens_excluded")),
     ("grad norm", ("grad_norm",)),
     ("engine vs trainer logprob gap (nats)", ("logprob_diff",)),
 )

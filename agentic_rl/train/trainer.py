@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -13,7 +14,8 @@ import torch
 from pydantic import Field
 
 from agentic_rl.config import Config
-from agentic_rl.train.advantages import group_advantages
+from agentic_rl.errors import TrainingError
+from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.loss import grpo_loss, response_logprobs
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
@@ -31,29 +33,67 @@ class GRPOConfig(Config):
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         clip_low / clip_high: ratio clip range of the policy loss.
+        clip_ratio_c: dual-clip bound (> 1) on the ratio of negative-advantage tokens (Ye et al. 2020; see
+            `grpo_loss`).
         kl_coef: weight of the k3 KL to the reference (the model at the start of training); 0 = no reference.
-        loss_agg_mode: `token-mean` or `sequence-mean`.
+        loss_agg_mode: `token-mean` or `sequence-mean` (a trajectory's runs form one sequence).
         scale_by_std: GRPO's division by the group std (False: mean baseline only).
         std_floor: floor on the group std.
         max_grad_norm: gradient clipping norm.
-        micro_batch_size: rows per forward/backward (gradients are accumulated over the batch).
+        micro_batch_size: rows per forward/backward (gradients are accumulated over the batch); with
+            `sequence-mean` a trajectory's runs stay in one micro-batch, which may then hold more rows.
+        max_prompt_length / max_response_length: packing widths in tokens (None: the longest in the batch). A run
+            whose prompt is longer is left out; a longer response keeps its first tokens. Cut sampled tokens are
+            counted in `tokens_excluded_over_length`.
+        max_consecutive_skips: `train_step` raises `TrainingError` when this many optimizer steps in a row were
+            skipped for a non-finite gradient norm.
     """
 
     lr: float = Field(default=1e-6, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     clip_high: float = Field(default=0.2, ge=0)
+    clip_ratio_c: float = Field(default=3.0, gt=1)
     kl_coef: float = Field(default=0.0, ge=0)
     loss_agg_mode: Literal["token-mean", "sequence-mean"] = "token-mean"
     scale_by_std: bool = True
     std_floor: float = Field(default=0.1, gt=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     micro_batch_size: int = Field(default=4, ge=1)
+    max_prompt_length: int | None = Field(default=None, ge=1)
+    max_response_length: int | None = Field(default=None, ge=1)
+    max_consecutive_skips: int = Field(default=3, ge=1)
+
+
+_ROW_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_logprobs", "rewards",
+               "group_ids", "valid", "truncated", "row_trajectory")  # fmt: skip
 
 
 def _rows(batch: PackedBatch, idx: torch.Tensor) -> PackedBatch:
-    fields = {k: (v[idx] if isinstance(v, torch.Tensor) else v) for k, v in batch.__dict__.items()}
-    return PackedBatch(**fields)
+    """The rows `idx` of `batch` (trajectory-level fields and counts are kept whole)."""
+    return dataclasses.replace(batch, **{k: getattr(batch, k)[idx] for k in _ROW_FIELDS})
+
+
+def _micro_batches(
+    rows: torch.Tensor, owner: torch.Tensor, size: int, *, whole_trajectories: bool
+) -> list[torch.Tensor]:
+    """Split row indices into chunks of at most `size` rows; with `whole_trajectories`, a trajectory's rows
+    (same `owner`) are never split (a chunk may then exceed `size`)."""
+    if not rows.numel():
+        return []
+    if not whole_trajectories:
+        return list(torch.split(rows, size))
+    chunks: list[list[int]] = [[]]
+    owners = owner[rows].tolist()
+    for start, row in enumerate(rows.tolist()):
+        if start and owners[start] == owners[start - 1]:
+            chunks[-1].append(row)
+            continue
+        span = owners.count(owners[start])
+        if chunks[-1] and len(chunks[-1]) + span > size:
+            chunks.append([])
+        chunks[-1].append(row)
+    return [torch.tensor(c, dtype=torch.long, device=rows.device) for c in chunks]
 
 
 class GRPOTrainer:
@@ -65,6 +105,11 @@ class GRPOTrainer:
         config: optimizer and loss settings.
         reference: a frozen copy of the initial model for the KL term (built when `kl_coef > 0` and None).
         dist: the data-parallel context under torchrun; gradients are averaged across its ranks.
+
+    Attributes:
+        steps_done: `train_step` calls so far.
+        skipped_steps: optimizer steps skipped so far for a non-finite gradient norm.
+        consecutive_skips: skips since the last optimizer step that was taken.
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, config: GRPOConfig | None = None,
@@ -85,6 +130,8 @@ class GRPOTrainer:
             reference = copy.deepcopy(self.module).eval().requires_grad_(False)
         self.reference = reference
         self.steps_done = 0
+        self.skipped_steps = 0
+        self.consecutive_skips = 0
 
     @property
     def module(self) -> torch.nn.Module:
@@ -95,29 +142,49 @@ class GRPOTrainer:
         """`(name, tensor)` pairs to push into an engine (`VLLMEngine.update_weights`)."""
         return [(name, p.detach()) for name, p in self.module.named_parameters()]
 
-    def train_step(self, trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] | None = None) -> dict[str, Any]:
-        """One GRPO optimizer step on a rollout.
+    def train_step(
+        self, trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] | None = None
+    ) -> dict[str, Any]:
+        """One GRPO optimizer step on a rollout: every exact token run of every valid trajectory is trained.
+
+        A trajectory whose history memory rewrote trains each of its runs, each on its own prompt, all with the
+        trajectory's advantage (`pack_trajectories`, `batch_advantages`). If the gradient norm is not finite, the
+        optimizer step is skipped (weights unchanged) and reported in `step_skipped` / `skipped_steps`.
 
         Args:
             trajectories: the rollout; rows of one task share a group (by `task["id"]`, or `group_ids`).
             group_ids: explicit group of each trajectory.
 
         Returns:
-            Metrics: `loss`, `pg_loss`, `kl`, `clip_fraction`, `grad_norm`, `reward_mean`, `reward_std`,
-            `valid_rows`, `response_length` (mean sampled tokens), `tokens`, `logprob_diff` (mean |trainer - engine|
-            logprob before the update, nats) and `train_seconds`.
+            Metrics: `loss`, `pg_loss`, `kl`, `clip_fraction` (share of trained tokens any clip cut off),
+            `dual_clip_fraction`, `kl_clamp_fraction`, `grad_norm`, `reward_mean` / `reward_std` (over valid
+            trajectories), `valid_trajectories`, `valid_rows` (trained runs), `response_length` (mean sampled tokens
+            per valid trajectory, all runs), `tokens` (= `tokens_trained`), the token accounting of `TokenCounts`
+            (`tokens_sampled` == `tokens_trained` + `tokens_excluded`, and `tokens_excluded_failed`,
+            `tokens_excluded_aborted`, `tokens_excluded_over_length`), `logprob_diff` (mean |trainer - engine|
+            logprob before the update, nats), `step_skipped` (1 if the optimizer step was skipped), `skipped_steps`
+            (so far) and `train_seconds`.
+
+        Raises:
+            TrainingError: when `max_consecutive_skips` optimizer steps in a row were skipped (the weights no longer
+                move: the model or the data produce non-finite gradients).
+            TrajectoryError: from packing or the loss (inconsistent records, NaN/Inf inputs).
         """
         t0 = time.perf_counter()
+        cfg = self.config
         device = next(self.module.parameters()).device
-        batch = pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device)
-        advantages = group_advantages(batch.rewards, batch.group_ids, batch.valid, scale_by_std=self.config.scale_by_std,
-                                      std_floor=self.config.std_floor)  # fmt: skip
+        batch = pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device,
+                                  max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length)  # fmt: skip
+        advantages = batch_advantages(batch, scale_by_std=cfg.scale_by_std, std_floor=cfg.std_floor)
         rows = torch.nonzero(batch.valid & (batch.response_mask.sum(-1) > 0)).flatten()
         total_tokens = float(batch.response_mask[rows].sum())
+        total_sequences = int(torch.unique(batch.row_trajectory[rows]).numel())
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "diff": 0.0}
-        chunks = list(torch.split(rows, self.config.micro_batch_size)) if rows.numel() else []
+        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "kl_clamp_fraction",
+                              "diff"), 0.0)  # fmt: skip
+        chunks = _micro_batches(rows, batch.row_trajectory, cfg.micro_batch_size,
+                                whole_trajectories=cfg.loss_agg_mode == "sequence-mean")  # fmt: skip
         for i, idx in enumerate(chunks):
             micro = _rows(batch, idx)
             sync = i == len(chunks) - 1
@@ -125,39 +192,58 @@ class GRPOTrainer:
             with context:
                 new = response_logprobs(self.model, micro)
                 ref = None
-                if self.reference is not None and self.config.kl_coef > 0:
+                if self.reference is not None and cfg.kl_coef > 0:
                     with torch.no_grad():
                         ref = response_logprobs(self.reference, micro)
                 out = grpo_loss(new, micro.old_logprobs, advantages[idx], micro.response_mask,
-                                clip_low=self.config.clip_low, clip_high=self.config.clip_high, ref_logprobs=ref,
-                                kl_coef=self.config.kl_coef, loss_agg_mode=self.config.loss_agg_mode)  # fmt: skip
-                weight = (float(micro.response_mask.sum()) / total_tokens if self.config.loss_agg_mode == "token-mean"
-                          else idx.numel() / rows.numel())  # fmt: skip
+                                clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
+                                ref_logprobs=ref, kl_coef=cfg.kl_coef, loss_agg_mode=cfg.loss_agg_mode,
+                                sequence_ids=micro.row_trajectory)  # fmt: skip
+                token_share = float(micro.response_mask.sum()) / total_tokens
+                weight = (token_share if cfg.loss_agg_mode == "token-mean"
+                          else int(torch.unique(micro.row_trajectory).numel()) / total_sequences)  # fmt: skip
                 (out.loss * weight).backward()
             mask = micro.response_mask.bool()
             sums["diff"] += float((new.detach() - micro.old_logprobs).abs()[mask].sum())
-            for key in ("loss", "pg_loss", "kl", "clip_fraction"):
+            for key in ("loss", "pg_loss", "kl"):
                 sums[key] += float(getattr(out, key).detach()) * weight
+            for key in ("clip_fraction", "dual_clip_fraction", "kl_clamp_fraction"):  # token shares in every mode
+                sums[key] += float(getattr(out, key)) * token_share
         if self.dist is not None:
             self.dist.allreduce_grads_(self.module)  # every rank joins, even with no rows of its own
         has_grads = any(p.grad is not None for p in self.module.parameters())
-        grad_norm = (float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm))
+        grad_norm = (float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), cfg.max_grad_norm))
                      if has_grads else 0.0)  # fmt: skip
-        if has_grads and math.isfinite(grad_norm):
-            self.optimizer.step()
+        skipped = has_grads and not math.isfinite(grad_norm)  # the norm is global: every rank decides alike
+        if skipped:
+            self.skipped_steps += 1
+            self.consecutive_skips += 1
+            logger.warning("non-finite gradient norm %s: optimizer step skipped (%d in a row, %d so far)", grad_norm,
+                           self.consecutive_skips, self.skipped_steps)  # fmt: skip
         elif has_grads:
-            logger.warning("non-finite gradient norm %s: optimizer step skipped", grad_norm)
+            self.optimizer.step()
+            self.consecutive_skips = 0
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
-        valid_rewards = batch.rewards[batch.valid]
+        if self.consecutive_skips >= cfg.max_consecutive_skips:
+            raise TrainingError(
+                f"{self.consecutive_skips} optimizer steps in a row were skipped for a non-finite gradient norm "
+                f"(last: {grad_norm}; max_consecutive_skips={cfg.max_consecutive_skips}): the weights no longer move"
+            )
+        valid_rewards = batch.trajectory_rewards[batch.trajectory_valid]
+        valid_lengths = batch.trajectory_tokens[batch.trajectory_valid].float()
         return {
             **{k: v for k, v in sums.items() if k != "diff"},
             "grad_norm": grad_norm,
             "reward_mean": float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
             "reward_std": float(valid_rewards.std(unbiased=False)) if valid_rewards.numel() else 0.0,
-            "valid_rows": int(batch.valid.sum()),
-            "response_length": float(batch.response_lengths[batch.valid].float().mean()) if rows.numel() else 0.0,
+            "valid_trajectories": int(batch.trajectory_valid.sum()),
+            "valid_rows": int(rows.numel()),
+            "response_length": float(valid_lengths.mean()) if valid_lengths.numel() else 0.0,
             "tokens": int(total_tokens),
+            **batch.tokens.as_metrics(),
             "logprob_diff": sums["diff"] / total_tokens if total_tokens else 0.0,
+            "step_skipped": int(skipped),
+            "skipped_steps": self.skipped_steps,
             "train_seconds": time.perf_counter() - t0,
         }

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentic_rl.errors import TrajectoryError
-from agentic_rl.train.packing import pack_trajectories
+from agentic_rl.train.packing import TokenCounts, pack_trajectories
 from agentic_rl.types import StepTrajectory, Trajectory
 
 PAD = 0
@@ -37,13 +37,20 @@ def test_prompts_are_left_padded_and_responses_right_padded():
     assert batch.input_ids.dtype == torch.long and batch.response_mask.dtype == torch.float32
 
 
-def test_truncation_to_fixed_widths_is_explicit_and_flagged():
-    a = _traj([1, 2, 3, 4], [5, 6, 7], [1, 1, 1], [-1.0, -1.0, -1.0])
-    batch = pack_trajectories([a], pad_token_id=PAD, max_prompt_length=2, max_response_length=2)
-    assert batch.input_ids.tolist() == [[3, 4, 5, 6]]  # prompt keeps its end, response its start
-    assert batch.truncated.tolist() == [True]
+def test_fixed_widths_never_cut_a_prompt_and_count_what_they_leave_out():
+    a = _traj([1, 2, 3, 4], [5, 6, 7], [1, 1, 1], [-1.0, -1.0, -1.0], task_id="q")
+    b = _traj([8, 9], [10, 11, 12], [1, 0, 1], [-0.5, 0.0, -0.5], task_id="q", idx=1)
+    batch = pack_trajectories([a, b], pad_token_id=PAD, max_prompt_length=2, max_response_length=2)
+    # a's prompt does not fit: left out whole (a cut prompt is a context the engine never saw); b keeps [10, 11]
+    assert batch.input_ids.tolist() == [[0, 0, 0, 0], [8, 9, 10, 11]]
+    assert batch.response_mask.tolist() == [[0, 0], [1, 0]]
+    assert batch.old_logprobs.tolist() == [[0, 0], [-0.5, 0]]
+    assert batch.truncated.tolist() == [True, True] and batch.valid.tolist() == [True, True]
+    assert batch.tokens == TokenCounts(sampled=5, trained=1, excluded_over_length=4)
+    assert batch.trajectory_valid.tolist() == [True, True]  # still in the group statistics
     wide = pack_trajectories([a], pad_token_id=PAD, max_prompt_length=6, max_response_length=5)
     assert wide.input_ids.shape == (1, 11) and wide.truncated.tolist() == [False]
+    assert wide.tokens == TokenCounts(sampled=3, trained=3)
 
 
 def test_failed_trajectories_are_invalid_with_zero_mask_and_reward():
@@ -53,6 +60,8 @@ def test_failed_trajectories_are_invalid_with_zero_mask_and_reward():
     batch = pack_trajectories([good, bad, empty], pad_token_id=PAD)
     assert batch.valid.tolist() == [True, False, False]
     assert batch.response_mask[1:].sum() == 0 and batch.rewards[1:].tolist() == [0.0, 0.0]
+    assert batch.tokens == TokenCounts(sampled=3, trained=1, excluded_failed=2)
+    assert batch.trajectory_tokens.tolist() == [1, 2, 0]
 
 
 def test_groups_follow_task_ids_or_explicit_ids():

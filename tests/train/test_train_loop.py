@@ -89,6 +89,17 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
         assert key in rows[0]
     assert all(r["grad_norm"] > 0 for r in rows)  # the toy reward varies inside groups
     assert rows[0]["logprob_diff"] < 1e-3  # fp32 engine and trainer agree before the first update
+    for r in rows:
+        assert 0 <= r["dual_clip_fraction"] <= r["clip_fraction"] <= 1
+        assert (r["step_skipped"], r["skipped_steps"]) == (0, 0)
+        assert r["tokens_sampled"] == r["tokens_trained"] + r["tokens_excluded"] > 0
+        assert r["tokens_excluded"] == sum(r[f"tokens_excluded_{k}"] for k in ("failed", "aborted", "over_length"))
+        # the recorded rollout holds exactly the tokens the step accounted for (one run each: no memory here)
+        record = [json.loads(line) for line in (run / f"rollouts/step_{r['step']}.jsonl").read_text().splitlines()]
+        kept = [t for t in record if not t["failed"] and all(s["info"].get("finish_reason") != "abort" for s in t["steps"])]
+        assert r["tokens_trained"] == sum(sum(t["response_mask"]) for t in kept)
+        by_steps = [max(sum(t["response_mask"]), sum(s["info"].get("sampled_tokens", 0) for s in t["steps"])) for t in record]
+        assert r["tokens_sampled"] == sum(by_steps)  # a failed record may have been dropped: its steps still count
     step2 = [json.loads(line) for line in (run / "rollouts/step_2.jsonl").read_text().splitlines()]
     assert {r["metrics"]["weight_version"] for r in step2} == {1}  # sampled after one sync
     assert (run / "checkpoints/final/model.safetensors").is_file()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
-from agentic_rl.types import StepTrajectory
+from agentic_rl.types import Step, StepTrajectory
 
 
 async def _group(engine, tokenizer, rewards, task_id="t0"):
@@ -69,3 +69,43 @@ async def test_kl_to_the_initial_model_is_zero_before_any_update(fp32_engine, to
     second = trainer.train_step(trajs)
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)
     assert second["kl"] > 0
+
+
+async def _rewritten(engine, tokenizer, reward: float, i: int) -> StepTrajectory:
+    """Three turns sampled by the fp32 engine in two runs: memory replaced the history with a summary before turn 2."""
+
+    def chat(text: str) -> list[int]:
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)  # fmt: skip
+        return tokenizer.encode(rendered, add_special_tokens=False)
+
+    glue = tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnother one.<|im_end|>\n<|im_start|>assistant\n",
+                            add_special_tokens=False)  # fmt: skip
+    sampling = {"max_tokens": 8, "min_tokens": 8, "temperature": 1.0}
+    p0 = chat("Say a number.")
+    g0 = await engine.generate(p0, {**sampling, "seed": 300 + 3 * i})
+    p1 = p0 + g0.token_ids + glue
+    g1 = await engine.generate(p1, {**sampling, "seed": 301 + 3 * i})
+    p2 = chat("Summary: the user asked for two numbers. Say one more.")
+    g2 = await engine.generate(p2, {**sampling, "seed": 302 + 3 * i})
+    steps = [Step(prompt_ids=p, response_ids=g.token_ids, response_logprobs=g.logprobs)
+             for p, g in ((p0, g0), (p1, g1), (p2, g2))]  # fmt: skip
+    return StepTrajectory(prompt_tokens=p2, response_tokens=g2.token_ids, response_masks=[1] * 8,
+                          response_logprobs=g2.logprobs, trajectory_reward=reward, idx=i, task={"id": "t0"},
+                          metrics={"continuous": False}, steps=steps)  # fmt: skip
+
+
+async def test_every_run_of_a_rewritten_history_is_trained_in_its_own_context(fp32_engine, tokenizer, model_copy):
+    trajs = [await _rewritten(fp32_engine, tokenizer, r, i) for i, r in enumerate([1.0, 0.0, 1.0, 0.0])]
+    trainer = GRPOTrainer(model_copy, pad_token_id=tokenizer.pad_token_id,
+                          config=GRPOConfig(lr=1e-4, micro_batch_size=3))  # fmt: skip
+    metrics = trainer.train_step(trajs)
+
+    # all 3 turns x 8 tokens of each trajectory, not only its last run's 8
+    assert metrics["tokens_sampled"] == metrics["tokens_trained"] == metrics["tokens"] == 96
+    assert metrics["tokens_excluded"] == 0 and metrics["valid_rows"] == 8 and metrics["valid_trajectories"] == 4
+    assert metrics["response_length"] == 24.0
+    # The trainer's logprobs match the engine's on every token: each run sits on the prompt it was sampled from.
+    assert metrics["logprob_diff"] < 1e-3
+    assert abs(metrics["loss"]) < 1e-4  # on-policy, and each trajectory's runs share one advantage
+    assert metrics["grad_norm"] > 0

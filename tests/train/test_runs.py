@@ -1,0 +1,213 @@
+"""Every sampled token reaches the loss exactly once, in the context it was sampled in, or is counted as excluded."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from agentic_rl.errors import TrajectoryError
+from agentic_rl.train.advantages import batch_advantages, group_advantages
+from agentic_rl.train.packing import PackedBatch, TokenCounts, pack_trajectories
+from agentic_rl.train.runs import exclusion_reason, trajectory_runs
+from agentic_rl.types import Step, StepTrajectory
+
+PAD = 0
+
+
+def sampled_in_context(batch: PackedBatch) -> Counter:
+    """(context ids, token id, old logprob) for every token that enters the loss, read back from the batch."""
+    out: Counter = Counter()
+    p = batch.prompt_width
+    for b in range(batch.input_ids.shape[0]):
+        real = batch.attention_mask[b].bool()
+        for j in torch.nonzero(batch.response_mask[b]).flatten().tolist():
+            context = batch.input_ids[b, : p + j][real[: p + j]].tolist()
+            out[(tuple(context), int(batch.responses[b, j]), round(float(batch.old_logprobs[b, j]), 6))] += 1
+    return out
+
+
+def sampled_by_steps(trajectory: StepTrajectory) -> Counter:
+    """The same triples as the engine saw them: each step's exact prompt, then its sampled ids one by one."""
+    out: Counter = Counter()
+    for step in trajectory.steps:
+        for j, token in enumerate(step.response_ids):
+            context = tuple(step.prompt_ids + step.response_ids[:j])
+            out[(context, token, round(float(torch.tensor(step.response_logprobs[j])), 6))] += 1
+    return out
+
+
+def rewritten(idx: int = 0, *, reward: float = 1.0, task_id: str = "q", **kwargs) -> StepTrajectory:
+    """Four turns in two runs: memory rewrote the history (a summary [30, 31]) before turn 2.
+
+    run 1: prompt [1 2 3] | turn 0 samples [10 11] | glue [20 21] | turn 1 samples [12]
+    run 2: prompt [1 2 30 31] | turn 2 samples [13 14] | glue [22] | turn 3 samples [15 16 17]
+    The top-level fields hold run 2 only, as the harness records it.
+    """
+    steps = [
+        Step(prompt_ids=[1, 2, 3], response_ids=[10, 11], response_logprobs=[-0.1, -0.2], info={"sampled_tokens": 2}),
+        Step(prompt_ids=[1, 2, 3, 10, 11, 20, 21], response_ids=[12], response_logprobs=[-0.3]),
+        Step(prompt_ids=[1, 2, 30, 31], response_ids=[13, 14], response_logprobs=[-0.4, -0.5]),
+        Step(prompt_ids=[1, 2, 30, 31, 13, 14, 22], response_ids=[15, 16, 17], response_logprobs=[-0.6, -0.7, -0.8]),
+    ]
+    return StepTrajectory(prompt_tokens=[1, 2, 30, 31], response_tokens=[13, 14, 22, 15, 16, 17],
+                          response_masks=[1, 1, 0, 1, 1, 1], response_logprobs=[-0.4, -0.5, 0, -0.6, -0.7, -0.8],
+                          metrics={"continuous": False}, steps=steps, idx=idx, trajectory_reward=reward,
+                          task={"id": task_id}, **kwargs)  # fmt: skip
+
+
+def continuous(idx: int, *, reward: float, task_id: str = "q", n: int = 2, **kwargs) -> StepTrajectory:
+    return StepTrajectory(prompt_tokens=[1, 2, 3], response_tokens=[40 + k for k in range(n)], response_masks=[1] * n,
+                          response_logprobs=[-1.0] * n, idx=idx, trajectory_reward=reward, task={"id": task_id},
+                          steps=[Step()], **kwargs)  # fmt: skip
+
+
+def test_runs_are_rebuilt_from_the_steps_exact_ids():
+    runs = trajectory_runs(rewritten())
+    assert [r.prompt_tokens.tolist() for r in runs] == [[1, 2, 3], [1, 2, 30, 31]]
+    assert [r.response_tokens.tolist() for r in runs] == [[10, 11, 20, 21, 12], [13, 14, 22, 15, 16, 17]]
+    assert [r.response_masks.tolist() for r in runs] == [[1, 1, 0, 0, 1], [1, 1, 0, 1, 1, 1]]
+    assert runs[0].response_logprobs.tolist() == pytest.approx([-0.1, -0.2, 0, 0, -0.3])
+    assert runs[1].response_logprobs.tolist() == pytest.approx([-0.4, -0.5, 0, -0.6, -0.7, -0.8])
+    assert {r.trajectory_reward for r in runs} == {1.0}
+    one = continuous(0, reward=1.0)
+    assert trajectory_runs(one) == [one]
+
+
+def test_every_run_is_packed_and_each_sampled_token_appears_exactly_once_in_its_context():
+    traj = rewritten()
+    batch = pack_trajectories([traj], pad_token_id=PAD)
+    assert batch.input_ids.shape[0] == 2 and batch.row_trajectory.tolist() == [0, 0]
+    assert sampled_in_context(batch) == sampled_by_steps(traj)
+    assert sum(sampled_by_steps(traj).values()) == 8
+    assert batch.tokens == TokenCounts(sampled=8, trained=8)
+    assert batch.trajectory_tokens.tolist() == [8]
+
+
+def test_a_trajectory_with_several_runs_weighs_once_in_its_group():
+    trajs = [rewritten(0, reward=1.0), continuous(1, reward=0.0), continuous(2, reward=0.0)]
+    batch = pack_trajectories(trajs, pad_token_id=PAD)
+    assert batch.row_trajectory.tolist() == [0, 0, 1, 2]
+    adv = batch_advantages(batch)
+    # per trajectory: mean 1/3, std sqrt(2)/3 -> +sqrt(2) for the rewarded one, -1/sqrt(2) for the others
+    expected = [math.sqrt(2)] * 2 + [-1 / math.sqrt(2)] * 2
+    assert adv.tolist() == pytest.approx(expected, rel=1e-5)
+    # Statistics over rows would count the rewarded trajectory twice: mean 1/2, std 1/2 -> +-1.
+    per_row = group_advantages(batch.rewards, batch.group_ids, batch.valid)
+    assert per_row.tolist() == pytest.approx([1.0, 1.0, -1.0, -1.0], rel=1e-5)
+
+
+def test_sampled_equals_trained_plus_excluded_for_every_reason():
+    good = rewritten(0, reward=1.0)  # 8 sampled, all trained
+    failed = rewritten(1, reward=0.0, failed=True, error="EnvStepError: boom")  # 8 failed
+    timeout = continuous(2, reward=0.0, n=5, failed=True, termination_reason="timeout")  # 5 aborted
+    abort_turn = continuous(3, reward=1.0, n=3)  # not marked failed, but its only turn was aborted: 3 aborted
+    abort_turn.steps = [Step(info={"finish_reason": "abort", "sampled_tokens": 3})]
+    # A record dropped as invalid (e.g. a NaN logprob): nothing left but the steps' own counts. 4 failed.
+    wiped = StepTrajectory(prompt_tokens=[], response_tokens=[], response_masks=[], failed=True, idx=4,
+                           steps=[Step(info={"sampled_tokens": 4})])  # fmt: skip
+    long = continuous(5, reward=0.0, n=6)  # cut to 4 response tokens: 4 trained, 2 over length
+    trajs = [good, failed, timeout, abort_turn, wiped, long]
+    assert [exclusion_reason(t) for t in trajs] == [None, "failed", "aborted", "aborted", "failed", None]
+
+    batch = pack_trajectories(trajs, pad_token_id=PAD, max_response_length=4)
+    # good's run 1 keeps [10 11 20 21] (2 sampled, [12] over length), run 2 keeps [13 14 22 15] (3 sampled, [16 17]
+    # over length); long keeps 4 of its 6. Failed: 8 + the wiped record's 4; aborted: 5 + 3.
+    expected = TokenCounts(sampled=34, trained=2 + 3 + 4, excluded_failed=12, excluded_aborted=8,
+                           excluded_over_length=1 + 2 + 2)  # fmt: skip
+    assert batch.tokens == expected
+    assert expected.sampled == expected.trained + expected.excluded
+    assert int(batch.response_mask.sum()) == expected.trained
+    assert batch.trajectory_valid.tolist() == [True, False, False, False, False, True]
+    assert batch.trajectory_tokens.tolist() == [8, 8, 5, 3, 4, 6]
+    assert batch.tokens.as_metrics() == {
+        "tokens_sampled": 34, "tokens_trained": 9, "tokens_excluded": 25, "tokens_excluded_failed": 12,
+        "tokens_excluded_aborted": 8, "tokens_excluded_over_length": 5,
+    }  # fmt: skip
+    unlimited = pack_trajectories(trajs, pad_token_id=PAD)
+    assert unlimited.tokens == TokenCounts(sampled=34, trained=14, excluded_failed=12, excluded_aborted=8)
+
+
+def test_excluded_trajectories_are_left_out_of_group_statistics():
+    trajs = [rewritten(0, reward=1.0), continuous(1, reward=0.0), continuous(2, reward=5.0, n=1)]
+    trajs[2].steps = [Step(info={"finish_reason": "abort"})]
+    adv = batch_advantages(pack_trajectories(trajs, pad_token_id=PAD))
+    assert adv.tolist() == pytest.approx([1.0, 1.0, -1.0, 0.0], abs=1e-5)  # the aborted one: 0, not in mean/std
+
+
+def test_a_rewritten_history_without_step_ids_is_an_error_not_a_silent_loss():
+    traj = rewritten()
+    traj.steps[1].prompt_ids = []
+    with pytest.raises(TrajectoryError, match="prompt_ids"):
+        trajectory_runs(traj)
+    with pytest.raises(TrajectoryError, match="earlier runs"):
+        pack_trajectories([traj], pad_token_id=PAD)
+    partial = rewritten()
+    partial.steps[2].response_logprobs = []
+    with pytest.raises(TrajectoryError, match="only some steps"):
+        trajectory_runs(partial)
+    short = rewritten()
+    short.steps[3].response_logprobs = [-0.6]
+    with pytest.raises(TrajectoryError, match="1 response_logprobs for 3"):
+        trajectory_runs(short)
+    broken_but_failed = rewritten(failed=True)
+    broken_but_failed.steps[1].prompt_ids = []
+    assert pack_trajectories([broken_but_failed], pad_token_id=PAD).tokens == TokenCounts(sampled=5, excluded_failed=5)
+
+
+class _EngineSummaryClient:
+    """Summaries written by the real engine itself (the text is whatever the model writes)."""
+
+    def __init__(self, engine, tokenizer) -> None:
+        self.engine, self.tokenizer, self.calls = engine, tokenizer, 0
+
+    async def summarize(self, messages, *, system_prompt, max_tokens):
+        from agentic_rl.memory import to_template_messages
+
+        chat = [{"role": "system", "content": system_prompt}, *to_template_messages(messages)]
+        rendered = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        prompt = self.tokenizer.encode(rendered, add_special_tokens=False)
+        out = await self.engine.generate(prompt, {"max_tokens": max_tokens, "temperature": 0.7, "seed": self.calls})
+        self.calls += 1
+        return "Notes: " + self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+async def test_a_summarizing_rollout_on_the_real_engine_is_packed_run_by_run(engine, tokenizer):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
+    from engines import ForcedCallEngine
+
+    from agentic_rl.chat import ChatRenderer
+    from agentic_rl.environments.tool_env import ToolEnvironment
+    from agentic_rl.memory import MemoryConfig, MemorySummary
+    from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
+    from agentic_rl.tools.calculator import CalculatorTool
+
+    config = MemoryConfig(use_summary=True, max_prompt_length=420, max_summary_length=32, before_raw_message=2,
+                          end_raw_message=-2)  # fmt: skip
+    client = _EngineSummaryClient(engine, tokenizer)
+    forced = ForcedCallEngine(engine, tokenizer, forced_turns=100)  # keeps calling tools: the history grows
+    traj = await run_trajectory(
+        {"id": "long", "question": "Add up 12 + 30, then keep checking it with the calculator.", "ground_truth": "42"},
+        0, engine=forced, environment=ToolEnvironment([CalculatorTool()]), renderer=ChatRenderer(tokenizer),
+        config=HarnessConfig(max_steps=6, max_prompt_length=1024, max_response_length=1024,
+                             sampling={"temperature": 0.7, "max_tokens": 96}),
+        memory_factory=lambda: MemorySummary(config, chat_client=client, tokenizer=tokenizer),
+    )  # fmt: skip
+    assert not traj.failed, traj.error
+    assert traj.metrics["summaries"] >= 1 and traj.metrics["continuous"] is False
+    assert [(s.prompt_ids, s.response_ids) for s in traj.steps] == [(p, g.token_ids) for p, _, g in forced.calls]
+
+    batch = pack_trajectories([traj], pad_token_id=tokenizer.pad_token_id)
+    runs = trajectory_runs(traj)
+    assert len(runs) >= 2 and batch.input_ids.shape[0] == len(runs)
+    # the top level holds only the last run; packing trains them all
+    assert traj.num_generated_tokens < batch.tokens.sampled == traj.metrics["generated_tokens"]
+    assert batch.tokens == TokenCounts(sampled=traj.metrics["generated_tokens"], trained=traj.metrics["generated_tokens"])
+    assert sampled_in_context(batch) == sampled_by_steps(traj)  # each sampled token once, in its exact context
+    assert runs[-1].prompt_tokens.tolist() == traj.prompt_tokens.tolist()
+    assert runs[-1].response_tokens.tolist() == traj.response_tokens[: runs[-1].response_tokens.numel()].tolist()

@@ -1,0 +1,118 @@
+"""`GRPOTrainer.train_step` on the tiny random model: token accounting, micro-batching, skipped optimizer steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from agentic_rl.errors import TrainingError
+from agentic_rl.train.advantages import batch_advantages
+from agentic_rl.train.loss import grpo_loss, response_logprobs
+from agentic_rl.train.packing import pack_trajectories
+from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
+from agentic_rl.types import Step, StepTrajectory
+
+PAD = 2
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.models import resolve_model
+
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")), dtype=torch.float32)
+
+
+def _rewritten(idx: int, reward: float, *, task_id: str = "t", failed: bool = False) -> StepTrajectory:
+    """Three turns in two runs (memory rewrote the history before turn 2); 4 + 3 + 5 = 12 sampled tokens."""
+    g = torch.Generator().manual_seed(idx)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(100, 4000, (n,), generator=g).tolist()
+
+    def lps(n: int) -> list[float]:
+        return (-torch.rand(n, generator=g) * 4).tolist()
+
+    p0, r0, glue, r1, p2, r2 = ids(6), ids(4), ids(3), ids(3), ids(9), ids(5)
+    steps = [Step(prompt_ids=p0, response_ids=r0, response_logprobs=lps(4)),
+             Step(prompt_ids=p0 + r0 + glue, response_ids=r1, response_logprobs=lps(3)),
+             Step(prompt_ids=p2, response_ids=r2, response_logprobs=lps(5))]  # fmt: skip
+    return StepTrajectory(prompt_tokens=p2, response_tokens=r2, response_masks=[1] * 5,
+                          response_logprobs=steps[2].response_logprobs, idx=idx, trajectory_reward=reward,
+                          metrics={"continuous": False}, steps=steps, task={"id": task_id}, failed=failed)  # fmt: skip
+
+
+def _batch() -> list[StepTrajectory]:
+    return [_rewritten(0, 1.0), _rewritten(1, 0.0), _rewritten(2, 0.5), _rewritten(3, 1.0, failed=True),
+            _rewritten(4, 0.0, task_id="u"), _rewritten(5, 1.0, task_id="u")]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "sequence-mean"])
+def test_micro_batching_changes_nothing_and_every_run_is_counted(tiny, mode):
+    trajs = _batch()
+    batch = pack_trajectories(trajs, pad_token_id=PAD)
+    adv = batch_advantages(batch)
+    with torch.no_grad():
+        new = response_logprobs(tiny.eval(), batch)
+    whole = grpo_loss(new, batch.old_logprobs, adv, batch.response_mask, loss_agg_mode=mode,
+                      sequence_ids=batch.row_trajectory)  # fmt: skip
+
+    stats = []
+    for micro in (1, 3, 64):
+        trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD,
+                              config=GRPOConfig(lr=1e-3, micro_batch_size=micro, loss_agg_mode=mode))  # fmt: skip
+        stats.append(trainer.train_step(trajs))
+    for s in stats:
+        assert s["loss"] == pytest.approx(whole.loss.item(), rel=1e-4, abs=1e-6)
+        assert s["clip_fraction"] == pytest.approx(whole.clip_fraction.item(), abs=1e-6)
+        assert s["dual_clip_fraction"] == pytest.approx(whole.dual_clip_fraction.item(), abs=1e-6)
+        assert s["grad_norm"] == pytest.approx(stats[0]["grad_norm"], rel=1e-3)
+        # 6 trajectories x 12 sampled tokens; the failed one's 12 are excluded; 5 valid x 2 runs are trained
+        assert (s["tokens_sampled"], s["tokens_trained"], s["tokens_excluded"], s["tokens_excluded_failed"]) == (
+            72, 60, 12, 12)  # fmt: skip
+        assert s["tokens"] == 60 and s["valid_rows"] == 10 and s["valid_trajectories"] == 5
+        assert s["response_length"] == 12.0
+        assert s["step_skipped"] == 0 and s["skipped_steps"] == 0
+    assert whole.clip_fraction.item() > 0  # the made-up old logprobs are far off-policy: the clips are exercised
+
+
+def test_skipped_steps_are_reported_and_too_many_in_a_row_stop_training(tiny, caplog):
+    model = copy.deepcopy(tiny)
+    trainer = GRPOTrainer(model, pad_token_id=PAD, config=GRPOConfig(lr=1e-2, max_consecutive_skips=2))
+    trajs = _batch()
+    weight = model.model.norm.weight
+
+    def poison():  # a non-finite gradient, as an overflowing model or loss would produce
+        return weight.register_hook(lambda g: torch.full_like(g, float("nan")))
+
+    before = [p.detach().clone() for p in model.parameters()]
+    handle = poison()
+    first = trainer.train_step(trajs)
+    assert first["step_skipped"] == 1 and first["skipped_steps"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # weights untouched
+    assert "optimizer step skipped" in caplog.text
+    handle.remove()
+
+    second = trainer.train_step(trajs)
+    assert second["step_skipped"] == 0 and second["skipped_steps"] == 1 and trainer.consecutive_skips == 0
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+    handle = poison()
+    third = trainer.train_step(trajs)
+    assert third["step_skipped"] == 1 and third["skipped_steps"] == 2 and trainer.consecutive_skips == 1
+    with pytest.raises(TrainingError, match="2 optimizer steps in a row were skipped"):
+        trainer.train_step(trajs)
+    handle.remove()
+    assert trainer.skipped_steps == 3
+
+
+def test_config_bounds_of_the_new_settings():
+    from agentic_rl.errors import ConfigError
+
+    assert GRPOConfig().clip_ratio_c == 3.0 and GRPOConfig().max_consecutive_skips == 3
+    for bad in ({"clip_ratio_c": 1.0}, {"max_consecutive_skips": 0}, {"max_response_length": 0}):
+        with pytest.raises(ConfigError):
+            GRPOConfig(**bad)
