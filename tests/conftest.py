@@ -6,6 +6,9 @@ import os
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One OpenMP thread per process: CI shares the machine with other busy processes, and torch's default of one thread
+# per core slows down many times over under contention (the suite's training tests: ~60 s -> ~3 s each).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402

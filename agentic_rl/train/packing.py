@@ -7,6 +7,7 @@ that predict response token j sit at column P - 1 + j.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,11 @@ class TokenCounts:
             "tokens_excluded_failed": self.excluded_failed, "tokens_excluded_aborted": self.excluded_aborted,
             "tokens_excluded_over_length": self.excluded_over_length,
         }  # fmt: skip
+
+
+#: The per-row fields of a `PackedBatch` (indexed by `select`); the others describe whole trajectories.
+ROW_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_logprobs", "rewards",
+              "group_ids", "valid", "truncated", "row_trajectory")  # fmt: skip
 
 
 @dataclass
@@ -112,9 +118,11 @@ class PackedBatch:
         return PackedBatch(**moved)
 
     def select(self, rows: torch.Tensor) -> PackedBatch:
-        """The batch of the given rows ((K,) int64 indices), same column widths (e.g. one micro-batch)."""
-        picked = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        return PackedBatch(**picked)
+        """The batch of the given rows ((K,) int64 indices), same column widths (e.g. one micro-batch).
+
+        Per-row tensors are indexed; trajectory-level fields and token counts are kept whole.
+        """
+        return dataclasses.replace(self, **{k: getattr(self, k)[rows] for k in ROW_FIELDS})
 
 
 @dataclass(slots=True)

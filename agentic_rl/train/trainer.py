@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -18,7 +17,7 @@ from agentic_rl.errors import TrainingError
 from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.loss import grpo_loss, response_logprobs
-from agentic_rl.train.packing import PackedBatch, pack_trajectories
+from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.types import Trajectory
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
@@ -63,15 +62,6 @@ class GRPOConfig(Config):
     max_prompt_length: int | None = Field(default=None, ge=1)
     max_response_length: int | None = Field(default=None, ge=1)
     max_consecutive_skips: int = Field(default=3, ge=1)
-
-
-_ROW_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_logprobs", "rewards",
-               "group_ids", "valid", "truncated", "row_trajectory")  # fmt: skip
-
-
-def _rows(batch: PackedBatch, idx: torch.Tensor) -> PackedBatch:
-    """The rows `idx` of `batch` (trajectory-level fields and counts are kept whole)."""
-    return dataclasses.replace(batch, **{k: getattr(batch, k)[idx] for k in _ROW_FIELDS})
 
 
 def _micro_batches(
@@ -186,7 +176,7 @@ class GRPOTrainer:
         chunks = _micro_batches(rows, batch.row_trajectory, cfg.micro_batch_size,
                                 whole_trajectories=cfg.loss_agg_mode == "sequence-mean")  # fmt: skip
         for i, idx in enumerate(chunks):
-            micro = _rows(batch, idx)
+            micro = batch.select(idx)
             sync = i == len(chunks) - 1
             context = self.model.no_sync() if (hasattr(self.model, "no_sync") and not sync) else nullcontext()
             with context:
