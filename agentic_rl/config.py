@@ -28,8 +28,8 @@ def config_error(owner: str, exc: ValidationError) -> ConfigError:
     err = exc.errors()[0]
     field = ".".join(str(part) for part in err["loc"])
     inner = (err.get("ctx") or {}).get("error")
-    if isinstance(inner, ConfigError) and hasattr(inner, "config_path"):
-        return _error(owner, [*([field] if field else []), *inner.config_path[1:]], inner.config_detail)
+    if isinstance(inner, ConfigError) and inner.path:
+        return _error(owner, [*([field] if field else []), *inner.path[1:]], inner.detail)
     if not field:  # a check across fields (a model validator)
         detail = f" is invalid: {err['msg'].removeprefix('Value error, ')}"
     elif err["type"] == "missing":
@@ -45,9 +45,7 @@ def config_error(owner: str, exc: ValidationError) -> ConfigError:
 
 def _error(owner: str, path: list[str], detail: str) -> ConfigError:
     full = [owner, *path]
-    error = ConfigError(".".join(full) + detail)
-    error.config_path, error.config_detail = full, detail  # type: ignore[attr-defined]
-    return error
+    return ConfigError(".".join(full) + detail, path=full, detail=detail)
 
 
 class Config(BaseModel):

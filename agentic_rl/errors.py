@@ -43,7 +43,17 @@ class AgenticRLError(Exception):
 
 
 class ConfigError(AgenticRLError, ValueError):
-    """Raised when a parameter, task or config value is out of range or of the wrong type."""
+    """Raised when a parameter, task or config value is out of range or of the wrong type.
+
+    Attributes:
+        path: for a bad field of a settings object, `[ClassName, field, subfield, ...]`; else empty.
+        detail: the message after the path (e.g. ` is not a known field`); else the whole message.
+    """
+
+    def __init__(self, message: str, *, path: list[str] | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.path: list[str] = list(path or [])
+        self.detail: str = message if detail is None else detail
 
 
 class TrajectoryError(AgenticRLError, ValueError):

@@ -103,7 +103,7 @@ class BaseEngineWrapper(abc.ABC):
         try:
             args = _WrapperArgs(**values)
         except ConfigError as exc:
-            field = exc.config_path[1]  # type: ignore[attr-defined]
+            field = exc.path[1]
             if field == "sampling_params":  # name the option: `sampling_params.max_token is not a known field`
                 raise ConfigError(str(exc).removeprefix("_WrapperArgs.")) from None
             raise ConfigError(f"{field}={values[field]!r} is invalid: expected {_ALLOWED[field]}") from None
