@@ -11,6 +11,7 @@ from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import (
     AgenticRLError,
     ConfigError,
+    EngineAbortedError,
     EngineError,
     EngineTimeoutError,
     EnvStepError,
@@ -42,6 +43,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "Engine",
+    "EngineAbortedError",
     "EngineError",
     "EngineTimeoutError",
     "EnvStepError",

@@ -8,7 +8,8 @@ Hierarchy::
     ├── ModelError                          a model name cannot be resolved into a local Hugging Face folder
     ├── TemplateError                       a chat template cannot be used for exact token bookkeeping
     ├── EngineError                         the inference engine failed, or was used before start / after close
-    │   └── EngineTimeoutError              one generate call did not return within the per-turn limit
+    │   ├── EngineTimeoutError              one generate call did not return within the per-turn limit
+    │   └── EngineAbortedError              the engine ended a request without a turn (finish_reason `abort`)
     ├── ToolError                           a tool failed while executing (turned into error text for the model)
     ├── EnvStepError                        an environment's reset/step failed (fails that trajectory only)
     ├── RewardError                         a reward function failed or returned a non-finite value
@@ -26,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "AgenticRLError",
     "ConfigError",
+    "EngineAbortedError",
     "EngineError",
     "EngineTimeoutError",
     "EnvStepError",
@@ -74,6 +76,10 @@ class EngineError(AgenticRLError):
 
 class EngineTimeoutError(EngineError):
     """Raised when one engine request did not return within `HarnessConfig.turn_timeout_s` (it is aborted)."""
+
+
+class EngineAbortedError(EngineError):
+    """Raised when the engine ended a request as aborted (or with an error) instead of a turn; it is never trained."""
 
 
 class ToolError(AgenticRLError):

@@ -6,8 +6,15 @@ A call is written as::
     {"name": "calculator", "arguments": {"expression": "2 + 3"}}
     </tool_call>
 
-Pure functions: no engine, no I/O. Malformed calls are returned as `ToolCallError` items so the environment can
-answer them with error text; nothing here raises on model output.
+Some models write several calls as one JSON array in a single block::
+
+    <tool_call>
+    [{"name": "lookup", "arguments": {"q": "a"}}, {"name": "lookup", "arguments": {"q": "b"}}]
+    </tool_call>
+
+Each element of such an array is one call. Pure functions: no engine, no I/O. Malformed calls are returned as
+`ToolCallError` items so the environment can answer them with error text; nothing here raises on model output
+(JSON the decoder refuses, nested too deep or holding an integer too long to convert, is a `ToolCallError` too).
 """
 
 from __future__ import annotations
@@ -31,6 +38,10 @@ TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 
 _DECODER = json.JSONDecoder()
+_JSON_SPACE = " \t\n\r"
+# Everything the JSON decoder raises on bad input: `JSONDecodeError` (a `ValueError`), `ValueError` for an integer
+# literal past Python's digit limit, `RecursionError` for arrays or objects nested past the interpreter's depth.
+_JSON_ERRORS = (ValueError, RecursionError)
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 
 
@@ -64,8 +75,8 @@ def _to_call(obj: Any, raw: str) -> ParsedToolCall:
     if isinstance(arguments, str):  # OpenAI style: arguments as a JSON-encoded string
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return ToolCallError(f'"arguments" of {name!r} is a string that is not valid JSON: {exc.msg}', raw)
+        except _JSON_ERRORS as exc:
+            return ToolCallError(f'"arguments" of {name!r} is a string that is not valid JSON: {_reason(exc)}', raw)
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
@@ -73,18 +84,52 @@ def _to_call(obj: Any, raw: str) -> ParsedToolCall:
     return ToolCall(name=name.strip(), arguments=arguments, raw=raw)
 
 
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0]  # e.g. an integer past Python's digit limit, without the advice for programmers
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in _JSON_SPACE:
+        pos += 1
+    return pos
+
+
+def _array_calls(text: str, start: int) -> list[ParsedToolCall]:
+    """The calls of a JSON array that starts at `text[start]` and is known to decode: one per element."""
+    calls: list[ParsedToolCall] = []
+    pos = _skip_space(text, start + 1)
+    if text[pos] == "]":
+        return [ToolCallError("empty array of tool calls", text[start : pos + 1])]
+    while True:
+        try:
+            obj, end = _DECODER.raw_decode(text, pos)
+        except _JSON_ERRORS as exc:  # only if this deeper call stack meets the depth limit the whole array did not
+            return [*calls, ToolCallError(f"invalid JSON in tool call: {_reason(exc)}", text[pos:].strip())]
+        calls.append(_to_call(obj, text[pos:end]))
+        pos = _skip_space(text, end)
+        if text[pos] != ",":  # "]": the decoder accepted the whole array
+            return calls
+        pos = _skip_space(text, pos + 1)
+
+
 def parse_tool_calls(text: str) -> list[ParsedToolCall]:
     """Every `<tool_call>` block of `text`, in order.
 
     The JSON body is read with a JSON decoder, so `}` or `</tool_call>` inside a string argument does not end the
     call. A balanced JSON object with no closing tag (cut by a stop string, or at the end of the text) is accepted.
+    A block holding a JSON array gives one entry per element: an object is read as a call, anything else is a
+    `ToolCallError` for that element alone.
 
     Args:
-        text: the assistant message content.
+        text: the assistant message content (any string: this never raises).
 
     Returns:
-        One `ToolCall` or `ToolCallError` per `<tool_call>` opening tag; an empty list means no tool call, i.e. a
-        final answer.
+        One `ToolCall` or `ToolCallError` per `<tool_call>` opening tag (per element for a JSON array); an empty
+        list means no tool call, i.e. a final answer.
     """
     calls: list[ParsedToolCall] = []
     pos = text.find(TOOL_CALL_OPEN)
@@ -95,12 +140,17 @@ def parse_tool_calls(text: str) -> list[ParsedToolCall]:
             start += 1
         try:
             obj, end = _DECODER.raw_decode(text, start)
-        except json.JSONDecodeError as exc:
+        except _JSON_ERRORS as exc:
             # The bad call ends at its closing tag, or at the next opening tag if that comes first.
             ends = [i for i in (text.find(TOOL_CALL_CLOSE, body_start), text.find(TOOL_CALL_OPEN, body_start)) if i != -1]
             stop = min(ends, default=len(text))
             raw = text[body_start:stop].strip()
-            detail = "empty tool call" if not raw else f"invalid JSON in tool call: {exc.msg} at offset {exc.pos - start}"
+            if not raw:
+                detail = "empty tool call"
+            elif isinstance(exc, json.JSONDecodeError):
+                detail = f"invalid JSON in tool call: {exc.msg} at offset {exc.pos - start}"
+            else:
+                detail = f"invalid JSON in tool call: {_reason(exc)}"
             calls.append(ToolCallError(detail, raw))
             pos = text.find(TOOL_CALL_OPEN, stop)
             continue
@@ -108,11 +158,11 @@ def parse_tool_calls(text: str) -> list[ParsedToolCall]:
         rest = end
         while rest < len(text) and text[rest].isspace():
             rest += 1
-        if text.startswith(TOOL_CALL_CLOSE, rest):
-            rest += len(TOOL_CALL_CLOSE)
-            calls.append(_to_call(obj, raw))
-        elif rest >= len(text) or text.startswith(TOOL_CALL_OPEN, rest):
-            calls.append(_to_call(obj, raw))  # closing tag removed by a stop string or never written
+        closed = text.startswith(TOOL_CALL_CLOSE, rest)
+        if closed or rest >= len(text) or text.startswith(TOOL_CALL_OPEN, rest):
+            # With its closing tag, or without one (removed by a stop string, or never written).
+            rest += len(TOOL_CALL_CLOSE) if closed else 0
+            calls.extend(_array_calls(text, start) if isinstance(obj, list) else [_to_call(obj, raw)])
         else:
             tail = text[rest : rest + 20]
             calls.append(ToolCallError(f"unexpected text after the tool call JSON: {tail!r}", raw))

@@ -78,8 +78,8 @@ class Trajectory:
         response_logprobs: (R,) float32 log-probabilities (nats) the engine reported for the sampled tokens, 0 where
             `response_masks` is 0; None when not recorded.
         termination_reason: why the turn loop stopped: `env_done`, `max_steps`, `truncated`, `context_limit`,
-            `prompt_too_long`, `invalid_task`, `error`, `timeout` (an engine request past the per-turn limit) or
-            `cancelled`.
+            `prompt_too_long`, `invalid_task`, `error`, `timeout` (an engine request past the per-turn limit),
+            `aborted` (the engine aborted a turn) or `cancelled`.
         failed: True when the trajectory ended in an error (`error` says which); packing marks it invalid, so it
             is excluded from GRPO group statistics and the loss.
         error: the error message of a failed trajectory.

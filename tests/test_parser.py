@@ -232,7 +232,7 @@ def test_parser_reports_arguments_that_are_not_an_object(arguments, type_name):
     assert f"must be a JSON object, got {type_name}" in calls[0].message
 
 
-@pytest.mark.parametrize(("body", "type_name"), [("[1, 2]", "list"), ("42", "int"), ('"calculator"', "str")])
+@pytest.mark.parametrize(("body", "type_name"), [("42", "int"), ('"calculator"', "str"), ("null", "NoneType")])
 def test_parser_reports_call_body_that_is_not_an_object(body, type_name):
     calls = parse_tool_calls(call_text(body))
     assert len(calls) == 1
@@ -351,3 +351,160 @@ def test_split_thought_spans_lines_and_keeps_tool_calls_in_remainder():
     thought, rest = split_thought(text)
     assert thought == "line 1\nline 2"
     assert parse_tool_calls(rest)[0].name == "a"
+
+
+# --------------------------------------------------------------------------------------------------- JSON arrays
+
+
+def test_parser_reads_each_object_of_a_json_array_as_one_call():
+    text = (
+        '<tool_call>[{"name": "lookup", "arguments": {"q": "a"}}, {"name": "lookup", "arguments": {"q": "b"}}]'
+        "</tool_call>"
+    )
+    assert parse_tool_calls(text) == [
+        ToolCall(name="lookup", arguments={"q": "a"}, raw='{"name": "lookup", "arguments": {"q": "a"}}'),
+        ToolCall(name="lookup", arguments={"q": "b"}, raw='{"name": "lookup", "arguments": {"q": "b"}}'),
+    ]
+
+
+def test_parser_reports_a_bad_array_element_alone_and_keeps_the_others():
+    text = call_text('[ {"name": "a", "arguments": {"i": 1}} ,\n 7, {"arguments": {}}, "b", {"name": "c"} ]')
+    calls = parse_tool_calls(text)
+    assert [type(c) for c in calls] == [ToolCall, ToolCallError, ToolCallError, ToolCallError, ToolCall]
+    assert (calls[0].name, calls[0].arguments, calls[0].raw) == ("a", {"i": 1}, '{"name": "a", "arguments": {"i": 1}}')
+    assert calls[1] == ToolCallError("a tool call must be a JSON object, got int", "7")
+    assert '"name"' in calls[2].message and calls[2].raw == '{"arguments": {}}'
+    assert calls[3] == ToolCallError("a tool call must be a JSON object, got str", '"b"')
+    assert calls[4] == ToolCall(name="c", arguments={}, raw='{"name": "c"}')
+
+
+def test_parser_reads_an_array_between_other_blocks_in_text_order():
+    text = (
+        call_text({"name": "first"})
+        + " and "
+        + call_text([{"name": "second"}, {"name": "third"}])
+        + call_text({"name": "fourth"}, close=False)
+    )
+    assert [c.name for c in parse_tool_calls(text)] == ["first", "second", "third", "fourth"]
+
+
+def test_parser_reads_an_array_without_closing_tag_at_the_end_of_the_text():
+    calls = parse_tool_calls('<tool_call>\n[{"name": "a"}, {"name": "b"}]\n')
+    assert [c.name for c in calls] == ["a", "b"]
+
+
+@pytest.mark.parametrize("body", ["[]", "[ \n ]"])
+def test_parser_reports_an_empty_array(body):
+    assert parse_tool_calls(call_text(body)) == [ToolCallError("empty array of tool calls", body)]
+
+
+def test_parser_reports_an_array_that_is_not_valid_json_once():
+    calls = parse_tool_calls('<tool_call>[{"name": "a"}, {"name": </tool_call>')
+    assert len(calls) == 1 and isinstance(calls[0], ToolCallError)
+    assert calls[0].message.startswith("invalid JSON in tool call")
+
+
+# --------------------------------------------------------------------------------------------------- hostile JSON
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_parser_reports_json_nested_past_the_interpreter_depth(depth):
+    calls = parse_tool_calls(call_text("[" * depth + "]" * depth) + call_text({"name": "after"}))
+    assert len(calls) == 2
+    assert calls[0] == ToolCallError("invalid JSON in tool call: nested too deeply", "[" * depth + "]" * depth)
+    assert calls[1] == ToolCall(name="after", arguments={}, raw='{"name": "after"}')
+
+
+def test_parser_reports_deep_nesting_inside_the_call_object():
+    body = '{"name": "f", "arguments": {"x": ' + "[" * 5_000 + "]" * 5_000 + "}}"
+    calls = parse_tool_calls(call_text(body))
+    assert calls == [ToolCallError("invalid JSON in tool call: nested too deeply", body)]
+
+
+def test_parser_reports_an_integer_past_the_digit_limit():
+    body = '{"name": "f", "arguments": {"x": ' + "1" * 4_301 + "}}"
+    calls = parse_tool_calls(call_text(body))
+    assert len(calls) == 1 and isinstance(calls[0], ToolCallError)
+    assert calls[0].message.startswith("invalid JSON in tool call: Exceeds the limit (4300 digits)")
+    assert "set_int_max_str_digits" not in calls[0].message  # the message is for the model, not for programmers
+    assert calls[0].raw == body
+
+
+@pytest.mark.parametrize(
+    ("arguments", "reason"),
+    [("[" * 100_000, "nested too deeply"), ('{"x": ' + "9" * 5_000 + "}", "Exceeds the limit (4300 digits)")],
+)
+def test_parser_reports_hostile_json_in_an_arguments_string(arguments, reason):
+    calls = parse_tool_calls(call_text({"name": "f", "arguments": arguments}))
+    assert len(calls) == 1 and isinstance(calls[0], ToolCallError)
+    assert calls[0].message.startswith("\"arguments\" of 'f' is a string that is not valid JSON: " + reason)
+
+
+# --------------------------------------------------------------------------------------------------- fuzzing
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_FRAGMENTS = [TOOL_CALL_OPEN, TOOL_CALL_CLOSE, "{", "}", "[", "]", ":", ",", '"', "\\", " ", "\n", '"name"',
+              '"arguments"', '"parameters"', '"f"', "null", "true", "1", "-", ".", "e", "9" * 4_400, "[" * 3_000,
+              "\\u", "\ud800", "\x00", "é", "NaN", "Infinity"]  # fmt: skip
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+_NAMES = st.text(min_size=1).filter(lambda s: s.strip() == s)
+_PROSE = st.text().filter(lambda s: TOOL_CALL_OPEN not in s)
+_SPACE = st.sampled_from(["", "\n", " ", "\n\n", "\t "])
+
+
+def _check_results(text, calls):
+    assert isinstance(calls, list)
+    assert bool(calls) == (TOOL_CALL_OPEN in text)  # every text with an opening tag gives at least one entry
+    for call in calls:
+        assert isinstance(call, (ToolCall, ToolCallError))
+        if isinstance(call, ToolCall):
+            assert isinstance(call.name, str) and call.name.strip() == call.name != ""
+            assert isinstance(call.arguments, dict)
+        else:
+            assert isinstance(call.message, str) and call.message
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=8), max_size=40).map("".join))
+def test_parser_never_raises_on_text_built_from_json_and_tag_pieces(text):
+    _check_results(text, parse_tool_calls(text))
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.text())
+def test_parser_never_raises_on_any_text(text):
+    _check_results(text, parse_tool_calls(text))
+
+
+_CALLS = st.lists(
+    st.tuples(_NAMES, st.dictionaries(st.text(), _JSON, max_size=4), st.booleans(), st.booleans()), min_size=1,
+    max_size=5,
+)  # fmt: skip
+
+
+@settings(deadline=None, max_examples=150)
+@given(_CALLS, st.data())
+def test_well_formed_calls_round_trip_exactly(calls, data):
+    """Any names and JSON arguments, written as blocks or as arrays of calls, with prose around: parsed back as written."""
+    text = data.draw(_PROSE)
+    expected = []
+    i = 0
+    while i < len(calls):
+        group = data.draw(st.integers(1, len(calls) - i))  # this block holds calls[i : i + group]
+        bodies = []
+        for name, arguments, as_string, ascii_only in calls[i : i + group]:
+            value = json.dumps(arguments, ensure_ascii=ascii_only) if as_string else arguments
+            bodies.append(json.dumps({"name": name, "arguments": value}, ensure_ascii=ascii_only))
+            expected.append(ToolCall(name=name, arguments=arguments, raw=bodies[-1]))
+        as_array = group > 1 or data.draw(st.booleans())
+        body = ("[" + ("," + data.draw(_SPACE)).join(bodies) + "]") if as_array else bodies[0]
+        space = data.draw(_SPACE)
+        text += TOOL_CALL_OPEN + space + body + space + TOOL_CALL_CLOSE + data.draw(_PROSE)
+        i += group
+    assert parse_tool_calls(text) == expected

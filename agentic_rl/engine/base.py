@@ -18,7 +18,9 @@ class Generation:
     Attributes:
         token_ids: the sampled token ids, including the stop token when the engine stopped on one.
         logprobs: log-probability (nats) of each sampled token under the engine, same length as `token_ids`.
-        finish_reason: `stop` (end-of-turn token or stop string), `length` (hit `max_tokens`) or `abort`.
+        finish_reason: `stop` (a stop token id, the end-of-sequence token or a stop string), `length` (hit
+            `max_tokens` or the model window), `abort`, or vLLM's `error` / `repetition`. `agentic_rl.engine.turns`
+            reads what that makes of an assistant turn.
         stop_reason: the stop token id or stop string that ended generation, None for an end-of-sequence token.
         top_logprobs: per position, the engine's most likely tokens `{token_id: logprob}`, when requested with
             `sampling.logprobs = k > 0`; otherwise None.

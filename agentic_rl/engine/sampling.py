@@ -30,6 +30,7 @@ class SamplingConfig(Config):
         seed: per-request seed (the rollout offsets it per trajectory and turn); None = unseeded.
         stop: strings that end the request (the match is not part of the output text).
         stop_token_ids: token ids that end the request (the id is the last sampled token).
+        logit_bias: `{token_id: bias}` added to those tokens' logits before sampling, each bias in [-100, 100].
         logprobs: how many most-likely tokens to report per position besides the sampled one; None or 0 = only the
             sampled token's logprob (always recorded).
         detokenize: let the engine build output text (None: only when `stop` strings need it).
@@ -53,6 +54,7 @@ class SamplingConfig(Config):
     seed: StrictInt | None = None
     stop: list[StrictStr] | None = None
     stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] | None = None
+    logit_bias: dict[Annotated[StrictInt, Field(ge=0)], Annotated[_Float, Field(ge=-100.0, le=100.0)]] | None = None
     logprobs: Annotated[StrictInt, Field(ge=0)] | None = None
     detokenize: StrictBool | None = None
     structured_outputs: Any = None

@@ -136,6 +136,26 @@ def _refresh_tied_lm_head(model: Any) -> None:
         method.process_weights_after_loading(head)
 
 
+def _drop_old_kv(llm: Any) -> bool:
+    """Reset the prefix cache after a weight update; True when no KV computed with the old weights is left.
+
+    A plain reset fails while any request holds KV blocks, and a request in flight would go on caching blocks built
+    on its old KV. So the requests in flight are preempted first (vLLM's `reset_running_requests`): their blocks are
+    freed and, on the next step, recomputed from their prompt and the tokens sampled so far, with the new weights.
+    vLLM versions without that option, or a preemption that cannot free every block, give False.
+    """
+    import inspect
+
+    reset = llm.reset_prefix_cache
+    try:
+        if "reset_running_requests" in inspect.signature(reset).parameters:
+            return bool(reset(reset_running_requests=True))
+        return bool(reset())
+    except RuntimeError:  # vLLM: blocks still held after preemption (e.g. waiting for a remote KV transfer)
+        logger.warning("prefix cache reset after a weight update failed; new requests wait for it", exc_info=True)
+        return False
+
+
 def _top_logprobs(logprobs: Any) -> list[dict[int, float]]:
     """Per position, `{token_id: logprob}` of the top candidates vLLM returned (plus the sampled token)."""
     return [{tok: lp.logprob for tok, lp in position.items()} for position in logprobs]
@@ -161,6 +181,10 @@ class VLLMEngine:
         self._closed = False
         self._weight_version = 0
         self._pending: dict[str, concurrent.futures.Future[Generation]] = {}  # owned by the engine thread
+        # Engine thread only: True from a weight update whose prefix-cache reset failed until a reset succeeds;
+        # meanwhile new requests are held back (`_held`) so that none can reuse KV of the old weights.
+        self._stale_cache = False
+        self._held: list[tuple[str, list[int], Any]] = []
 
     @property
     def max_model_len(self) -> int:
@@ -260,8 +284,11 @@ class VLLMEngine:
         """Load new weights into the running engine, in place, between two engine steps.
 
         Requests in flight are not aborted: the engine thread stops stepping while it loads, then they continue
-        with the new weights. The prefix cache is reset (its KV entries came from the old weights) and
-        `weight_version` goes up by one.
+        with the new weights. No KV computed with the old weights is reused afterwards: the requests in flight are
+        preempted, so that their KV is recomputed with the new weights on the next step (they keep the tokens
+        sampled so far), and the prefix cache is reset. Where that reset cannot be done at once (a vLLM without
+        preemption on reset), requests that arrive later wait until the requests in flight have finished and the
+        reset succeeded. `weight_version` goes up by one.
 
         Args:
             named_tensors: `(name, tensor)` pairs in Hugging Face naming (e.g. a training model's
@@ -282,7 +309,8 @@ class VLLMEngine:
             llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
             if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
                 llm.apply_model(_refresh_tied_lm_head)
-            llm.reset_prefix_cache()
+            # Set on the engine thread before it takes any further request from the inbox.
+            self._stale_cache = not _drop_old_kv(llm)
             return time.perf_counter() - t0
 
         seconds = await self.call(load)
@@ -366,7 +394,22 @@ class VLLMEngine:
 
         engine = llm.llm_engine
         top_k: dict[str, int] = {}  # requests that asked for top-k logprobs
+
+        def add(request_id: str, prompt_ids: list[int], sampling: dict[str, Any]) -> None:
+            result = pending[request_id]
+            try:
+                params = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **sampling)
+                engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+            except Exception as exc:  # a bad request fails alone
+                del pending[request_id]
+                result.set_exception(EngineError(f"request rejected by vLLM: {exc}"))
+                return
+            if sampling["logprobs"]:
+                top_k[request_id] = sampling["logprobs"]
+
         while True:
+            if self._stale_cache and not engine.has_unfinished_requests():
+                self._retry_cache_reset(llm, add)
             block = not engine.has_unfinished_requests()
             while True:
                 try:
@@ -381,23 +424,23 @@ class VLLMEngine:
                     _, request_id, prompt_ids, sampling, result = command
                     if not result.set_running_or_notify_cancel():
                         continue
-                    try:
-                        if sampling.get("stop"):
-                            sampling.setdefault("detokenize", True)
-                        sampling.setdefault("detokenize", False)
-                        sampling.setdefault("logprobs", 0)
-                        params = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **sampling)
-                        engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
-                    except Exception as exc:  # a bad request fails alone
-                        result.set_exception(EngineError(f"request rejected by vLLM: {exc}"))
-                        continue
+                    if sampling.get("stop"):
+                        sampling.setdefault("detokenize", True)
+                    sampling.setdefault("detokenize", False)
+                    sampling.setdefault("logprobs", 0)
                     pending[request_id] = result
-                    if sampling["logprobs"]:
-                        top_k[request_id] = sampling["logprobs"]
+                    if self._stale_cache:  # it could reuse KV of the old weights: it waits for the reset
+                        self._held.append((request_id, prompt_ids, sampling))
+                    else:
+                        add(request_id, prompt_ids, sampling)
                 elif kind == _ABORT:
-                    top_k.pop(command[1], None)
-                    if pending.pop(command[1], None) is not None:
-                        engine.abort_request([command[1]])
+                    request_id = command[1]
+                    top_k.pop(request_id, None)
+                    if pending.pop(request_id, None) is not None:
+                        held = [h for h in self._held if h[0] != request_id]
+                        if len(held) == len(self._held):
+                            engine.abort_request([request_id])
+                        self._held = held
                 elif kind == _CALL:
                     _, fn, result = command
                     if result.set_running_or_notify_cancel():
@@ -427,6 +470,21 @@ class VLLMEngine:
                     result.set_exception(EngineError(f"could not read engine output: {exc}"))
                     continue
                 result.set_result(generation)
+
+    def _retry_cache_reset(self, llm: Any, add: Callable[[str, list[int], dict[str, Any]], None]) -> None:
+        """With no request running, reset the prefix cache left stale by a weight update, then admit held requests."""
+        held, self._held = self._held, []
+        if llm.reset_prefix_cache():
+            self._stale_cache = False
+            logger.info("prefix cache reset after the weight update; %d held requests admitted", len(held))
+            for request in held:
+                add(*request)
+            return
+        error = EngineError("the prefix cache could not be reset after a weight update, even with no request running")
+        for request_id, _, _ in held:
+            result = self._pending.pop(request_id, None)
+            if result is not None:
+                result.set_exception(error)
 
     @staticmethod
     def _fail_all(pending: dict[str, concurrent.futures.Future[Generation]], exc: EngineError) -> None:

@@ -19,8 +19,9 @@ from agentic_rl.chat import ChatRenderer, Segment, check_alignment
 from agentic_rl.config import Config
 from agentic_rl.engine.base import Engine, Generation
 from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.engine.turns import ABORTED, CUT, read_turn
 from agentic_rl.environments.base import Environment, Sample
-from agentic_rl.errors import AgenticRLError, EngineTimeoutError, RewardError, TrajectoryError
+from agentic_rl.errors import AgenticRLError, EngineAbortedError, EngineTimeoutError, RewardError, TrajectoryError
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import TOOL_CALL_OPEN, split_thought
 from agentic_rl.types import Step, StepTrajectory
@@ -37,10 +38,11 @@ class TerminationReason:
     MAX_STEPS = "max_steps"  # `max_steps` turns used and the environment still wanted more
     TRUNCATED = "truncated"  # a turn hit the per-turn `max_tokens`; its half-written tool call is not run
     CONTEXT_LIMIT = "context_limit"  # no room left in the model window or the response budget
-    PROMPT_TOO_LONG = "prompt_too_long"  # the first prompt alone exceeds `max_prompt_length` (failed)
+    PROMPT_TOO_LONG = "prompt_too_long"  # the first prompt exceeds `max_prompt_length` or fills the window (failed)
     INVALID_TASK = "invalid_task"  # the task could not be read (failed)
     ERROR = "error"  # an exception in the engine, environment or reward, or a failing close (failed)
     TIMEOUT = "timeout"  # an engine request did not return within `turn_timeout_s`; it was aborted (failed)
+    ABORTED = "aborted"  # the engine ended a turn as aborted (finish_reason `abort`, `error`); never trained (failed)
 
 
 class HarnessConfig(Config):
@@ -54,6 +56,7 @@ class HarnessConfig(Config):
             caps each turn; it is always clamped to what is left of the window and of the response budget. A `seed`
             is offset per trajectory and turn so that samples of one group differ. Seeded runs repeat exactly only
             with the same batch composition (`n_parallel_agents`, task order): the engine's numerics depend on the batch.
+            Stop strings and further `stop_token_ids` end a turn as complete (see `agentic_rl.engine.turns`).
         toolcall_weight: `toolcall_reward = toolcall_weight * well-formed calls / attempted calls` (0 without calls).
         check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
             `alignment_mismatches`, `retokenize_drift`).
@@ -263,7 +266,7 @@ async def run_trajectory(
             return TrajectoryCheckpoint(task, idx, sample, cursor.turn, steps, metrics,
                                         time.perf_counter() - started, record, cursor, memory)  # fmt: skip
         if reason == TerminationReason.PROMPT_TOO_LONG:
-            error = f"prompt has {len(record.prompt_ids)} tokens, max_prompt_length is {config.max_prompt_length}"
+            error = metrics["limit"]
         elif reward_fn is not None:
             t0 = time.perf_counter()
             res_reward = float(await anyio.to_thread.run_sync(reward_fn, sample.task, list(sample.messages)))
@@ -280,6 +283,8 @@ async def run_trajectory(
         reason, error = TerminationReason.ERROR, f"{type(exc).__name__}: {exc}"
         if isinstance(exc, EngineTimeoutError):
             reason = TerminationReason.TIMEOUT
+        elif isinstance(exc, EngineAbortedError):
+            reason = TerminationReason.ABORTED
         res_reward = 0.0
     finally:
         if sample is not None and reason != _SUSPENDED:
@@ -378,7 +383,9 @@ async def _turn_loop(
 ) -> str:
     if not cursor.started:
         record.restart(renderer.prompt_ids(sample.messages, sample.tools), list(sample.messages))
-        if len(record.prompt_ids) > config.max_prompt_length or len(record.prompt_ids) >= engine.max_model_len:
+        too_long = _prompt_too_long(len(record.prompt_ids), config.max_prompt_length, engine.max_model_len)
+        if too_long:
+            metrics["limit"] = too_long
             return TerminationReason.PROMPT_TOO_LONG
         cursor.started, cursor.observation = True, sample.messages[-1]["content"]
     observation: Any = cursor.observation
@@ -388,8 +395,9 @@ async def _turn_loop(
             return _SUSPENDED
         if memory is not None:
             await _apply_memory(memory, sample, renderer, record, metrics)
-        room = min(engine.max_model_len - record.total_length, config.max_response_length - len(record.response_ids))
+        room, limit = _room(engine.max_model_len, config.max_response_length, record)
         if room <= 0:
+            metrics["limit"] = f"before turn {turn}: {limit}"
             return TerminationReason.CONTEXT_LIMIT
         sampling = _turn_sampling(config, renderer, idx, turn, room)
         prompt = record.prompt_ids + record.response_ids
@@ -399,18 +407,27 @@ async def _turn_loop(
         llm_time_s = time.perf_counter() - t0
         metrics["llm_time"] += llm_time_s
         ids = generation.token_ids
-        record.add_sampled(ids, generation.logprobs)
-        metrics["generated_tokens"] += len(ids)
-        closed = bool(ids) and ids[-1] == renderer.end_of_turn_id
-        text = renderer.decode(ids[:-1] if closed else ids)
+        end = read_turn(generation, renderer)
+        if end.kind == ABORTED:
+            raise EngineAbortedError(
+                f"the engine ended turn {turn} with finish_reason {generation.finish_reason!r} after {len(ids)} "
+                "sampled tokens; an aborted turn is never trained"
+            )
+        record.add_sampled(ids[: end.kept], generation.logprobs[: end.kept])
+        if end.tail_ids:
+            record.add_inserted(end.tail_ids)
+        metrics["generated_tokens"] += end.kept
+        text = end.content
         assistant = {"role": "assistant", "content": text}
         sample.messages.append(assistant)
         record.messages.append(assistant)
         if memory is not None:
             memory.add_message({"role": "assistant", "content": text or "(no output)"})
         thought, _ = split_thought(text)
-        info: dict[str, Any] = {"finish_reason": generation.finish_reason, "sampled_tokens": len(ids),
-                                "weight_version": version, "llm_time_s": llm_time_s}  # fmt: skip
+        info: dict[str, Any] = {"finish_reason": generation.finish_reason, "stop_reason": generation.stop_reason,
+                                "sampled_tokens": len(ids), "weight_version": version, "llm_time_s": llm_time_s}  # fmt: skip
+        if end.kept < len(ids):  # the stop token or the tokens of a stop string: not part of the turn's content
+            info["unrecorded_tokens"] = len(ids) - end.kept
         metrics["weight_version"] = min(metrics.get("weight_version", version), version)
         step = Step(
             chat_completions=list(sample.messages),
@@ -423,11 +440,17 @@ async def _turn_loop(
         if memory is not None:  # runs may be cut by memory rewrites: each step keeps its exact ids
             step.prompt_ids, step.response_ids, step.response_logprobs = prompt, list(ids), list(generation.logprobs)
         steps.append(step)
-        if not closed:
-            # Cut by max_tokens (or the budget): a half-written tool call must not run.
+        if end.kind == CUT:
+            # Cut by max_tokens (or the window or the budget): a half-written tool call must not run.
             info["truncated"] = True
-            limited_by_budget = sampling.max_tokens == room
-            return TerminationReason.CONTEXT_LIMIT if limited_by_budget else TerminationReason.TRUNCATED
+            if generation.finish_reason == "length" and sampling.max_tokens == room:
+                metrics["limit"] = f"turn {turn} sampled {len(ids)} tokens: {limit}"
+                return TerminationReason.CONTEXT_LIMIT
+            metrics["limit"] = (
+                f"turn {turn} was cut after {len(ids)} tokens (finish_reason {generation.finish_reason!r}, "
+                f"max_tokens {sampling.max_tokens})"
+            )
+            return TerminationReason.TRUNCATED
         t0 = time.perf_counter()
         result = await environment.step(sample)
         info["env_time_s"] = time.perf_counter() - t0
@@ -442,13 +465,13 @@ async def _turn_loop(
             info["observation_not_shown"] = observation  # the model gets no further turn to read it
             return TerminationReason.MAX_STEPS
         obs_ids = renderer.observation_ids(result.observation, sample.tools)
-        room_after = min(
-            engine.max_model_len - record.total_length - len(obs_ids),
-            config.max_response_length - len(record.response_ids) - len(obs_ids),
-        )
+        if not end.closed:  # the turn stopped on another stop id or a stop string: the template closes it
+            obs_ids = [renderer.end_of_turn_id, *obs_ids]
+        room_after, limit = _room(engine.max_model_len, config.max_response_length, record, len(obs_ids))
         fits = room_after > 0
         if not fits and memory is None:
             info["observation_not_shown"] = observation
+            metrics["limit"] = f"the observation after turn {turn} does not fit: {limit}"
             return TerminationReason.CONTEXT_LIMIT
         sample.messages.extend(result.observation)
         if fits:
@@ -458,6 +481,28 @@ async def _turn_loop(
             for message in result.observation:
                 memory.add_message({"role": message["role"], "content": message.get("content") or "(empty)"})
     return TerminationReason.MAX_STEPS
+
+
+def _prompt_too_long(prompt: int, max_prompt_length: int, max_model_len: int) -> str:
+    """Which limits a first prompt of `prompt` tokens breaks, with the numbers ("" when it fits)."""
+    broken = []
+    if prompt > max_prompt_length:
+        broken.append(f"max_prompt_length is {max_prompt_length}")
+    if prompt >= max_model_len:
+        broken.append(f"the model window (max_model_len) is {max_model_len}, which leaves no room for a response")
+    return f"prompt has {prompt} tokens; {' and '.join(broken)}" if broken else ""
+
+
+def _room(max_model_len: int, max_response_length: int, record: _Record, extra: int = 0) -> tuple[int, str]:
+    """Tokens left after `extra` more, and the limit that leaves the fewest, named with its numbers."""
+    window = max_model_len - record.total_length - extra
+    budget = max_response_length - len(record.response_ids) - extra
+    more = f" + {extra} more" if extra else ""
+    if window <= budget:
+        used = f"prompt {len(record.prompt_ids)} + response {len(record.response_ids)}{more}"
+        return window, f"the model window (max_model_len) is {max_model_len} tokens, {used} leave {window}"
+    used = f"{len(record.response_ids)}{more} tokens used"
+    return budget, f"the response budget (max_response_length) is {max_response_length} tokens, {used} leave {budget}"
 
 
 async def _apply_memory(

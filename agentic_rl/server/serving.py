@@ -12,6 +12,7 @@ import anyio
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine, Generation
 from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.engine.turns import read_turn
 from agentic_rl.errors import EngineError
 from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, parse_tool_calls
 from agentic_rl.server.capture import CapturedTurn, TrajectoryRecorder
@@ -87,7 +88,7 @@ class OpenAIServing:
         generations = await self._generate(request, prompt_ids, stop_ids=[])
         choices = []
         for i, gen in enumerate(generations):
-            text = self._decode(gen.token_ids)
+            text = read_turn(gen, self.renderer).content  # without a stop string or stop token
             choices.append({
                 "index": i, "text": text, "finish_reason": gen.finish_reason,
                 "logprobs": self._completion_logprobs(gen, request.logprobs),
@@ -111,8 +112,7 @@ class OpenAIServing:
         top_n = request.top_logprobs if request.top_logprobs is not None else (request.logprobs or 0)
         choices = []
         for i, gen in enumerate(generations):
-            closed = bool(gen.token_ids) and gen.token_ids[-1] == self.renderer.end_of_turn_id
-            text = self._decode(gen.token_ids[:-1] if closed else gen.token_ids)
+            text = read_turn(gen, self.renderer).content  # without a stop string or stop token
             message, has_calls = self._assistant_message(text, gen.finish_reason)
             choices.append({
                 "index": i, "message": message,
@@ -142,7 +142,8 @@ class OpenAIServing:
     def _sampling(self, request: SamplingFields, prompt_len: int, stop_ids: list[int]) -> SamplingConfig:
         room = self.engine.max_model_len - prompt_len
         if room < 1:
-            raise RequestError(f"the prompt has {prompt_len} tokens; the model window is {self.engine.max_model_len}",
+            raise RequestError(f"the prompt has {prompt_len} tokens; the model window (max_model_len) is "
+                               f"{self.engine.max_model_len}, which leaves no room for a completion",
                                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")  # fmt: skip
         max_tokens = min(request.max_tokens, room, self.max_tokens_cap or room)
         sampling: dict[str, Any] = {name: getattr(request, name) for name in _PASS_THROUGH}

@@ -400,6 +400,30 @@ async def test_step_counts_errors_among_good_calls():
     assert done is False
 
 
+async def test_step_runs_each_call_of_a_json_array_and_answers_a_bad_element_alone():
+    env = ToolEnvironment([CalculatorTool(), EchoTool()])
+    content = (
+        '<tool_call>\n[{"name": "calculator", "arguments": {"expression": "6*7"}}, 5, '
+        '{"name": "echo", "arguments": {"text": "b"}}]\n</tool_call>'
+    )
+    observation, done, info = await env.step(with_reply(await new_sample(env), content))
+    assert [m["content"] for m in observation] == [
+        "42",
+        "Error: a tool call must be a JSON object, got int",
+        "b",
+    ]
+    assert info == {"tool_calls": 3, "tool_errors": 1, "well_formed_calls": 2}
+    assert done is False
+
+
+async def test_step_answers_hostile_json_with_error_text():
+    env = ToolEnvironment([CalculatorTool()])
+    content = "<tool_call>" + "[" * 2_000 + "</tool_call>" + call("calculator", {"expression": "1+1"})
+    observation, done, info = await env.step(with_reply(await new_sample(env), content))
+    assert [m["content"] for m in observation] == ["Error: invalid JSON in tool call: nested too deeply", "2"]
+    assert info == {"tool_calls": 2, "tool_errors": 1, "well_formed_calls": 1}
+
+
 async def test_step_reports_calculator_tool_error_message():
     env = ToolEnvironment([CalculatorTool()])
     sample = with_reply(await new_sample(env), call("calculator", {"expression": "__import__('os')"}))

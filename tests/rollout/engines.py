@@ -67,6 +67,30 @@ class ForcedCallEngine(RecordingEngine):
         return await super().generate(prompt_ids, sampling)
 
 
+class SteeredEngine(RecordingEngine):
+    """Updates the sampling options of turn k with `steer(k)`, a dict (e.g. a regex, stop ids, a logit bias).
+
+    The turn number is the count of assistant headers in the prompt (ChatML-style templates), minus one. A `regex`
+    key becomes vLLM structured outputs. Every id is still sampled by the real engine, with its logprob.
+    """
+
+    def __init__(self, inner: Engine, tokenizer: Any, steer: Any) -> None:
+        super().__init__(inner)
+        self.tokenizer = tokenizer
+        self.steer = steer
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        turn = self.tokenizer.decode(list(prompt_ids)).count("<|im_start|>assistant") - 1
+        update = dict(self.steer(turn))
+        if "regex" in update:
+            update["structured_outputs"] = StructuredOutputsParams(regex=update.pop("regex"))
+        if "stop_token_ids" in update:
+            update["stop_token_ids"] = [*(sampling.stop_token_ids or []), *update["stop_token_ids"]]
+        return await super().generate(prompt_ids, sampling.model_copy(update=update))
+
+
 class ScriptedEngine:
     """A deterministic stand-in engine for fault injection and soak tests: no model, answers from a script.
 
