@@ -20,7 +20,7 @@ __all__ = ["ABORTED_TERMINATIONS", "ExclusionReason", "exclusion_reason", "traje
 
 ExclusionReason = Literal["failed", "aborted"]
 
-ABORTED_TERMINATIONS = frozenset({"timeout", "cancelled"})
+ABORTED_TERMINATIONS = frozenset({"aborted", "timeout", "cancelled"})
 """Termination reasons whose last engine request was aborted before it finished."""
 
 

@@ -111,6 +111,8 @@ def test_sampled_equals_trained_plus_excluded_for_every_reason():
     long = continuous(5, reward=0.0, n=6)  # cut to 4 response tokens: 4 trained, 2 over length
     trajs = [good, failed, timeout, abort_turn, wiped, long]
     assert [exclusion_reason(t) for t in trajs] == [None, "failed", "aborted", "aborted", "failed", None]
+    # the turn loop's own reason for a turn the engine aborted
+    assert exclusion_reason(continuous(6, reward=0.0, n=2, failed=True, termination_reason="aborted")) == "aborted"
 
     batch = pack_trajectories(trajs, pad_token_id=PAD, max_response_length=4)
     # good's run 1 keeps [10 11 20 21] (2 sampled, [12] over length), run 2 keeps [13 14 22 15] (3 sampled, [16 17]
