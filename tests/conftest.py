@@ -18,7 +18,9 @@ import anyio  # noqa: E402
 import pytest  # noqa: E402
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-QWEN25_TEMPLATE = Path(__file__).parent / "fixtures" / "qwen2_5_chat_template.jinja"
+TEMPLATES = Path(__file__).parent / "fixtures" / "templates"
+QWEN25_TEMPLATE = TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"
+QWEN3_TEMPLATE = TEMPLATES / "Qwen-Qwen3-0.6B.jinja"
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +44,18 @@ def qwen_tokenizer(model_dir: Path) -> Any:
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     tok.chat_template = QWEN25_TEMPLATE.read_text()
+    return tok
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer(model_dir: Path) -> Any:
+    """SmolLM2's tokenizer carrying Qwen3's chat template (it writes an empty `<think>` block into the last assistant
+    turn only, and drops earlier `<think>` blocks once a new user query follows). No tokens are added, so the real
+    engine can sample with it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok.chat_template = QWEN3_TEMPLATE.read_text()
     return tok
 
 

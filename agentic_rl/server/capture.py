@@ -4,8 +4,10 @@ An agent written against the OpenAI API sends its whole history as text on every
 would re-tokenize earlier model output (and drift). Instead, when a chat request extends the previous call of the
 same trajectory (same messages, then the assistant message this server returned, then new observation messages),
 its prompt is built as: previous prompt ids + the ids the engine sampled + the template glue of the new messages.
-Otherwise (history rewritten, e.g. summarized) the prompt is rendered from the messages and a new run begins; the
-trajectory then has several runs, each exact, kept per step. For chat templates without `tools` support, the tool
+Otherwise (history rewritten, e.g. summarized, or new messages the template cannot append exactly, such as a user
+message after a Qwen3 thinking turn) the prompt is rendered from the messages and a new run begins; the trajectory
+then has several runs, each exact, kept per step. Message contents are encoded as plain text either way: only the
+template's own glue becomes special tokens. For chat templates without `tools` support, the tool
 schemas of a request are described in the system message.
 """
 
@@ -146,8 +148,10 @@ class TrajectoryRecorder:
                 and _normalize(messages[k]) == _normalize(prev.response_message)
                 and all(m["role"] != "assistant" for m in new)
             ):
-                glue = self.renderer.observation_ids(template_messages(new, self.renderer), tools)
-                return prev.prompt_ids + prev.response_ids + glue, True
+                observation = template_messages(new, self.renderer)
+                if self.renderer.append_problem(observation) is None:  # else: the template rewrites the history
+                    glue = self.renderer.observation_ids(observation, tools)
+                    return prev.prompt_ids + prev.response_ids + glue, True
         rendered = template_messages(messages, self.renderer)
         if tools and not self.renderer.supports_tools:
             rendered = _with_tools_in_system_prompt(rendered, tools)

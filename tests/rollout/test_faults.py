@@ -271,3 +271,28 @@ async def test_real_engine_rejecting_a_request_fails_only_that_trajectory(engine
     assert all(t.num_generated_tokens > 0 for t in (trajs[0], trajs[2]))
     assert set(env.closed.values()) == {1} and len(env.closed) == 3
     assert engine.in_flight_requests == 0
+
+
+class _UserFeedbackEnvironment(ToolEnvironment):
+    """Answers task 0 with a user message instead of the tool result."""
+
+    async def step(self, sample: Sample) -> StepResult:
+        if sample.task["id"] == 0 and sample.messages[-1]["role"] == "assistant":
+            return StepResult([{"role": "user", "content": "Check it again."}], False, {})
+        return await super().step(sample)
+
+
+async def test_observation_the_template_cannot_append_exactly_fails_only_its_trajectory(qwen3_tokenizer):
+    renderer = ChatRenderer(qwen3_tokenizer)  # Qwen3: tool results append exactly, user messages do not
+    env = _UserFeedbackEnvironment([CalculatorTool()], tools_in_system_prompt=False)
+    engine = ScriptedEngine(qwen3_tokenizer)
+    config = HarnessConfig(max_steps=3, max_prompt_length=2048, max_response_length=2048)
+
+    async def one(task, idx):
+        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+
+    first, second = await run_tasks(_tasks(["", ""]), one, n_parallel_agents=2)
+    assert first.failed and first.termination_reason == TerminationReason.ERROR
+    assert "TemplateError" in first.error and "once a user message follows" in first.error
+    assert not second.failed, second.error
+    assert second.metrics["tool_calls"] == 1 and second.metrics["alignment_mismatches"] == 0
