@@ -218,8 +218,6 @@ async def train(
             if dist.is_main:
                 for sink in sinks:
                     sink.log(before, step=0)
-            if on_step is not None:
-                on_step(before)
         for step in range(config.steps):
             mine = shard(next_batch(), dist)
             expanded = [dict(task) for task in mine for _ in range(r.group_size)]  # a group shares its task id
