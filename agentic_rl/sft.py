@@ -12,7 +12,6 @@ when `tool_model_fingerprint` (base model, data digest, recipe) no longer matche
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -26,7 +25,7 @@ from pydantic import Field
 from agentic_rl.config import Config
 from agentic_rl.data import SHARED_DATA, iter_jsonl
 from agentic_rl.errors import ConfigError
-from agentic_rl.models import DEFAULT_MODEL
+from agentic_rl.models import DEFAULT_MODEL, file_sha256
 
 __all__ = ["SFTConfig", "build_tool_model", "run_sft", "synthesize_traces", "tool_model_fingerprint"]
 
@@ -68,14 +67,6 @@ class SFTConfig(Config):
     bf16_autocast: bool = True
     seed: int = 0
     output_dir: str = "runs/sft"
-
-
-def _file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def synthesize_traces(config: SFTConfig, tokenizer: Any) -> tuple[list[Any], dict[str, Any]]:
@@ -170,7 +161,7 @@ def run_sft(
     tokenizer.save_pretrained(out)
     manifest = {
         "base_model": config.model, "base_dir": str(base_dir), "data": config.data,
-        "data_sha256": _file_sha256(config.data), "config": config.model_dump(), "recipe_version": RECIPE_VERSION,
+        "data_sha256": file_sha256(config.data), "config": config.model_dump(), "recipe_version": RECIPE_VERSION,
         "traces": counts, "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
         "held_out_nll_before": held_out_before, "held_out_nll_after": held_out_after,
         "seconds": time.perf_counter() - t0,
@@ -187,7 +178,7 @@ def tool_model_fingerprint(base_dir: Path) -> dict[str, Any]:
     marker = base_dir / ".agentic_rl_ready"
     return {
         "base": marker.read_text().strip() if marker.is_file() else str(base_dir),
-        "data_sha256": _file_sha256(config.data),
+        "data_sha256": file_sha256(config.data),
         "config": config.model_dump(exclude={"output_dir", "data"}),
         "recipe_version": RECIPE_VERSION,
     }
