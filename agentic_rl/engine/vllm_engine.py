@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -244,9 +244,52 @@ class VLLMEngine:
         self._check_alive()
         request_id = str(next(self._ids))
         result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result))
+        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result, None))
         try:
             return await asyncio.wrap_future(result)
+        finally:
+            if not result.done() or result.cancelled():
+                self._inbox.put((_ABORT, request_id))
+
+    async def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig | Mapping[str, Any]
+    ) -> AsyncIterator[Generation]:
+        """Like `generate`, but yields the sampled tokens as the engine steps.
+
+        Each item holds only the tokens sampled since the previous one (with their logprobs and top logprobs);
+        every item but the last has `finish_reason == ""`, the last carries the finish and stop reason. Together
+        the items hold exactly what `generate` returns. Closing the iterator early (or cancelling the task
+        reading it) aborts the request in the engine.
+
+        Raises:
+            ConfigError: for a dict with an unknown option or a bad value (nothing is sent to the engine).
+            EngineError: if the engine is not running or rejects the request.
+        """
+        options = SamplingConfig.of(sampling).vllm_kwargs()
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[Generation | None] = asyncio.Queue()
+
+        def deliver(item: Generation | None) -> None:  # called on the engine thread
+            loop.call_soon_threadsafe(deltas.put_nowait, item)
+
+        request_id = str(next(self._ids))
+        result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
+        result.add_done_callback(lambda _: deliver(None))  # wakes the reader when the request ends or fails
+        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result, deliver))
+        sent = 0
+        try:
+            while (delta := await deltas.get()) is not None:
+                sent += len(delta.token_ids)
+                yield delta
+            final = await asyncio.wrap_future(result)
+            yield Generation(
+                token_ids=final.token_ids[sent:],
+                logprobs=final.logprobs[sent:],
+                finish_reason=final.finish_reason,
+                stop_reason=final.stop_reason,
+                top_logprobs=None if final.top_logprobs is None else final.top_logprobs[sent:],
+            )
         finally:
             if not result.done() or result.cancelled():
                 self._inbox.put((_ABORT, request_id))
@@ -366,6 +409,7 @@ class VLLMEngine:
 
         engine = llm.llm_engine
         top_k: dict[str, int] = {}  # requests that asked for top-k logprobs
+        streams: dict[str, list[Any]] = {}  # streamed requests: [deliver, tokens delivered so far]
         while True:
             block = not engine.has_unfinished_requests()
             while True:
@@ -378,7 +422,7 @@ class VLLMEngine:
                 if kind == _STOP:
                     return
                 if kind == _ADD:
-                    _, request_id, prompt_ids, sampling, result = command
+                    _, request_id, prompt_ids, sampling, result, deliver = command
                     if not result.set_running_or_notify_cancel():
                         continue
                     try:
@@ -386,7 +430,8 @@ class VLLMEngine:
                             sampling.setdefault("detokenize", True)
                         sampling.setdefault("detokenize", False)
                         sampling.setdefault("logprobs", 0)
-                        params = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **sampling)
+                        output_kind = RequestOutputKind.CUMULATIVE if deliver else RequestOutputKind.FINAL_ONLY
+                        params = SamplingParams(output_kind=output_kind, **sampling)
                         engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
                     except Exception as exc:  # a bad request fails alone
                         result.set_exception(EngineError(f"request rejected by vLLM: {exc}"))
@@ -394,8 +439,11 @@ class VLLMEngine:
                     pending[request_id] = result
                     if sampling["logprobs"]:
                         top_k[request_id] = sampling["logprobs"]
+                    if deliver:
+                        streams[request_id] = [deliver, 0]
                 elif kind == _ABORT:
                     top_k.pop(command[1], None)
+                    streams.pop(command[1], None)
                     if pending.pop(command[1], None) is not None:
                         engine.abort_request([command[1]])
                 elif kind == _CALL:
@@ -409,7 +457,10 @@ class VLLMEngine:
                 continue
             for output in engine.step():
                 if not output.finished:
+                    if output.request_id in streams:
+                        self._deliver(streams[output.request_id], output, top_k.get(output.request_id, 0))
                     continue
+                streams.pop(output.request_id, None)
                 result = pending.pop(output.request_id, None)
                 if result is None:
                     continue
@@ -427,6 +478,28 @@ class VLLMEngine:
                     result.set_exception(EngineError(f"could not read engine output: {exc}"))
                     continue
                 result.set_result(generation)
+
+    @staticmethod
+    def _deliver(stream: list[Any], output: Any, top_k: int) -> None:
+        """Hand a streamed request's tokens sampled since the last delivery to its reader (engine thread)."""
+        deliver, sent = stream
+        completion = output.outputs[0]
+        new_ids = list(completion.token_ids[sent:])
+        if not new_ids:
+            return
+        logprobs = None if completion.logprobs is None else completion.logprobs[sent:]
+        try:
+            delta = Generation(
+                token_ids=new_ids,
+                logprobs=_sampled_logprobs(new_ids, logprobs),
+                finish_reason="",
+                top_logprobs=_top_logprobs(logprobs) if top_k and logprobs is not None else None,
+            )
+        except Exception:  # the final output reports the problem through the request's result
+            logger.exception("could not read a streamed engine output")
+            return
+        stream[1] = sent + len(new_ids)
+        deliver(delta)
 
     @staticmethod
     def _fail_all(pending: dict[str, concurrent.futures.Future[Generation]], exc: EngineError) -> None:
