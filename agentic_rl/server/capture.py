@@ -23,7 +23,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.tools.prompt import tools_system_prompt
 from agentic_rl.types import Step, StepTrajectory
 
-__all__ = ["CapturedTurn", "TrajectoryRecorder", "template_messages"]
+__all__ = ["CapturedTurn", "TrajectoryRecorder", "rendered_messages", "template_messages"]
 
 
 @dataclass(slots=True)
@@ -41,6 +41,7 @@ class CapturedTurn:
         tools: the request's tool schemas.
         text: the text the client received (completions) or the decoded sampled text (chat).
         template_kwargs: the request's `chat_template_kwargs`.
+        streamed: whether the call was answered as a stream.
     """
 
     prompt_ids: list[int]
@@ -53,6 +54,7 @@ class CapturedTurn:
     tools: list[dict[str, Any]] | None = None
     text: str = ""
     template_kwargs: dict[str, Any] | None = None
+    streamed: bool = False
 
 
 def _arguments(value: Any) -> Any:
@@ -119,6 +121,16 @@ def _with_tools_in_system_prompt(messages: list[dict[str, Any]], tools: list[dic
     return [{"role": "system", "content": tools_system_prompt("You are a helpful assistant.", tools)}, *messages]
 
 
+def rendered_messages(
+    messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, renderer: ChatRenderer
+) -> list[dict[str, Any]]:
+    """The messages exactly as the chat template receives them for a prompt rendered from scratch."""
+    out = template_messages(messages, renderer)
+    if tools and not renderer.supports_tools:
+        out = _with_tools_in_system_prompt(out, tools)
+    return out
+
+
 class TrajectoryRecorder:
     """Thread-safe store of captured calls, keyed by trajectory id (oldest dropped past `max_trajectories`)."""
 
@@ -176,10 +188,7 @@ class TrajectoryRecorder:
                 glue = renderer.observation_ids(template_messages(new, renderer), tools)
                 ending = [] if closed else [renderer.end_of_turn_id]
                 return prev.prompt_ids + prev.response_ids + ending + glue, True
-        rendered = template_messages(messages, renderer)
-        if tools and not renderer.supports_tools:
-            rendered = _with_tools_in_system_prompt(rendered, tools)
-        return renderer.prompt_ids(rendered, tools), False
+        return renderer.prompt_ids(rendered_messages(messages, tools, renderer), tools), False
 
     def completion_continues(self, trajectory_id: str | None, prompt_ids: list[int]) -> bool:
         """Whether raw prompt ids start with the trajectory's previous prompt + response ids."""
@@ -229,7 +238,9 @@ class TrajectoryRecorder:
                 action=[c["function"] for c in (t.response_message or {}).get("tool_calls") or []],
                 observation=(t.messages or [{}])[-1].get("content", "") if t.messages else "",
                 model_response=t.text,
-                info={"finish_reason": t.finish_reason, "continued": t.continued},
+                info={"finish_reason": t.finish_reason, "continued": t.continued, "streamed": t.streamed,
+                      **({"tools": t.tools} if t.tools else {}),
+                      **({"chat_template_kwargs": t.template_kwargs} if t.template_kwargs else {})},
                 prompt_ids=t.prompt_ids,
                 response_ids=t.response_ids,
                 response_logprobs=t.logprobs,

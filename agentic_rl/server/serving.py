@@ -579,6 +579,7 @@ class OpenAIServing:
         self.recorder.record(call.trajectory_id, CapturedTurn(
             call.prompt_ids, gen.token_ids, gen.logprobs, call.continued, gen.finish_reason, messages=call.messages,
             response_message=message, tools=call.tools, text=text, template_kwargs=call.template_kwargs,
+            streamed=call.request.stream,
         ))  # fmt: skip
 
 
