@@ -499,7 +499,10 @@ class VLLMEngine:
             logger.exception("could not read a streamed engine output")
             return
         stream[1] = sent + len(new_ids)
-        deliver(delta)
+        try:
+            deliver(delta)
+        except RuntimeError:  # the reader's event loop is closed: nobody reads, its abort is on the way
+            logger.debug("dropped a streamed delta: the reader's event loop is closed")
 
     @staticmethod
     def _fail_all(pending: dict[str, concurrent.futures.Future[Generation]], exc: EngineError) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentic_rl.chat import ChatRenderer
+from agentic_rl.errors import TemplateError
 from agentic_rl.tools.prompt import tools_system_prompt
 from agentic_rl.types import Step, StepTrajectory
 
@@ -185,9 +186,13 @@ class TrajectoryRecorder:
                 and _normalize(messages[k]) == _normalize(prev.response_message)
                 and all(m["role"] != "assistant" for m in new)
             ):
-                glue = renderer.observation_ids(template_messages(new, renderer), tools)
-                ending = [] if closed else [renderer.end_of_turn_id]
-                return prev.prompt_ids + prev.response_ids + ending + glue, True
+                try:
+                    glue = renderer.observation_ids(template_messages(new, renderer), tools)
+                except TemplateError:  # a template that rewrites earlier turns: no exact join, a new run
+                    glue = None
+                if glue is not None:
+                    ending = [] if closed else [renderer.end_of_turn_id]
+                    return prev.prompt_ids + prev.response_ids + ending + glue, True
         return renderer.prompt_ids(rendered_messages(messages, tools, renderer), tools), False
 
     def completion_continues(self, trajectory_id: str | None, prompt_ids: list[int]) -> bool:

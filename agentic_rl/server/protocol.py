@@ -223,14 +223,19 @@ class CompletionRequest(SamplingFields):
 class FunctionCall(_Strict):
     name: Annotated[StrictStr, Field(min_length=1)]
     arguments: StrictStr
+    parsed_arguments: Any = Field(default=None, exclude=True)  # the openai client's parsed copy: ignored
 
 
 class ToolCall(_Strict):
-    """An assistant message's tool call, as the server (or OpenAI) returned it."""
+    """An assistant message's tool call, as the server (or OpenAI) returned it.
+
+    `index` (left by clients that assemble streamed calls) is ignored.
+    """
 
     id: StrictStr | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
+    index: StrictInt | None = Field(default=None, exclude=True)
 
 
 class ChatMessage(_Strict):
@@ -248,6 +253,9 @@ class ChatMessage(_Strict):
     refusal: None = None
     function_call: None = None
     audio: None = None
+    # Output fields that clients echo back with an assistant message they received: ignored.
+    annotations: list[Any] | None = Field(default=None, exclude=True)
+    parsed: Any = Field(default=None, exclude=True)
 
     @field_validator("content", mode="before")
     @classmethod

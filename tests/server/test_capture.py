@@ -157,3 +157,32 @@ def test_trajectory_steps_carry_their_own_ids_and_logprobs(base_url):
     assert step["prompt_ids"] == first["prompt_token_ids"]
     assert step["response_ids"] == first["choices"][0]["token_ids"]
     assert step["response_logprobs"] == first["choices"][0]["sampled_logprobs"]
+
+
+def test_a_template_that_rewrites_earlier_turns_gets_a_new_run_not_an_error(engine, model_dir):
+    """A template whose header counts the messages cannot grow one token sequence: each call is rendered anew."""
+    from transformers import AutoTokenizer
+
+    from agentic_rl.server.app import create_app
+    from agentic_rl.server.serving import OpenAIServing
+    from agentic_rl.server.thread import ServerThread
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.chat_template = (
+        "<|im_start|>system\n{{ messages | length }} messages<|im_end|>\n{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    thread = ServerThread(create_app(OpenAIServing(engine, tokenizer, model_name=MODEL_NAME)))
+    thread.start()
+    try:
+        tid = f"t-{uuid.uuid4().hex}"
+        messages = [{"role": "user", "content": "Hi."}]
+        first = _chat(f"http://{thread.address}", tid, messages, max_tokens=3, tools=None)
+        messages += [first["choices"][0]["message"], {"role": "user", "content": "Again."}]
+        second = _chat(f"http://{thread.address}", tid, messages, max_tokens=3, tools=None)
+        assert tokenizer.decode(second["prompt_token_ids"]).startswith("<|im_start|>system\n3 messages")
+        record = httpx.get(f"http://{thread.address}/v1/trajectories/{tid}").json()
+        assert [s["info"]["continued"] for s in record["steps"]] == [False, False]
+    finally:
+        thread.stop()

@@ -127,6 +127,17 @@ def test_empty_and_null_contents_are_accepted_where_openai_accepts_them(base_url
     _prompt_ids(base_url, messages, tools=TOOLS)
 
 
+def test_an_assistant_message_echoed_as_the_openai_client_assembled_it_is_accepted(base_url):
+    """`message.model_dump()` of a streamed completion carries output-only fields (`index`, `parsed`, ...)."""
+    echoed = {"content": None, "refusal": None, "role": "assistant", "annotations": None, "audio": None,
+              "function_call": None, "parsed": None, "tool_calls": [{"id": "call_1", "type": "function", "index": 0,
+              "function": {"arguments": '{"expression": "2 + 2"}', "name": "calculator", "parsed_arguments": None}}]}  # fmt: skip
+    plain = {"role": "assistant", "content": None, "tool_calls": [CALL]}
+    tail = [{"role": "tool", "tool_call_id": "call_1", "content": "4"}]
+    assert _prompt_ids(base_url, [*USER, echoed, *tail], tools=TOOLS) == _prompt_ids(base_url, [*USER, plain, *tail],
+                                                                                      tools=TOOLS)  # fmt: skip
+
+
 # ---- bad values -------------------------------------------------------------------------------------------------
 
 _DEEP = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
