@@ -303,6 +303,9 @@ class OpenAIServing:
         if room < 1:
             raise RequestError(f"the prompt has {prompt_len} tokens; the model window is {self.engine.max_model_len}",
                                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")  # fmt: skip
+        vocabulary = len(self.tokenizer)
+        if any(t >= vocabulary for t in request.stop_token_ids or []):
+            raise RequestError(f"stop_token_ids must be below the vocabulary size {vocabulary}", param="stop_token_ids")
         max_tokens = min(request.max_tokens, room, self.max_tokens_cap or room)
         sampling: dict[str, Any] = {name: getattr(request, name) for name in _PASS_THROUGH}
         stops = request.stop_strings

@@ -168,6 +168,7 @@ _SURROGATE = b'{"messages": [{"role": "user", "content": "a\\udc80b"}]}'
         (b'{"prompt": "\xff\xfe"}', None),
         (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", 5]}', "stop"),
         (b'{"messages": [{"role": "user", "content": "hi"}], "trajectory_id": ""}', "trajectory_id"),
+        (b'{"prompt": "hi", "stop_token_ids": [1000000000]}', "stop_token_ids"),
     ],
 )
 def test_bad_values_are_400s_never_500s(base_url, raw, param):
