@@ -19,7 +19,8 @@ the engine, with their logprobs.
 | `{"type": "function"}`   | exactly one call of that function                                                 |
 
 With `response_format` `json_object` / `json_schema`, the text is that JSON (under `auto`: that JSON, or tool
-calls).
+calls). Constrained JSON allows at most `MAX_JSON_WHITESPACE` whitespace characters in a row, so a model cannot spend
+its whole budget on blanks.
 """
 
 from __future__ import annotations
@@ -141,11 +142,11 @@ def output_constraint(request: SamplingFields) -> Constraint:
         except (TypeError, ValueError) as exc:
             raise RequestError(f"invalid 'structured_outputs': {exc}", param="structured_outputs") from None
         return Constraint(params, "structured_outputs", parse_tools)
-    if tool_format is not None:
-        tag = json.dumps({"type": "structural_tag", "format": tool_format}, ensure_ascii=False)
-        return Constraint(StructuredOutputsParams(structural_tag=tag), "tools", parse_tools)
-    if json_schema is not None:
-        if json_schema == {"type": "object"}:
-            return Constraint(StructuredOutputsParams(json_object=True), "response_format", parse_tools)
-        return Constraint(StructuredOutputsParams(json=json_schema), "response_format", parse_tools)
-    return Constraint(None, None, parse_tools)
+    if tool_format is None and json_schema is None:
+        return Constraint(None, None, parse_tools)
+    if tool_format is None:  # the JSON alone, with runs of whitespace bounded so that the JSON ends
+        tool_format, param = _json_format(json_schema or {}), "response_format"
+    else:
+        param = "tools"
+    tag = json.dumps({"type": "structural_tag", "format": tool_format}, ensure_ascii=False)
+    return Constraint(StructuredOutputsParams(structural_tag=tag), param, parse_tools)

@@ -147,6 +147,23 @@ def test_langgraph_react_agent_with_langchain_openai(base_url, tokenizer, mode):
     _check_two_call_run(_record(base_url, tid), tokenizer, calculator, text, streamed=mode != "invoke")
 
 
+def test_langchain_with_structured_output(base_url, tokenizer):
+    """`with_structured_output` sends `response_format` json_schema; the engine keeps the answer to that schema."""
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Answer(BaseModel):
+        value: int = Field(ge=0, le=9999)
+
+    tid = f"structured-{uuid.uuid4().hex}"
+    llm = ChatOpenAI(model=MODEL_NAME, base_url=f"{base_url}/v1", api_key="local", temperature=0.0, max_tokens=96,
+                     max_retries=0, default_headers={TRAJECTORY_HEADER: tid})  # fmt: skip
+    answer = llm.with_structured_output(Answer).invoke(QUESTION)
+    assert isinstance(answer, Answer)
+    (step,) = _record(base_url, tid)["steps"]
+    assert Answer.model_validate_json(tokenizer.decode(step["response_ids"], skip_special_tokens=True)) == answer
+
+
 @pytest.mark.parametrize("kind", ["run", "run_stream", "output_type"])
 async def test_pydantic_ai_agent_with_a_tool(base_url, tokenizer, kind):
     from pydantic import BaseModel
