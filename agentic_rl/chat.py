@@ -109,6 +109,7 @@ class ChatRenderer:
 
     Args:
         tokenizer: a `transformers` tokenizer with a chat template.
+        template_kwargs: extra variables for the template on every render (e.g. `{"enable_thinking": False}`).
 
     Raises:
         TemplateError: if the tokenizer has no chat template, or the template cannot be followed token-exactly
@@ -117,10 +118,11 @@ class ChatRenderer:
             distill templates do), or has no single end-of-turn token. The message names the reason.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(template_kwargs or {})
         # The Rust tokenizer behind a fast tokenizer gives the same ids and text without the Python wrapper's
         # per-call overhead (several times faster for the short spans of one turn).
         self._backend = tokenizer.backend_tokenizer if getattr(tokenizer, "is_fast", False) else None
@@ -171,7 +173,7 @@ class ChatRenderer:
         add_generation_prompt: bool = False,
     ) -> str:
         """The chat template's text for `messages` (tools passed only when the template supports them)."""
-        kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+        kwargs: dict[str, Any] = {**self.template_kwargs, "tokenize": False, "add_generation_prompt": add_generation_prompt}
         if tools and self.supports_tools:
             kwargs["tools"] = list(tools)
         try:

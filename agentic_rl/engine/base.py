@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from agentic_rl.engine.sampling import SamplingConfig
 
-__all__ = ["Engine", "Generation", "TrainableEngine"]
+__all__ = ["Engine", "Generation", "StreamingEngine", "TrainableEngine"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,8 +19,9 @@ class Generation:
         token_ids: the sampled token ids, including the stop token when the engine stopped on one.
         logprobs: log-probability (nats) of each sampled token under the engine, same length as `token_ids`.
         finish_reason: `stop` (a stop token id, the end-of-sequence token or a stop string), `length` (hit
-            `max_tokens` or the model window), `abort`, or vLLM's `error` / `repetition`. `agentic_rl.engine.turns`
-            reads what that makes of an assistant turn.
+            `max_tokens` or the model window), `abort`, or vLLM's `error` / `repetition`; "" on the items of a
+            stream (`VLLMEngine.stream`) before its last. `agentic_rl.engine.turns` reads what that makes of an
+            assistant turn.
         stop_reason: the stop token id or stop string that ended generation, None for an end-of-sequence token.
         top_logprobs: per position, the engine's most likely tokens `{token_id: logprob}`, when requested with
             `sampling.logprobs = k > 0`; otherwise None.
@@ -53,6 +54,20 @@ class Engine(Protocol):
         Args:
             prompt_ids: the full prompt as token ids.
             sampling: the request's sampling options (`max_tokens`, `temperature`, `seed`, `stop_token_ids`...).
+
+        Raises:
+            EngineError: if the engine is not running or the request fails.
+        """
+        ...
+
+
+@runtime_checkable
+class StreamingEngine(Engine, Protocol):
+    """An `Engine` that can also hand out the sampled tokens while it samples them."""
+
+    def stream(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> AsyncIterator[Generation]:
+        """Yield the tokens of one continuation as they are sampled: each item holds the new tokens only, and every
+        item but the last has `finish_reason == ""`. Closing the iterator early aborts the request.
 
         Raises:
             EngineError: if the engine is not running or the request fails.

@@ -21,7 +21,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -184,7 +184,7 @@ class VLLMEngine:
         # Engine thread only: True from a weight update whose prefix-cache reset failed until a reset succeeds;
         # meanwhile new requests are held back (`_held`) so that none can reuse KV of the old weights.
         self._stale_cache = False
-        self._held: list[tuple[str, list[int], Any]] = []
+        self._held: list[tuple[str, list[int], dict[str, Any], Any]] = []
 
     @property
     def max_model_len(self) -> int:
@@ -268,9 +268,52 @@ class VLLMEngine:
         self._check_alive()
         request_id = str(next(self._ids))
         result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result))
+        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result, None))
         try:
             return await asyncio.wrap_future(result)
+        finally:
+            if not result.done() or result.cancelled():
+                self._inbox.put((_ABORT, request_id))
+
+    async def stream(
+        self, prompt_ids: Sequence[int], sampling: SamplingConfig | Mapping[str, Any]
+    ) -> AsyncIterator[Generation]:
+        """Like `generate`, but yields the sampled tokens as the engine steps.
+
+        Each item holds only the tokens sampled since the previous one (with their logprobs and top logprobs);
+        every item but the last has `finish_reason == ""`, the last carries the finish and stop reason. Together
+        the items hold exactly what `generate` returns. Closing the iterator early (or cancelling the task
+        reading it) aborts the request in the engine.
+
+        Raises:
+            ConfigError: for a dict with an unknown option or a bad value (nothing is sent to the engine).
+            EngineError: if the engine is not running or rejects the request.
+        """
+        options = SamplingConfig.of(sampling).vllm_kwargs()
+        self._check_alive()
+        loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[Generation | None] = asyncio.Queue()
+
+        def deliver(item: Generation | None) -> None:  # called on the engine thread
+            loop.call_soon_threadsafe(deltas.put_nowait, item)
+
+        request_id = str(next(self._ids))
+        result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
+        result.add_done_callback(lambda _: deliver(None))  # wakes the reader when the request ends or fails
+        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result, deliver))
+        sent = 0
+        try:
+            while (delta := await deltas.get()) is not None:
+                sent += len(delta.token_ids)
+                yield delta
+            final = await asyncio.wrap_future(result)
+            yield Generation(
+                token_ids=final.token_ids[sent:],
+                logprobs=final.logprobs[sent:],
+                finish_reason=final.finish_reason,
+                stop_reason=final.stop_reason,
+                top_logprobs=None if final.top_logprobs is None else final.top_logprobs[sent:],
+            )
         finally:
             if not result.done() or result.cancelled():
                 self._inbox.put((_ABORT, request_id))
@@ -394,11 +437,13 @@ class VLLMEngine:
 
         engine = llm.llm_engine
         top_k: dict[str, int] = {}  # requests that asked for top-k logprobs
+        streams: dict[str, list[Any]] = {}  # streamed requests: [deliver, tokens delivered so far]
 
-        def add(request_id: str, prompt_ids: list[int], sampling: dict[str, Any]) -> None:
+        def add(request_id: str, prompt_ids: list[int], sampling: dict[str, Any], deliver: Any) -> None:
             result = pending[request_id]
             try:
-                params = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY, **sampling)
+                output_kind = RequestOutputKind.CUMULATIVE if deliver else RequestOutputKind.FINAL_ONLY
+                params = SamplingParams(output_kind=output_kind, **sampling)
                 engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
             except Exception as exc:  # a bad request fails alone
                 del pending[request_id]
@@ -406,6 +451,8 @@ class VLLMEngine:
                 return
             if sampling["logprobs"]:
                 top_k[request_id] = sampling["logprobs"]
+            if deliver:
+                streams[request_id] = [deliver, 0]
 
         while True:
             if self._stale_cache and not engine.has_unfinished_requests():
@@ -421,7 +468,7 @@ class VLLMEngine:
                 if kind == _STOP:
                     return
                 if kind == _ADD:
-                    _, request_id, prompt_ids, sampling, result = command
+                    _, request_id, prompt_ids, sampling, result, deliver = command
                     if not result.set_running_or_notify_cancel():
                         continue
                     if sampling.get("stop"):
@@ -430,12 +477,13 @@ class VLLMEngine:
                     sampling.setdefault("logprobs", 0)
                     pending[request_id] = result
                     if self._stale_cache:  # it could reuse KV of the old weights: it waits for the reset
-                        self._held.append((request_id, prompt_ids, sampling))
+                        self._held.append((request_id, prompt_ids, sampling, deliver))
                     else:
-                        add(request_id, prompt_ids, sampling)
+                        add(request_id, prompt_ids, sampling, deliver)
                 elif kind == _ABORT:
                     request_id = command[1]
                     top_k.pop(request_id, None)
+                    streams.pop(request_id, None)
                     if pending.pop(request_id, None) is not None:
                         held = [h for h in self._held if h[0] != request_id]
                         if len(held) == len(self._held):
@@ -452,7 +500,10 @@ class VLLMEngine:
                 continue
             for output in engine.step():
                 if not output.finished:
+                    if output.request_id in streams:
+                        self._deliver(streams[output.request_id], output, top_k.get(output.request_id, 0))
                     continue
+                streams.pop(output.request_id, None)
                 result = pending.pop(output.request_id, None)
                 if result is None:
                     continue
@@ -471,7 +522,7 @@ class VLLMEngine:
                     continue
                 result.set_result(generation)
 
-    def _retry_cache_reset(self, llm: Any, add: Callable[[str, list[int], dict[str, Any]], None]) -> None:
+    def _retry_cache_reset(self, llm: Any, add: Callable[[str, list[int], dict[str, Any], Any], None]) -> None:
         """With no request running, reset the prefix cache left stale by a weight update, then admit held requests."""
         held, self._held = self._held, []
         if llm.reset_prefix_cache():
@@ -481,10 +532,35 @@ class VLLMEngine:
                 add(*request)
             return
         error = EngineError("the prefix cache could not be reset after a weight update, even with no request running")
-        for request_id, _, _ in held:
+        for request_id, *_ in held:
             result = self._pending.pop(request_id, None)
             if result is not None:
                 result.set_exception(error)
+
+    @staticmethod
+    def _deliver(stream: list[Any], output: Any, top_k: int) -> None:
+        """Hand a streamed request's tokens sampled since the last delivery to its reader (engine thread)."""
+        deliver, sent = stream
+        completion = output.outputs[0]
+        new_ids = list(completion.token_ids[sent:])
+        if not new_ids:
+            return
+        logprobs = None if completion.logprobs is None else completion.logprobs[sent:]
+        try:
+            delta = Generation(
+                token_ids=new_ids,
+                logprobs=_sampled_logprobs(new_ids, logprobs),
+                finish_reason="",
+                top_logprobs=_top_logprobs(logprobs) if top_k and logprobs is not None else None,
+            )
+        except Exception:  # the final output reports the problem through the request's result
+            logger.exception("could not read a streamed engine output")
+            return
+        stream[1] = sent + len(new_ids)
+        try:
+            deliver(delta)
+        except RuntimeError:  # the reader's event loop is closed: nobody reads, its abort is on the way
+            logger.debug("dropped a streamed delta: the reader's event loop is closed")
 
     @staticmethod
     def _fail_all(pending: dict[str, concurrent.futures.Future[Generation]], exc: EngineError) -> None:

@@ -240,6 +240,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             `oai_client`, summaries come from this wrapper's own server.
         turn_timeout_s: most seconds one engine request may take before it is aborted and its trajectory fails
             with `termination_reason="timeout"` (see `HarnessConfig`).
+        chat_template_kwargs: extra variables for the chat template on every render (e.g.
+            `{"enable_thinking": False}`).
     """
 
     def __init__(
@@ -263,6 +265,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         serve: bool = True,
         memory: Any = None,
         turn_timeout_s: float = 3600.0,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
             agent_name, tokenizer, sampling_params, max_prompt_length, max_response_length, n_parallel_agents,
@@ -291,6 +294,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         self.serve = serve
         self.memory_config = memory
         self.memory_factory: Callable[[], Any] | None = None
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.renderer: Any = None
         self.environment: Any = None
 
@@ -299,7 +303,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         from agentic_rl.chat import ChatRenderer
         from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
 
-        self.renderer = ChatRenderer(self.tokenizer)
+        self.renderer = ChatRenderer(self.tokenizer, template_kwargs=self.chat_template_kwargs)
         self.environment = ToolEnvironment(
             self.tools,
             system_prompt=DEFAULT_SYSTEM_PROMPT if self.system_prompt is None else self.system_prompt,

@@ -3,7 +3,8 @@
 An agent written against the OpenAI API sends its whole history as text on every call. Re-rendering that text
 would re-tokenize earlier model output (and drift). Instead, when a chat request extends the previous call of the
 same trajectory (same messages, then the assistant message this server returned, then new observation messages),
-its prompt is built as: previous prompt ids + the ids the engine sampled + the template glue of the new messages.
+its prompt is built as: previous prompt ids + the ids the engine sampled + the template glue of the new messages
+(after a turn cut by `max_tokens`, the glue starts with the end-of-turn token the engine did not sample).
 Otherwise (history rewritten, e.g. summarized, or new messages the template cannot append exactly, such as a user
 message after a Qwen3 thinking turn) the prompt is rendered from the messages and a new run begins; the trajectory
 then has several runs, each exact, kept per step. Message contents are encoded as plain text either way: only the
@@ -24,7 +25,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.tools.prompt import tools_system_prompt
 from agentic_rl.types import Step, StepTrajectory
 
-__all__ = ["CapturedTurn", "TrajectoryRecorder", "template_messages"]
+__all__ = ["CapturedTurn", "TrajectoryRecorder", "rendered_messages", "template_messages"]
 
 
 @dataclass(slots=True)
@@ -40,7 +41,9 @@ class CapturedTurn:
         messages: the request's chat messages (None for `/v1/completions`).
         response_message: the assistant message the server returned (None for completions).
         tools: the request's tool schemas.
-        text: the decoded sampled text.
+        text: the text the client received (completions) or the decoded sampled text (chat).
+        template_kwargs: the request's `chat_template_kwargs`.
+        streamed: whether the call was answered as a stream.
     """
 
     prompt_ids: list[int]
@@ -52,6 +55,8 @@ class CapturedTurn:
     response_message: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     text: str = ""
+    template_kwargs: dict[str, Any] | None = None
+    streamed: bool = False
 
 
 def _arguments(value: Any) -> Any:
@@ -85,14 +90,21 @@ def template_messages(messages: Sequence[dict[str, Any]], renderer: ChatRenderer
     for m in messages:
         calls = m.get("tool_calls") or []
         if m.get("role") != "assistant" or not calls:
-            out.append({"role": m["role"], "content": m.get("content") or ""})
+            plain = {"role": m["role"], "content": m.get("content") or ""}
+            if m.get("role") == "tool":  # some templates name the call a result answers
+                plain.update({k: m[k] for k in ("tool_call_id", "name") if m.get(k) is not None})
+            out.append(plain)
             continue
         functions = [c.get("function", c) for c in calls]
         if renderer is not None and renderer.supports_tools:
             out.append({
                 "role": "assistant",
                 "content": m.get("content") or "",
-                "tool_calls": [{"type": "function", "function": {"name": f.get("name"), "arguments": _arguments(f.get("arguments"))}} for f in functions],
+                "tool_calls": [
+                    {**({"id": c["id"]} if c.get("id") else {}), "type": "function",
+                     "function": {"name": f.get("name"), "arguments": _arguments(f.get("arguments"))}}
+                    for c, f in zip(calls, functions, strict=True)
+                ],
             })  # fmt: skip
         else:
             blocks = [
@@ -109,6 +121,16 @@ def _with_tools_in_system_prompt(messages: list[dict[str, Any]], tools: list[dic
     if messages and messages[0]["role"] == "system":
         return [{**messages[0], "content": tools_system_prompt(messages[0]["content"], tools)}, *messages[1:]]
     return [{"role": "system", "content": tools_system_prompt("You are a helpful assistant.", tools)}, *messages]
+
+
+def rendered_messages(
+    messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None, renderer: ChatRenderer
+) -> list[dict[str, Any]]:
+    """The messages exactly as the chat template receives them for a prompt rendered from scratch."""
+    out = template_messages(messages, renderer)
+    if tools and not renderer.supports_tools:
+        out = _with_tools_in_system_prompt(out, tools)
+    return out
 
 
 class TrajectoryRecorder:
@@ -132,30 +154,45 @@ class TrajectoryRecorder:
             return turns[-1] if turns else None
 
     def chat_prompt(
-        self, trajectory_id: str | None, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        trajectory_id: str | None,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        *,
+        renderer: ChatRenderer | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[list[int], bool]:
-        """Prompt ids for a chat request, and whether they continue the trajectory's previous call exactly."""
+        """Prompt ids for a chat request, and whether they continue the trajectory's previous call exactly.
+
+        Args:
+            trajectory_id: the capture id (None: no capture, the messages are rendered).
+            messages: plain messages (string content, roles system/user/assistant/tool).
+            tools: the request's tool schemas.
+            renderer: the renderer for the request's `chat_template_kwargs` (default: the recorder's).
+            template_kwargs: those kwargs; a call continues only a previous call made with the same ones.
+        """
+        renderer = renderer or self.renderer
         prev = self._last(trajectory_id)
         if prev is not None and prev.messages is not None and prev.response_message is not None:
             k = len(prev.messages)
-            closed = bool(prev.response_ids) and prev.response_ids[-1] == self.renderer.end_of_turn_id
+            closed = bool(prev.response_ids) and prev.response_ids[-1] == renderer.end_of_turn_id
+            cut = prev.finish_reason == "length"  # the client holds all the sampled text, without an ending
             new = messages[k + 1 :]
             if (
-                closed
+                (closed or cut)
                 and len(messages) > k + 1
                 and prev.tools == tools
+                and (prev.template_kwargs or None) == (template_kwargs or None)
                 and [_normalize(m) for m in messages[:k]] == [_normalize(m) for m in prev.messages]
                 and _normalize(messages[k]) == _normalize(prev.response_message)
                 and all(m["role"] != "assistant" for m in new)
             ):
-                observation = template_messages(new, self.renderer)
-                if self.renderer.append_problem(observation) is None:  # else: the template rewrites the history
-                    glue = self.renderer.observation_ids(observation, tools)
-                    return prev.prompt_ids + prev.response_ids + glue, True
-        rendered = template_messages(messages, self.renderer)
-        if tools and not self.renderer.supports_tools:
-            rendered = _with_tools_in_system_prompt(rendered, tools)
-        return self.renderer.prompt_ids(rendered, tools), False
+                observation = template_messages(new, renderer)
+                if renderer.append_problem(observation) is None:  # else: the template rewrites the history
+                    ending = [] if closed else [renderer.end_of_turn_id]
+                    glue = renderer.observation_ids(observation, tools)
+                    return prev.prompt_ids + prev.response_ids + ending + glue, True
+        return renderer.prompt_ids(rendered_messages(messages, tools, renderer), tools), False
 
     def completion_continues(self, trajectory_id: str | None, prompt_ids: list[int]) -> bool:
         """Whether raw prompt ids start with the trajectory's previous prompt + response ids."""
@@ -205,7 +242,9 @@ class TrajectoryRecorder:
                 action=[c["function"] for c in (t.response_message or {}).get("tool_calls") or []],
                 observation=(t.messages or [{}])[-1].get("content", "") if t.messages else "",
                 model_response=t.text,
-                info={"finish_reason": t.finish_reason, "continued": t.continued},
+                info={"finish_reason": t.finish_reason, "continued": t.continued, "streamed": t.streamed,
+                      **({"tools": t.tools} if t.tools else {}),
+                      **({"chat_template_kwargs": t.template_kwargs} if t.template_kwargs else {})},
                 prompt_ids=t.prompt_ids,
                 response_ids=t.response_ids,
                 response_logprobs=t.logprobs,

@@ -8,6 +8,7 @@ import uuid
 import httpx
 import pytest
 from conftest import MODEL_NAME
+from exact import assert_captured_exactly
 
 from agentic_rl.server.protocol import RequestError
 
@@ -18,6 +19,7 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 
 def _chat(base_url, tid, messages, **extra):
     body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 48, "tools": TOOLS, **extra}
+    body = {k: v for k, v in body.items() if v is not None}
     r = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers={"X-Trajectory-Id": tid}, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -201,3 +203,63 @@ def test_qwen3_tool_loop_with_thinking_is_captured_exactly_and_control_text_stay
     third = chat(messages, r"6\.")
     assert "<think>" not in qwen3_tokenizer.decode(third["prompt_token_ids"])
     assert serving.recorder.build(tid).steps[-1].info["continued"] is False
+
+
+def test_a_turn_cut_by_max_tokens_is_continued_with_the_end_of_turn_inserted(base_url, tokenizer):
+    tid = f"t-{uuid.uuid4().hex}"
+    messages = [{"role": "user", "content": "Tell me about the sea."}]
+    first = _chat(base_url, tid, messages, max_tokens=5, min_tokens=5, tools=None)
+    assert first["choices"][0]["finish_reason"] == "length"
+    # The agent keeps the cut message as it got it, and asks again (text parts and `developer` are fine too).
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Tell me about the sea."}]},
+                first["choices"][0]["message"], {"role": "user", "content": "Go on."}]  # fmt: skip
+    second = _chat(base_url, tid, messages, max_tokens=4, tools=None)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    head = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    glue = tokenizer.encode("\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    assert second["prompt_token_ids"] == head + [end] + glue
+    record = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()
+    assert_captured_exactly(record, tokenizer, calls=2)
+    assert record["response_mask"][len(first["choices"][0]["token_ids"])] == 0  # the inserted end of turn
+
+
+def test_a_turn_cut_at_a_stop_string_starts_a_new_run(base_url, tokenizer):
+    """The client holds the text before the stop string; the sampled ids go on past it, so no exact join exists."""
+    tid = f"t-{uuid.uuid4().hex}"
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    first = _chat(base_url, tid, messages, max_tokens=32, stop=["we"], tools=None,
+                  structured_outputs={"regex": "Here we go again"})  # fmt: skip
+    assert first["choices"][0]["finish_reason"] == "stop"
+    assert first["choices"][0]["message"]["content"] == "Here "
+    messages += [first["choices"][0]["message"], {"role": "user", "content": "Go on."}]
+    second = _chat(base_url, tid, messages, max_tokens=2, tools=None)
+    record = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()
+    assert [s["info"]["continued"] for s in record["steps"]] == [False, False]
+    assert record["prompt_ids"] == second["prompt_token_ids"]
+
+
+def test_trajectory_steps_carry_their_own_ids_and_logprobs(base_url):
+    tid = f"t-{uuid.uuid4().hex}"
+    first = _chat(base_url, tid, [{"role": "user", "content": "Hi."}], max_tokens=3, tools=None)
+    (step,) = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()["steps"]
+    assert step["prompt_ids"] == first["prompt_token_ids"]
+    assert step["response_ids"] == first["choices"][0]["token_ids"]
+    assert step["response_logprobs"] == first["choices"][0]["sampled_logprobs"]
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_when_the_server_is_built(engine, model_dir):
+    """A template whose header counts the messages cannot grow one token sequence through a tool loop: a clear
+    start-up error naming the rewritten text, not a failure on some trajectory's second call."""
+    from transformers import AutoTokenizer
+
+    from agentic_rl.errors import TemplateError
+    from agentic_rl.server.serving import OpenAIServing
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer.chat_template = (
+        "<|im_start|>system\n{{ messages | length }} messages<|im_end|>\n{% for message in messages %}"
+        "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    )
+    with pytest.raises(TemplateError, match="rewrites the first turns.*messages"):
+        OpenAIServing(engine, tokenizer, model_name=MODEL_NAME)

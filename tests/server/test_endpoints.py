@@ -12,12 +12,15 @@ from conftest import MODEL_NAME
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 COMPLETION = {"model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 8}
 
-# (field, values that must be accepted, values that must be rejected with a 400 naming the field)
+# (field, values that must be accepted, values that must be rejected with a 400 naming the field[, paths])
 RANGES = [
     ("n", [1, 2], [0, -1, 1.5]),
     ("top_k", [0, 1, 50], [-1, 1.5]),
-    ("logprobs", [0, 1, 5], [-1, 21]),
+    ("logprobs", [0, 1, 5], [-1, 21, True], ("/v1/completions",)),
+    ("logprobs", [True, False], [1, "yes"], ("/v1/chat/completions",)),
+    ("top_logprobs", [0, 5, 20], [-1, 21, 1.5], ("/v1/chat/completions",)),
     ("min_p", [0.0, 0.5, 1.0], [-0.01, 1.01]),
+    ("repetition_penalty", [0.5, 1.0, 2.0], [0.0, 2.5]),
     ("detokenize", [True, False], ["yes", 1]),
     ("frequency_penalty", [-2.0, 0.0, 2.0], [-2.01, 2.01]),
     ("presence_penalty", [-2.0, 2.0], [-2.5, 2.5]),
@@ -50,7 +53,9 @@ def test_completion_returns_text_ids_and_logprobs(base_url, tokenizer):
     assert len(choice["token_ids"]) == len(choice["sampled_logprobs"]) == 8
     assert choice["text"] == tokenizer.decode(choice["token_ids"])
     assert choice["logprobs"]["token_logprobs"] == choice["sampled_logprobs"]
-    assert all(1 <= len(top) <= 2 for top in choice["logprobs"]["top_logprobs"])
+    # the 2 most likely tokens, and the sampled one when it is not among them
+    tops, tokens = choice["logprobs"]["top_logprobs"], choice["logprobs"]["tokens"]
+    assert all(2 <= len(top) <= 3 and token in top for top, token in zip(tops, tokens, strict=True))
     assert body["usage"] == {"prompt_tokens": len(body["prompt_token_ids"]), "completion_tokens": 8,
                              "total_tokens": len(body["prompt_token_ids"]) + 8}  # fmt: skip
 
@@ -83,17 +88,22 @@ def test_chat_tool_calls_come_back_in_openai_format(base_url):
     assert choice["message"]["content"] is None
 
 
-@pytest.mark.parametrize(("field", "good", "bad"), RANGES, ids=[r[0] for r in RANGES])
-def test_every_sampling_parameter_range_is_enforced_with_a_400(base_url, field, good, bad):
+@pytest.mark.parametrize("case", RANGES, ids=[r[0] + (f"-{r[3][0].split('/')[-1]}" if len(r) > 3 else "") for r in RANGES])
+def test_every_sampling_parameter_range_is_enforced_with_a_400(base_url, case):
+    field, good, bad = case[:3]
+    paths = case[3] if len(case) > 3 else ("/v1/completions", "/v1/chat/completions")
     for path, base in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
+        if path not in paths:
+            continue
+        extra = {"logprobs": True} if field == "top_logprobs" else {}
         for value in good:
-            body = {**base, field: value}
+            body = {**base, **extra, field: value}
             if field == "min_tokens":
                 body["max_tokens"] = max(value, 1)
             r = _post(base_url, path, body)
             assert r.status_code == 200, (path, field, value, r.text)
         for value in bad:
-            r = _post(base_url, path, {**base, field: value})
+            r = _post(base_url, path, {**base, **extra, field: value})
             assert r.status_code == 400, (path, field, value, r.text)
             error = r.json()["error"]
             assert error["param"] == field and field in error["message"]
@@ -105,8 +115,8 @@ def test_defaults_follow_the_documented_values(serving):
 
     req = CompletionRequest(prompt="x")
     assert (req.n, req.top_k, req.logprobs, req.min_p, req.detokenize, req.frequency_penalty, req.max_tokens,
-            req.min_tokens, req.presence_penalty, req.seed, req.temperature, req.top_p) == (
-        1, 50, 1, 0.0, False, 0.0, 128, 0, 0.0, None, 0.2, 1.0)  # fmt: skip
+            req.min_tokens, req.presence_penalty, req.seed, req.temperature, req.top_p, req.repetition_penalty) == (
+        1, 50, None, 0.0, False, 0.0, 128, 0, 0.0, None, 0.2, 1.0, 1.0)  # fmt: skip
 
 
 def test_max_completion_tokens_is_the_chat_name_of_max_tokens(base_url):
@@ -134,12 +144,13 @@ def test_max_completion_tokens_is_the_chat_name_of_max_tokens(base_url):
         ("/v1/chat/completions", {"messages": []}, "messages"),
         ("/v1/chat/completions", {}, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": ""}]}, "messages.0"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages.0"),
         ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
         ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, "messages.0.role"),
         ("/v1/chat/completions", {"messages": "hi"}, "messages"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
-        ("/v1/completions", {"prompt": "x", "stream": True}, "stream"),
+        ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream"),
     ],
 )
 def test_missing_or_malformed_fields_are_400s_naming_the_field(base_url, path, body, param):

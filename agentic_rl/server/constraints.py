@@ -1,0 +1,152 @@
+"""Output constraints from `tool_choice`, `parallel_tool_calls` and `response_format`, enforced by the engine.
+
+The model writes tool calls in the Hermes / Qwen format that the server parses::
+
+    <tool_call>
+    {"name": "calculator", "arguments": {"expression": "2 + 3"}}
+    </tool_call>
+
+Each constraint is a vLLM structured-output request (an xgrammar structural tag for tools, a JSON schema for
+`response_format`), so the engine only samples tokens that keep the output valid; the ids are still sampled by
+the engine, with their logprobs.
+
+| `tool_choice`            | output                                                                            |
+|--------------------------|-----------------------------------------------------------------------------------|
+| `none`                   | text without `<tool_call>` (not parsed for calls)                                 |
+| `auto` (default)         | free text; `parallel_tool_calls=false` or `allowed_tools`: calls of those tools   |
+|                          | with schema-valid arguments, at most one when parallel calls are off              |
+| `required`               | only tool calls (one or more; exactly one when parallel calls are off)            |
+| `{"type": "function"}`   | exactly one call of that function                                                 |
+
+With `response_format` `json_object` / `json_schema`, the text is that JSON (under `auto`: that JSON, or tool
+calls). Constrained JSON allows at most `MAX_JSON_WHITESPACE` whitespace characters in a row, so a model cannot spend
+its whole budget on blanks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from agentic_rl.parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from agentic_rl.server.protocol import (
+    AllowedToolsChoice,
+    ChatCompletionRequest,
+    FunctionTool,
+    JSONObjectFormat,
+    JSONSchemaFormat,
+    NamedToolChoice,
+    RequestError,
+    SamplingFields,
+)
+
+__all__ = ["Constraint", "output_constraint", "tool_call_tag"]
+
+# Most whitespace characters in a row inside constrained JSON: enough for indented JSON, and a small model cannot
+# fill its whole budget with blanks.
+MAX_JSON_WHITESPACE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """What a request asks of the output.
+
+    Attributes:
+        params: a `vllm.sampling_params.StructuredOutputsParams`, or None for free text.
+        param: the request field the constraint comes from (named when the engine rejects it).
+        parse_tools: whether the output is parsed for tool calls (chat with tools, `tool_choice` other than none).
+    """
+
+    params: Any = None
+    param: str | None = None
+    parse_tools: bool = False
+
+
+def tool_call_tag(tool: FunctionTool) -> dict[str, Any]:
+    """The structural tag of one call of `tool`: its name fixed, its arguments valid for its parameter schema."""
+    name = json.dumps(tool.function.name, ensure_ascii=False)
+    return {
+        "type": "tag",
+        "begin": f'{TOOL_CALL_OPEN}\n{{"name": {name}, "arguments": ',
+        "content": _json_format(tool.parameters),
+        "end": f"}}\n{TOOL_CALL_CLOSE}",
+    }
+
+
+def _json_format(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
+
+
+def _calls_only(tools: list[FunctionTool], *, one: bool) -> dict[str, Any]:
+    return {"type": "tags_with_separator", "tags": [tool_call_tag(t) for t in tools], "separator": "\n",
+            "at_least_one": True, "stop_after_first": one}  # fmt: skip
+
+
+def _tool_format(request: ChatCompletionRequest, json_schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The structural-tag format for the request's tools and `tool_choice`, or None when the output is free."""
+    tools = request.tools or []
+    choice = request.tool_choice or ("auto" if tools else "none")
+    one = not request.parallel_tool_calls
+    if not tools or choice == "none":
+        if json_schema is not None:
+            return None  # the JSON constraint alone
+        return {"type": "any_text", "excludes": [TOOL_CALL_OPEN]} if tools else None
+    if isinstance(choice, NamedToolChoice):
+        (tool,) = [t for t in tools if t.function.name == choice.function.name]
+        return _calls_only([tool], one=True)
+    mode = choice
+    if isinstance(choice, AllowedToolsChoice):
+        allowed = {t.function.name for t in choice.allowed_tools.tools}
+        tools = [t for t in tools if t.function.name in allowed]
+        mode = choice.allowed_tools.mode
+    if mode == "required":
+        return _calls_only(tools, one=one)
+    if json_schema is not None:  # auto: the JSON answer, or calls
+        return {"type": "or", "elements": [_json_format(json_schema), _calls_only(tools, one=one)]}
+    if one or isinstance(choice, AllowedToolsChoice):
+        return {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": [tool_call_tag(t) for t in tools],
+                "stop_after_first": one}  # fmt: skip
+    return None
+
+
+def _response_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
+    fmt = request.response_format
+    if isinstance(fmt, JSONObjectFormat):
+        return {"type": "object"}
+    if isinstance(fmt, JSONSchemaFormat):
+        return fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {"type": "object"}
+    return None
+
+
+def output_constraint(request: SamplingFields) -> Constraint:
+    """The constraint a request asks for.
+
+    Raises:
+        RequestError: for a malformed `structured_outputs`, or one combined with `tool_choice` / `response_format`.
+    """
+    from vllm.sampling_params import StructuredOutputsParams
+
+    tool_format = json_schema = None
+    parse_tools = False
+    if isinstance(request, ChatCompletionRequest):
+        json_schema = _response_schema(request)
+        tool_format = _tool_format(request, json_schema)
+        parse_tools = bool(request.tools) and request.tool_choice != "none"
+    if request.structured_outputs is not None:
+        if tool_format is not None or json_schema is not None:
+            raise RequestError("structured_outputs cannot be combined with a constraining tool_choice, "
+                               "parallel_tool_calls=false or response_format", param="structured_outputs")  # fmt: skip
+        try:
+            params = StructuredOutputsParams(**request.structured_outputs)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(f"invalid 'structured_outputs': {exc}", param="structured_outputs") from None
+        return Constraint(params, "structured_outputs", parse_tools)
+    if tool_format is None and json_schema is None:
+        return Constraint(None, None, parse_tools)
+    if tool_format is None:  # the JSON alone, with runs of whitespace bounded so that the JSON ends
+        tool_format, param = _json_format(json_schema or {}), "response_format"
+    else:
+        param = "tools"
+    tag = json.dumps({"type": "structural_tag", "format": tool_format}, ensure_ascii=False)
+    return Constraint(StructuredOutputsParams(structural_tag=tag), param, parse_tools)
