@@ -49,10 +49,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentic-rl", description="Agentic RL rollouts on a colocated vLLM engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    r = sub.add_parser("rollout", help="run tool-using agents on a JSONL task file and save trajectories",
+    r = sub.add_parser("rollout", help="run tool-using agents on a task file or dataset and save trajectories",
                        formatter_class=fmt)  # fmt: skip
     r.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
-    r.add_argument("--data", default=DEFAULT_DATA, help="JSONL tasks (GSM8K rows work as they are)")
+    r.add_argument("--data", default=DEFAULT_DATA,
+                   help="tasks: JSON Lines (GSM8K rows work as they are), parquet (verl's layout works as it is), a "
+                        "datasets save_to_disk folder, json:FILES / csv:FILES / parquet:FILES (datasets' loaders), "
+                        "or arithmetic:SPLIT:COUNT[:STEPS]")  # fmt: skip
+    r.add_argument("--data-columns", default=None, metavar="FIELD=COLUMN,...",
+                   help="which column holds each task field (question, answer or ground_truth, id, system_prompt), "
+                        "e.g. question=problem,answer=solution; default: GSM8K and verl column names")  # fmt: skip
     r.add_argument("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
     r.add_argument("--n-parallel", type=_bounded(int, 1, 64), default=16, help="trajectories in flight")
     r.add_argument("--max-steps", type=_bounded(int, 1, 10), default=3, help="assistant turns per trajectory")
@@ -141,7 +147,7 @@ def _run_rollout(args: argparse.Namespace) -> int:
     if unknown:
         console.print(f"[red]unknown tool(s): {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
         return 2
-    tasks = load_tasks(args.data, args.limit)
+    tasks = load_tasks(args.data, args.limit, columns=args.data_columns)
     if not tasks:
         console.print(f"[red]no tasks in {args.data}")
         return 2

@@ -21,6 +21,7 @@ import anyio
 from pydantic import Field
 
 from agentic_rl.config import Config
+from agentic_rl.data import DataColumns
 from agentic_rl.engine.base import TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
@@ -69,7 +70,16 @@ class TrainConfig(Config):
     """A training run, usually read from YAML (`agentic-rl train --config FILE`)."""
 
     model: str = "smollm2-135m-instruct"
-    data: str = "../shared/data/gsm8k_train.jsonl"
+    data: str = Field(
+        default="../shared/data/gsm8k_train.jsonl",
+        description="training tasks: JSON Lines, parquet (verl's layout), a datasets save_to_disk folder, "
+        "json:/csv:/parquet:FILES, or a generated family such as 'arithmetic:train:4096' (see agentic_rl.data)",
+    )
+    data_columns: DataColumns = Field(
+        default_factory=DataColumns,
+        description="which column holds each task field, for data and eval_data (e.g. {question: problem, "
+        "answer: solution} or 'question=problem,answer=solution'); default: GSM8K and verl column names",
+    )
     tools: list[str] = Field(default_factory=lambda: ["calculator"])
     reward: str = Field(default="gsm8k", description="a name in REWARDS, or 'package.module:function'")
     output_dir: str = "runs/train"
@@ -78,7 +88,7 @@ class TrainConfig(Config):
     device: str = "cpu"
     checkpoint_every: int = Field(default=0, ge=0, description="0: only the final checkpoint")
     eval_data: str | None = Field(
-        default=None, description="held-out tasks (a JSONL path or e.g. 'arithmetic:heldout:64'), rolled out greedily"
+        default=None, description="held-out tasks (a data spec as for data, e.g. 'arithmetic:heldout:64'), rolled out greedily"
     )
     eval_every: int = Field(default=0, ge=0, description="evaluate every K steps (0: before the first and after the last)")
     loggers: list[LoggerName] = Field(
@@ -186,7 +196,7 @@ async def train(
         (out / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
     model_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    tasks = load_tasks(config.data)
+    tasks = load_tasks(config.data, columns=config.data_columns)
     next_batch = _task_batches(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
     r = config.rollout
     engine_options: dict[str, Any] = {"dtype": config.engine.dtype, "kv_cache_gib": config.engine.kv_cache_gib,
@@ -207,7 +217,7 @@ async def train(
     trainer = GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
     if dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers
         await engine.update_weights(trainer.named_weights())
-    eval_tasks = load_tasks(config.eval_data) if config.eval_data else []
+    eval_tasks = load_tasks(config.eval_data, columns=config.data_columns) if config.eval_data else []
     history: list[dict[str, Any]] = []
     sinks: list[Any] = []
     try:

@@ -82,6 +82,31 @@ def gsm8k_rows() -> list[dict[str, Any]]:
 
 
 @pytest.fixture
+def verl_parquet(gsm8k_rows):
+    """`write(path, n=8, system=...)`: the first `n` GSM8K test rows as a parquet file in verl's layout (a `prompt`
+    of chat messages, `reward_model.ground_truth`, `extra_info.index`, `data_source`), ids counting from 100;
+    `system=None` leaves the system message out."""
+
+    def write(path: Path, n: int = 8, system: str | None = "Answer with a number.") -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = []
+        for i, row in enumerate(gsm8k_rows[:n]):
+            prompt = [{"role": "system", "content": system}] if system is not None else []
+            rows.append({
+                "data_source": "openai/gsm8k", "ability": "math",
+                "prompt": [*prompt, {"role": "user", "content": row["question"]}],
+                "reward_model": {"style": "rule", "ground_truth": row["answer"].split("####")[-1].strip()},
+                "extra_info": {"split": "test", "index": 100 + i},
+            })  # fmt: skip
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        return path
+
+    return write
+
+
+@pytest.fixture
 def make_task():
     def make(i: int = 0, question: str = "What is 12 * 7? Use the calculator.", ground_truth: str = "84") -> dict:
         return {"id": i, "question": question, "ground_truth": ground_truth}

@@ -120,3 +120,36 @@ def test_input_errors_are_one_line_messages_with_exit_code_2(tmp_path, capsys):
     assert main(["rollout", "--data", str(bad)]) == 2
     assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
     assert main(["rollout", "--data", str(bad), "--tools", "nope"]) == 2
+
+
+def test_rollout_data_options_read_parquet_and_name_missing_columns(tmp_path, capsys, verl_parquet):
+    from agentic_rl.cli import main
+
+    path = verl_parquet(tmp_path / "train.parquet", n=2)
+    assert main(["rollout", "--data", str(path), "--data-columns", "question=problem"]) == 2
+    err = capsys.readouterr().err
+    assert "no column 'problem' for the task's 'question' (columns: data_source, ability, prompt," in err
+    assert "Traceback" not in err
+    assert main(["rollout", "--data", str(path), "--data-columns", "problem"]) == 2
+    assert "FIELD=COLUMN" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_rollout_command_runs_verl_parquet_tasks_with_their_system_message(tmp_path, verl_parquet):
+    path = verl_parquet(tmp_path / "train.parquet", n=2, system="Reply in one line.")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agentic_rl.cli", "rollout", "--model", "tiny-random-smollm2", "--data", str(path),
+           "--max-steps", "1", "--max-tokens", "8", "--max-response-length", "64", "--kv-cache-gib", "0.1",
+           "--dtype", "float32", "--output-dir", str(out), "--no-progress"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    questions = {t["id"]: t["question"] for t in load_tasks(path)}
+    records = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in records) == [100, 101]  # extra_info.index
+    for r in records:
+        assert not r["failed"], r["error"]
+        system, user = r["chat_completions"][:2]
+        assert system["role"] == "system" and system["content"].startswith("Reply in one line.")
+        assert "calculator" in system["content"]  # the tools are still described
+        assert user == {"role": "user", "content": questions[r["task_id"]]}
+    assert json.loads((out / "summary.json").read_text())["data"] == str(path)

@@ -36,7 +36,8 @@ class ToolEnvironment(Environment):
 
     Args:
         tools: the tools offered; names must be unique.
-        system_prompt: the system message; tool descriptions are appended when `tools_in_system_prompt`.
+        system_prompt: the system message; a task's own `system_prompt` replaces it for that task. Tool descriptions
+            are appended when `tools_in_system_prompt`.
         tools_in_system_prompt: describe the tools in the system prompt (for chat templates that ignore the
             `tools` argument). When False, tools reach the model only through the template's `tools` argument.
         max_observation_chars: each tool result is cut to this many characters, with a marker.
@@ -84,6 +85,11 @@ class ToolEnvironment(Environment):
         if not isinstance(question, str) or not question.strip():
             raise EnvStepError("task needs a non-empty 'question' string")
         system = self.system_prompt
+        own = request.get("system_prompt")  # a task's own system prompt (e.g. a dataset's system message) wins
+        if own is not None:
+            if not isinstance(own, str):
+                raise EnvStepError(f"a task's 'system_prompt' must be a string, got {type(own).__name__}")
+            system = own
         if self.tools_in_system_prompt:
             system = tools_system_prompt(system, self.schemas)
         messages = [{"role": "user", "content": question}]

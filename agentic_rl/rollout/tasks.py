@@ -17,13 +17,15 @@ logger = logging.getLogger(__name__)
 
 
 class Task(BaseModel):
-    """One task: `{"id", "question", "ground_truth"}`; extra keys are kept for the environment and reward."""
+    """One task: `{"id", "question", "ground_truth"}`, optionally its own `system_prompt` (used instead of the
+    environment's); extra keys are kept for the environment and reward."""
 
     model_config = ConfigDict(extra="allow")
 
     id: StrictStr | StrictInt
     question: Annotated[StrictStr, Field(min_length=1, pattern=r"\S")]
     ground_truth: StrictStr | StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)]
+    system_prompt: StrictStr | None = None
 
 
 def _first_error(exc: ValidationError) -> tuple[str, Any, str]:
@@ -43,7 +45,7 @@ def validate_task(task: Any) -> dict[str, Any]:
     if not isinstance(task, dict):
         raise ConfigError(f"a task must be a dict with 'id', 'question', 'ground_truth', got {type(task).__name__}")
     try:
-        return Task.model_validate(task).model_dump()
+        return Task.model_validate(task).model_dump(exclude_unset=True)
     except ValidationError as exc:
         field, value, msg = _first_error(exc)
         shown = "" if value is None else f" ({value!r})"
