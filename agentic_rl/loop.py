@@ -119,6 +119,10 @@ def weights_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
+def _task_id(task: Any) -> Any:
+    return task.get("id") if isinstance(task, dict) else None
+
+
 def _task_batches(tasks: list[dict[str, Any]], per_step: int, seed: int) -> Callable[[], list[dict[str, Any]]]:
     order = list(range(len(tasks)))
     random.Random(seed).shuffle(order)
@@ -155,7 +159,8 @@ async def train(
     `wandb/`), `config.json`, `rollouts/step_K.jsonl`,
     `checkpoints/step_K/` (every `checkpoint_every` steps and at the end), `reward_curve.png`, `metrics.png` and
     `response_lengths.png` (`write_run_plots`); and every rank writes
-    `weights_rank{R}.sha256` with its final weights' digest.
+    `weights_rank{R}.sha256` with its final weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the
+    ids of the tasks it rolled out, `{"step", "task_ids"}`).
 
     Each metrics row holds the step's token accounting summed over ranks (`tokens_sampled` = `tokens_trained` +
     `tokens_excluded`, and `tokens_excluded_failed` / `_aborted` / `_over_length`), the clip fractions, and
@@ -194,6 +199,9 @@ async def train(
     if dist.is_main:
         (out / "rollouts").mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    task_ids = out / f"task_ids_rank{dist.rank}.jsonl"
+    task_ids.write_text("")
     model_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tasks = load_tasks(config.data, columns=config.data_columns)
@@ -230,6 +238,8 @@ async def train(
                     sink.log(before, step=0)
         for step in range(config.steps):
             mine = shard(next_batch(), dist)
+            with task_ids.open("a") as f:
+                f.write(json.dumps({"step": step + 1, "task_ids": [_task_id(t) for t in mine]}, default=str) + "\n")
             expanded = [dict(task) for task in mine for _ in range(r.group_size)]  # a group shares its task id
             t0 = time.perf_counter()
             trajectories = await wrapper.generate_agent_trajectories_async(expanded)
@@ -282,7 +292,6 @@ async def train(
         if dist.is_main:
             _checkpoint(trainer.module, tokenizer, out / "checkpoints" / "final")
             write_run_plots(out)
-        out.mkdir(parents=True, exist_ok=True)
         (out / f"weights_rank{dist.rank}.sha256").write_text(weights_digest(trainer.module) + "\n")
     finally:
         for sink in sinks:

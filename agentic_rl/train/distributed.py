@@ -1,7 +1,8 @@
-"""Data parallelism across torchrun ranks, each rank owning one colocated engine.
+"""Data parallelism across torchrun ranks (on one node or several), each rank owning one colocated engine.
 
 vLLM's in-process engine sets up its own single-rank `torch.distributed` default group, so the training group is
-a separate process group over its own store (torchrun's `MASTER_PORT + 1`). Gradients are averaged with one
+a separate process group over its own key prefix in torchrun's store (`MASTER_ADDR:MASTER_PORT`, served by the
+launcher of node 0; launched otherwise, rank 0 serves a store on `MASTER_PORT + 1`). Gradients are averaged with one
 all-reduce of a flat buffer per step (what DDP does, without DDP's need for the default group), and initial
 weights are broadcast from rank 0 so every rank starts, and therefore stays, identical.
 """
@@ -103,6 +104,10 @@ class DistContext:
 def init_from_env(device: str = "cpu", *, timeout_s: float = 600.0) -> DistContext:
     """Join the torchrun job described by `RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, if any.
 
+    Under torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`) the group meets in the launcher's store at
+    `MASTER_ADDR:MASTER_PORT`; under another launcher rank 0 serves a store on `MASTER_PORT + 1`. The collectives
+    then connect rank to rank on ports the backend picks (gloo: `GLOO_SOCKET_IFNAME` picks the interface).
+
     Returns:
         A single-rank context when `WORLD_SIZE` is unset or 1.
 
@@ -115,14 +120,18 @@ def init_from_env(device: str = "cpu", *, timeout_s: float = 600.0) -> DistConte
     try:
         rank = int(os.environ["RANK"])
         addr = os.environ["MASTER_ADDR"]
-        port = int(os.environ["MASTER_PORT"]) + 1  # MASTER_PORT itself may be taken by the launcher's store
+        port = int(os.environ["MASTER_PORT"])
     except KeyError as exc:
         raise ConfigError(f"WORLD_SIZE={world} but {exc.args[0]} is not set; launch with torchrun") from None
     import torch.distributed as dist
 
     backend = backend_for(device)
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.PrefixStore("agentic_rl_train", dist.TCPStore(addr, port, world, rank == 0, timeout=timeout))
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's own store serves MASTER_ADDR:MASTER_PORT
+        base = dist.TCPStore(addr, port, world, False, timeout=timeout)
+    else:  # another launcher: rank 0 serves a store one port up (MASTER_PORT may be the launcher's)
+        base = dist.TCPStore(addr, port + 1, world, rank == 0, timeout=timeout)
+    store = dist.PrefixStore("agentic_rl_train", base)
     if backend == "gloo":
         group = dist.ProcessGroupGloo(store, rank, world, timeout)
     elif backend == "nccl":

@@ -1,16 +1,18 @@
-"""`agentic-rl train` end to end on the tiny random model: one process, and two torchrun ranks."""
+"""`agentic-rl train` end to end on the tiny random model: one process, two torchrun ranks, and two nodes."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
+from launch import free_port_pair
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop import load_train_config
@@ -36,20 +38,6 @@ def _config(tmp_path: Path, **extra) -> Path:
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-
-
-def _free_port_pair() -> int:
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-        try:
-            with socket.socket() as b:
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 def test_config_overrides_and_validation(tmp_path):
@@ -125,25 +113,86 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
     assert '"source":"step 1"' in page and '"source":"step 2"' in page
 
 
-@pytest.mark.slow
-def test_two_torchrun_ranks_end_with_identical_weights(tmp_path):
-    path = _config(tmp_path)
-    port = _free_port_pair()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           "-m", "agentic_rl.cli", "train", "--config", str(path), "--no-progress"]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env(), cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    run = tmp_path / "run"
-    digests = [(run / f"weights_rank{r}.sha256").read_text().strip() for r in (0, 1)]
-    assert digests[0] == digests[1]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["trajectories"] == 2 * 2 * 3  # two ranks, each 2 tasks x 3 samples
-    assert all(r["grad_norm"] > 0 for r in rows)
-    # the weights did move: they differ from the initial random model
+def _train_command(config: Path, *launcher: str) -> list[str]:
+    """`torchrun LAUNCHER... -m agentic_rl.cli train --config CONFIG`, with this interpreter."""
+    return [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "agentic_rl.cli", "train", "--config",
+            str(config), "--no-progress"]  # fmt: skip
+
+
+def _run_nodes(commands: list[list[str]], logs: Path, timeout_s: float) -> None:
+    """Run one launcher per node at once; fail with the logs when one fails, and kill all past `timeout_s`.
+
+    Each launcher runs in its own session and is killed with its workers when the others fail or time runs out,
+    so a rank blocked in a collective whose peer died never outlives the test.
+    """
+    procs = []
+    try:
+        for node, cmd in enumerate(commands):
+            with (logs / f"node{node}.log").open("w") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
+                                              start_new_session=True))  # fmt: skip
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    failed = [n for n, p in enumerate(procs) if p.returncode != 0]
+    tails = "\n".join(f"--- node {n}:\n{(logs / f'node{n}.log').read_text()[-3000:]}" for n in failed)
+    assert not failed, f"nodes {failed} failed or timed out:\n{tails}"
+
+
+def _assert_identical_moved_weights(run: Path, world: int) -> None:
+    """Every rank wrote the same final weights digest, and it is not the initial model's."""
+    from transformers import AutoModelForCausalLM
+
     from agentic_rl.loop import weights_digest
     from agentic_rl.models import resolve_model
 
-    initial = resolve_model("tiny-random-smollm2")
-    from transformers import AutoModelForCausalLM
+    digests = {(run / f"weights_rank{r}.sha256").read_text().strip() for r in range(world)}
+    assert len(digests) == 1, digests
+    initial = AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")))
+    assert weights_digest(initial) not in digests  # the weights did move
 
-    assert weights_digest(AutoModelForCausalLM.from_pretrained(str(initial))) != digests[0]
+
+@pytest.mark.slow
+def test_two_torchrun_ranks_end_with_identical_weights(tmp_path):
+    path = _config(tmp_path)
+    port = free_port_pair()
+    cmd = _train_command(path, "--nproc_per_node=2", f"--master_port={port}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["trajectories"] == 2 * 2 * 3  # two ranks, each 2 tasks x 3 samples
+    assert all(r["grad_norm"] > 0 for r in rows)
+    _assert_identical_moved_weights(run, world=2)
+
+
+@pytest.mark.slow
+def test_two_nodes_train_disjoint_verl_tasks_into_identical_weights(tmp_path, verl_parquet):
+    """Two torchrun launchers on this machine as two nodes of one rank each, meeting through a c10d rendezvous."""
+    data = verl_parquet(tmp_path / "train.parquet", n=8)
+    rollout = {"tasks_per_step": 1, "group_size": 2, "n_parallel_agents": 2, "max_steps": 1, "max_prompt_length": 1024,
+               "max_response_length": 16, "sampling": {"temperature": 1.0, "max_tokens": 16}}  # fmt: skip
+    path = _config(tmp_path, data=str(data), rollout=rollout, optimizer={"lr": 1.0e-3, "micro_batch_size": 2})
+    port = free_port_pair()
+    launcher = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                f"--rdzv_id=two-nodes-{port}", "--local_addr=127.0.0.1", "--max_restarts=0"]  # fmt: skip
+    nodes = [_train_command(path, *launcher, f"--node_rank={n}", f"--rdzv_conf=join_timeout=300,is_host={int(n == 0)}")
+             for n in (0, 1)]  # fmt: skip
+    _run_nodes(nodes, tmp_path, timeout_s=600)
+    run = tmp_path / "run"
+    _assert_identical_moved_weights(run, world=2)
+    steps = {r: [json.loads(line) for line in (run / f"task_ids_rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
+    for r in (0, 1):
+        assert [(s["step"], len(s["task_ids"])) for s in steps[r]] == [(1, 1), (2, 1)]
+    ids = {r: {i for s in steps[r] for i in s["task_ids"]} for r in (0, 1)}
+    assert ids[0].isdisjoint(ids[1]) and len(ids[0] | ids[1]) == 4  # four distinct verl rows (extra_info.index)
+    assert ids[0] | ids[1] <= set(range(100, 108))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["trajectories"] for r in rows] == [2 * 1 * 2] * 2  # two ranks, each 1 task x 2 samples
