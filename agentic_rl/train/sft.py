@@ -54,7 +54,7 @@ class SFTTrainer:
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, lr: float = 1e-4, weight_decay: float = 0.0,
-                 micro_batch_size: int = 4, max_grad_norm: float = 1.0, bf16_autocast: bool = True) -> None:  # fmt: skip
+                 micro_batch_size: int = 4, max_grad_norm: float = 1.0, bf16_autocast: bool = False) -> None:  # fmt: skip
         if not (lr > 0 and weight_decay >= 0 and micro_batch_size >= 1 and max_grad_norm > 0):
             raise ConfigError(
                 f"SFTTrainer needs lr > 0, weight_decay >= 0, micro_batch_size >= 1, max_grad_norm > 0; got lr={lr}, "
