@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-from common import save, table
+from common import Goal, save, table, verdict
 
 from agentic_rl import (
     ChatRenderer,
@@ -127,19 +127,26 @@ def run(renderer: ChatRenderer, tokens: list[int], quick: bool) -> dict[str, Any
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+def smollm2_turn() -> tuple[ChatRenderer, list[int]]:
+    """SmolLM2-135M-Instruct's renderer and the ids of the assistant turn the simulated engine returns."""
     from transformers import AutoTokenizer
 
     from agentic_rl.models import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m-instruct")))
-    renderer = ChatRenderer(tokenizer)
-    tokens = tokenizer.encode(" The answer is forty two, computed step by step.", add_special_tokens=False)
-    save("harness_overhead", run(renderer, tokens, args.quick), args.out, args.quick)
+    return ChatRenderer(tokenizer), tokenizer.encode(" The answer is forty two, computed step by step.", add_special_tokens=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    results = run(*smollm2_turn(), args.quick)
+    at64 = next(r for r in results["overhead"] if r["agents"] == 64)
+    goal = verdict(Goal("harness ideal/measured at 64 agents", at64["ratio"], ">=", 0.98),
+                   Goal("per-turn cost 128/8 turns", results["turn_scaling"]["ratio_128_over_8"], "<=", 1.1, "x", 2))  # fmt: skip
+    save("harness_overhead", results, args.out, args.quick, goal=goal)
 
 
 if __name__ == "__main__":

@@ -32,12 +32,13 @@ def headline(name: str, result: dict) -> str:
     if name == "weight_sync":
         return ", ".join(f"{r['dtype']} {r['sync_s']:.3f} s = {r['sync_over_memcpy']:.1f}x memcpy" for r in result["rows"])
     if name == "engine_utilization":
-        return f"rollout / vLLM offline throughput {result['utilization']:.3f}"
+        spread = f" (min {result['utilization_min']:.3f}, max {result['utilization_max']:.3f})" if "utilization_min" in result else ""
+        return f"rollout / vLLM offline throughput, median {result['utilization']:.3f}{spread}"
     if name == "memory":
         return (f"64-agent peak +{result['rollout_64_peak_over_start_mb']:.0f} MB over the engine; soak growth "
                 f"{result['soak_rss_growth_mb']:+.1f} MB, fds {result['soak_fd_growth']:+d}, lost {result['soak_lost']}")  # fmt: skip
     if name == "peer_verifiers":
-        return f"ours / verifiers tokens/s {result.get('ratio', float('nan')):.2f}"
+        return f"ours / verifiers tokens/s {result.get('ratio_tokens_per_s', float('nan')):.2f}"
     return ""
 
 
@@ -55,9 +56,11 @@ def main() -> None:
         code = subprocess.call([sys.executable, str(HERE / f"{name}.py"), *(["--quick"] if args.quick else [])])
         elapsed = time.perf_counter() - t0
         path = result_path(name, args.quick)
-        summary = headline(name, json.loads(path.read_text())) if code == 0 and path.exists() else f"FAILED (exit {code})"
-        rows.append((name, f"{elapsed:.0f}", summary))
-    print(table(["benchmark", "wall s", "result"], rows))
+        result = json.loads(path.read_text()) if code == 0 and path.exists() else None
+        summary = headline(name, result) if result else f"FAILED (exit {code})"
+        goal = result.get("goal", "-").split(":")[0] if result else "-"
+        rows.append((name, f"{elapsed:.0f}", goal, summary))
+    print(table(["benchmark", "wall s", "goal", "result"], rows))
 
 
 if __name__ == "__main__":
