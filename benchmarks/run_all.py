@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME,...] [--with-peer]
 
 `--quick` finishes in a few minutes on a 2-core CPU machine; without it the full sizes of each benchmark run
-(engine utilization at 64 agents, packing 1024 x 4k tokens, 1,000-trajectory soak: tens of minutes). The peer
+(engine utilization at 64 agents, packing 1024 x 4k tokens, 1,000-trajectory soak: tens of minutes). Each
+benchmark ends with a goal line (GOAL MET, GOAL NOT MET or NO GOAL); the summary shows it per benchmark. The peer
 comparison needs its own environment (`benchmarks/setup_peer.sh`) and runs only with `--with-peer`.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from common import result_path, table
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["harness_overhead", "packing", "weight_sync", "engine_utilization", "memory"]
+BENCHMARKS = ["harness_overhead", "async_vs_lockstep", "packing", "weight_sync", "engine_utilization", "memory"]
 
 
 def headline(name: str, result: dict) -> str:
@@ -27,6 +28,8 @@ def headline(name: str, result: dict) -> str:
     if name == "harness_overhead":
         at64 = next(r for r in result["overhead"] if r["agents"] == 64)
         return f"ideal/measured at 64 agents {at64['ratio']:.3f}; per-turn cost 128/8 turns {result['turn_scaling']['ratio_128_over_8']:.2f}x"
+    if name == "async_vs_lockstep":
+        return ", ".join(f"{r['spread']} tail {r['agents']} agents {r['speedup']:.2f}x" for r in result["rows"] if r["agents"] == 64)
     if name == "packing":
         return f"{result['pack_tokens_per_s'] / 1e6:.1f} M tok/s, {result['pack_over_cat']:.1f}x the time of torch.cat"
     if name == "weight_sync":
