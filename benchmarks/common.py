@@ -1,12 +1,14 @@
-"""Shared helpers of the benchmark scripts: a table printer, JSON results, process memory readings."""
+"""Shared helpers of the benchmark scripts: a table printer, JSON results, goal verdicts, process memory readings."""
 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import platform
 import resource
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -28,13 +30,53 @@ def result_path(name: str, quick: bool) -> Path:
     return (RESULTS / "quick" if quick else RESULTS) / f"{name}.json"
 
 
-def save(name: str, results: dict[str, Any], out: str | None = None, quick: bool = False) -> Path:
-    """Write `results` (plus date, host, CPU count and mode) as JSON to `out` or `result_path(name, quick)`."""
+_OPS = {">=": (operator.ge, "<"), "<=": (operator.le, ">"), "==": (operator.eq, "!=")}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal of a benchmark: `value op target`, e.g. `Goal("ideal/measured at 64 agents", 0.99, ">=", 0.98)`.
+
+    `unit` follows both numbers ("x", " MB"); `digits` is how many decimals `value` is shown with.
+    """
+
+    what: str
+    value: float
+    op: str
+    target: float
+    unit: str = ""
+    digits: int = 3
+
+    @property
+    def met(self) -> bool:
+        return bool(_OPS[self.op][0](self.value, self.target))
+
+    def __str__(self) -> str:
+        op = self.op if self.met else _OPS[self.op][1]
+        return f"{self.what} {self.value:.{self.digits}f}{self.unit} {op} {self.target:g}{self.unit}"
+
+
+def verdict(*goals: Goal, note: str = "") -> str:
+    """The line a benchmark ends with: `GOAL MET: ...` when every goal is met, `GOAL NOT MET: ...` otherwise, or
+    `NO GOAL (report): <note>` when there are no goals. `note` is appended in parentheses."""
+    if not goals:
+        return f"NO GOAL (report): {note}"
+    head = "GOAL MET" if all(g.met for g in goals) else "GOAL NOT MET"
+    return f"{head}: " + "; ".join(map(str, goals)) + (f" ({note})" if note else "")
+
+
+def save(name: str, results: dict[str, Any], out: str | None = None, quick: bool = False, goal: str | None = None) -> Path:
+    """Write `results` (plus date, host, CPU count and mode) as JSON to `out` or `result_path(name, quick)`.
+
+    `goal` (a `verdict` line) is stored as `"goal"` and printed last, so that it is the run's final line.
+    """
     path = Path(out) if out else result_path(name, quick)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "quick": quick}
-    path.write_text(json.dumps({**meta, **results}, indent=2) + "\n")
+    path.write_text(json.dumps({**meta, **results, **({"goal": goal} if goal else {})}, indent=2) + "\n")
     print(f"results written to {path}")
+    if goal:
+        print(goal)
     return path
 
 

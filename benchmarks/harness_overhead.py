@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import anyio
-from common import save, table
+from common import Goal, save, table, verdict
 
 from agentic_rl import (
     ChatRenderer,
@@ -32,6 +32,7 @@ from agentic_rl import (
     Sample,
     SamplingConfig,
     StepResult,
+    StepTrajectory,
     run_tasks,
     run_trajectory,
 )
@@ -80,20 +81,30 @@ class FixedTurnsEnvironment(Environment):
         return StepResult([] if done else [{"role": "tool", "content": "42"}], done, {})
 
 
-async def rollout(engine: SimulatedEngine, renderer: ChatRenderer, agents: int, turns: int) -> float:
-    """Wall seconds of `agents` trajectories of `turns` turns, all in flight at once."""
-    config = HarnessConfig(max_steps=turns, max_prompt_length=1 << 20, max_response_length=1 << 20,
-                           sampling={"max_tokens": 64}, check_alignment=False)  # fmt: skip
-    env = FixedTurnsEnvironment(turns)
-    tasks = [{"id": i, "question": f"question {i}: what is {i} times 6 plus {i % 7}?", "ground_truth": "42"} for i in range(agents)]
+def make_tasks(n: int) -> list[dict[str, Any]]:
+    return [{"id": i, "question": f"question {i}: what is {i} times 6 plus {i % 7}?", "ground_truth": "42"} for i in range(n)]
+
+
+async def timed_rollout(engine: SimulatedEngine, renderer: ChatRenderer, environment: Environment, tasks: list[dict[str, Any]],
+                        max_steps: int, check_alignment: bool = False) -> tuple[list[StepTrajectory], float]:  # fmt: skip
+    """All `tasks` in flight at once through `run_tasks` / `run_trajectory`: the trajectories (none failed) and wall seconds."""
+    config = HarnessConfig(max_steps=max_steps, max_prompt_length=1 << 20, max_response_length=1 << 20,
+                           sampling={"max_tokens": 64}, check_alignment=check_alignment)  # fmt: skip
 
     async def one(task: dict[str, Any], idx: int) -> Any:
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(task, idx, engine=engine, environment=environment, renderer=renderer, config=config)
 
     t0 = time.perf_counter()
-    trajs = await run_tasks(tasks, one, n_parallel_agents=agents)
+    trajs = await run_tasks(tasks, one, n_parallel_agents=len(tasks))
     elapsed = time.perf_counter() - t0
-    assert all(not t.failed and t.metrics["steps"] == turns for t in trajs), [t.error for t in trajs if t.failed]
+    assert not any(t.failed for t in trajs), [t.error for t in trajs if t.failed]
+    return trajs, elapsed
+
+
+async def rollout(engine: SimulatedEngine, renderer: ChatRenderer, agents: int, turns: int) -> float:
+    """Wall seconds of `agents` trajectories of `turns` turns, all in flight at once."""
+    trajs, elapsed = await timed_rollout(engine, renderer, FixedTurnsEnvironment(turns), make_tasks(agents), turns)
+    assert all(t.metrics["steps"] == turns for t in trajs)
     return elapsed
 
 
@@ -127,19 +138,26 @@ def run(renderer: ChatRenderer, tokens: list[int], quick: bool) -> dict[str, Any
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+def smollm2_turn() -> tuple[ChatRenderer, list[int]]:
+    """SmolLM2-135M-Instruct's renderer and the ids of the assistant turn the simulated engine returns."""
     from transformers import AutoTokenizer
 
     from agentic_rl.models import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m-instruct")))
-    renderer = ChatRenderer(tokenizer)
-    tokens = tokenizer.encode(" The answer is forty two, computed step by step.", add_special_tokens=False)
-    save("harness_overhead", run(renderer, tokens, args.quick), args.out, args.quick)
+    return ChatRenderer(tokenizer), tokenizer.encode(" The answer is forty two, computed step by step.", add_special_tokens=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    results = run(*smollm2_turn(), args.quick)
+    at64 = next(r for r in results["overhead"] if r["agents"] == 64)
+    goal = verdict(Goal("harness ideal/measured at 64 agents", at64["ratio"], ">=", 0.98),
+                   Goal("per-turn cost 128/8 turns", results["turn_scaling"]["ratio_128_over_8"], "<=", 1.1, "x", 2))  # fmt: skip
+    save("harness_overhead", results, args.out, args.quick, goal=goal)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ soak then runs `--trajectories` more in batches at 64 concurrency on the tiny ra
 engine's bookkeeping are what can leak, not the weights) and records RSS and open file descriptors after every
 batch; growth is reported from the end of the second batch, and over the second half of the soak (glibc's
 allocator keeps freed arena memory, so RSS rises in steps early on; `MALLOC_MMAP_THRESHOLD_=131072` in the
-environment flattens those steps, at some speed cost).
+environment flattens those steps, at some speed cost). The goal "flat": at most `FLAT_MB` of RSS growth over the
+second half, no open file descriptors gained, no trajectory lost.
 
     .venv/bin/python benchmarks/memory.py [--quick] [--trajectories N] [--out FILE]
 """
@@ -25,12 +26,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import anyio
-from common import open_fds, rss_bytes, save, table
+from common import Goal, open_fds, rss_bytes, save, table, verdict
 from engine_utilization import DATA, CalculatorEveryTurn
 
 from agentic_rl import ChatRenderer, HarnessConfig, run_tasks, run_trajectory
 
 MB = 1 << 20
+FLAT_MB = 16.0  # "flat": the allocator's steps are ~10 MB; a 32 KB-per-trajectory leak over 500 trajectories is 16 MB
 ENGINE_KWARGS: dict = {}
 
 
@@ -140,7 +142,10 @@ def main() -> None:
     print(f"growth from batch 2 to the end: RSS {results['soak_rss_growth_mb']:+.1f} MB; over the second half "
           f"({half['done']} -> {last['done']}): {results['soak_rss_growth_second_half_mb']:+.1f} MB; "
           f"fds {results['soak_fd_growth']:+d}; lost {results['soak_lost']}")  # fmt: skip
-    save("memory", results, args.out, args.quick)
+    goal = verdict(Goal("soak RSS growth over the second half", results["soak_rss_growth_second_half_mb"], "<=", FLAT_MB, " MB", 1),
+                   Goal("open fds growth", results["soak_fd_growth"], "<=", 0, "", 0),
+                   Goal("lost trajectories", results["soak_lost"], "<=", 0, "", 0))  # fmt: skip
+    save("memory", results, args.out, args.quick, goal=goal)
 
 
 if __name__ == "__main__":

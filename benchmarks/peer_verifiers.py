@@ -44,7 +44,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import anyio
-from common import save, table
+from common import Goal, save, table, verdict
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data" / "gsm8k_test.jsonl"
@@ -173,7 +173,8 @@ def main() -> None:
         "ratio_tokens_per_s": sum(ratios["ours"]) / len(runs), "ratio_tokens_per_s_min": min(ratios["ours"]),
         "ratio_no_alignment_check_tokens_per_s": sum(ratios["ours_no_check"]) / len(runs),
         "verifiers_used_server_token_ids": all(r["verifiers"]["turns_with_server_token_ids"] == r["verifiers"]["turns"] for r in runs),
-    }, args.out)  # fmt: skip
+    }, args.out, args.quick, goal=verdict(Goal("ours / verifiers tokens/s (mean)", sum(ratios["ours"]) / len(runs), ">=", 1.5, "x", 2),
+                                          note=f"range {min(ratios['ours']):.2f}-{max(ratios['ours']):.2f}"))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/run_all.py [--quick] [--only NAME,...] [--with-peer]
 
 `--quick` finishes in a few minutes on a 2-core CPU machine; without it the full sizes of each benchmark run
-(engine utilization at 64 agents, packing 1024 x 4k tokens, 1,000-trajectory soak: tens of minutes). The peer
+(engine utilization at 64 agents, packing 1024 x 4k tokens, 1,000-trajectory soak: tens of minutes). Each
+benchmark ends with a goal line (GOAL MET, GOAL NOT MET or NO GOAL); the summary shows it per benchmark. The peer
 comparison needs its own environment (`benchmarks/setup_peer.sh`) and runs only with `--with-peer`.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from common import result_path, table
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["harness_overhead", "packing", "weight_sync", "engine_utilization", "memory"]
+BENCHMARKS = ["harness_overhead", "async_vs_lockstep", "packing", "weight_sync", "engine_utilization", "memory"]
 
 
 def headline(name: str, result: dict) -> str:
@@ -27,17 +28,20 @@ def headline(name: str, result: dict) -> str:
     if name == "harness_overhead":
         at64 = next(r for r in result["overhead"] if r["agents"] == 64)
         return f"ideal/measured at 64 agents {at64['ratio']:.3f}; per-turn cost 128/8 turns {result['turn_scaling']['ratio_128_over_8']:.2f}x"
+    if name == "async_vs_lockstep":
+        return ", ".join(f"{r['spread']} tail {r['agents']} agents {r['speedup']:.2f}x" for r in result["rows"] if r["agents"] == 64)
     if name == "packing":
         return f"{result['pack_tokens_per_s'] / 1e6:.1f} M tok/s, {result['pack_over_cat']:.1f}x the time of torch.cat"
     if name == "weight_sync":
         return ", ".join(f"{r['dtype']} {r['sync_s']:.3f} s = {r['sync_over_memcpy']:.1f}x memcpy" for r in result["rows"])
     if name == "engine_utilization":
-        return f"rollout / vLLM offline throughput {result['utilization']:.3f}"
+        spread = f" (min {result['utilization_min']:.3f}, max {result['utilization_max']:.3f})" if "utilization_min" in result else ""
+        return f"rollout / vLLM offline throughput, median {result['utilization']:.3f}{spread}"
     if name == "memory":
         return (f"64-agent peak +{result['rollout_64_peak_over_start_mb']:.0f} MB over the engine; soak growth "
                 f"{result['soak_rss_growth_mb']:+.1f} MB, fds {result['soak_fd_growth']:+d}, lost {result['soak_lost']}")  # fmt: skip
     if name == "peer_verifiers":
-        return f"ours / verifiers tokens/s {result.get('ratio', float('nan')):.2f}"
+        return f"ours / verifiers tokens/s {result.get('ratio_tokens_per_s', float('nan')):.2f}"
     return ""
 
 
@@ -55,9 +59,11 @@ def main() -> None:
         code = subprocess.call([sys.executable, str(HERE / f"{name}.py"), *(["--quick"] if args.quick else [])])
         elapsed = time.perf_counter() - t0
         path = result_path(name, args.quick)
-        summary = headline(name, json.loads(path.read_text())) if code == 0 and path.exists() else f"FAILED (exit {code})"
-        rows.append((name, f"{elapsed:.0f}", summary))
-    print(table(["benchmark", "wall s", "result"], rows))
+        result = json.loads(path.read_text()) if code == 0 and path.exists() else None
+        summary = headline(name, result) if result else f"FAILED (exit {code})"
+        goal = result.get("goal", "-").split(":")[0] if result else "-"
+        rows.append((name, f"{elapsed:.0f}", goal, summary))
+    print(table(["benchmark", "wall s", "goal", "result"], rows))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import torch
-from common import save, table
+from common import Goal, save, table, verdict
 
 
 def memcpy_seconds(n_bytes: int, repeats: int) -> float:
@@ -79,7 +79,8 @@ def main() -> None:
     print(table(["dtype", "MB", "memcpy s", "GB/s", "sync s", "sync/memcpy"],
                 [(r["dtype"], f"{r['bytes'] / 1e6:.1f}", r["memcpy_s"], f"{r['memcpy_gb_per_s']:.2f}", r["sync_s"],
                   f"{r['sync_over_memcpy']:.1f}") for r in rows]))  # fmt: skip
-    save("weight_sync", {"model": str(model_dir), "rows": rows}, args.out, args.quick)
+    goal = verdict(*(Goal(f"{r['dtype']} sync/memcpy", r["sync_over_memcpy"], "<=", 3.0, "x", 1) for r in rows))
+    save("weight_sync", {"model": str(model_dir), "rows": rows}, args.out, args.quick, goal=goal)
 
 
 if __name__ == "__main__":
