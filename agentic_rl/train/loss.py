@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,14 +33,28 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def response_logprobs(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: ANN001  (PackedBatch)
     """Log-probabilities the model gives each response token of a packed batch.
 
+    Only the R + 1 last columns go through the output head when the model takes `logits_to_keep` (transformers'
+    causal LMs do): the prompt columns' logits are never used, and the head (vocabulary x hidden) is a large share
+    of a small model's compute (21% of SmolLM2-135M's forward per token). The values are the same either way.
+
     Returns:
         (B, R) float32; the logits predicting response token j come from column P - 1 + j.
     """
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
     p = batch.prompt_width
     r = batch.responses.shape[1]
-    logits = out.logits[:, p - 1 : p - 1 + r]
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
+    if _takes_logits_to_keep(model):
+        logits = model(**inputs, logits_to_keep=r + 1).logits[:, :r]  # columns P - 1 ... P + R - 1, less the last
+    else:
+        logits = model(**inputs).logits[:, p - 1 : p - 1 + r]
     return token_logprobs(logits, batch.responses)
+
+
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 LOG_RATIO_MAX = 20.0

@@ -116,3 +116,28 @@ def test_config_bounds_of_the_new_settings():
     for bad in ({"clip_ratio_c": 1.0}, {"max_consecutive_skips": 0}, {"max_response_length": 0}):
         with pytest.raises(ConfigError):
             GRPOConfig(**bad)
+
+
+def test_response_logprobs_through_the_last_columns_only_equal_the_full_forward_and_its_gradient(tiny):
+    """`logits_to_keep` runs the output head on the response columns only; values and gradients stay the same."""
+
+    class FullHead(torch.nn.Module):  # the same model without a `logits_to_keep` argument: every column's logits
+        def __init__(self, model):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, input_ids, attention_mask, position_ids):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+    model = copy.deepcopy(tiny).eval()
+    batch = pack_trajectories(_batch(), pad_token_id=PAD)
+    kept = response_logprobs(model, batch)
+    (kept * batch.response_mask).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    full = response_logprobs(FullHead(model), batch)
+    (full * batch.response_mask).sum().backward()
+    assert kept.shape == full.shape == batch.responses.shape
+    torch.testing.assert_close(kept, full, rtol=0, atol=1e-5)
+    for a, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
