@@ -40,12 +40,16 @@ def _bounded(kind: type, low: float | None = None, high: float | None = None) ->
 
 
 def _config_command(sub: Any, name: str, help_text: str, config: str, example: str, overrides: str, *,
-                    required: bool) -> None:  # fmt: skip
-    """A subcommand run from a YAML config (`--config`) with `--set KEY=VALUE` overrides."""
+                    required: bool, resume: str | None = None) -> None:  # fmt: skip
+    """A subcommand run from a YAML config (`--config`) with `--set KEY=VALUE` overrides; with `resume` (its help),
+    also `--resume RUN_DIR`, which stands instead of `--config` (checked by the command)."""
     p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", required=required, default=None, help=f"YAML file with {config} fields (see {example})")
+    p.add_argument("--config", required=required and resume is None, default=None,
+                   help=f"YAML file with {config} fields (see {example})")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"override a field, e.g. {overrides} (repeatable)")  # fmt: skip
+    if resume is not None:
+        p.add_argument("--resume", default=None, metavar="RUN_DIR", help=resume)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")
 
@@ -101,7 +105,8 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
             action.default = argparse.SUPPRESS
     _config_command(sub, "train", "GRPO training: rollout -> train -> weight sync, from a YAML config",
                     "TrainConfig", "examples/train_gsm8k.yaml", "--set steps=2 --set rollout.group_size=4",
-                    required=True)  # fmt: skip
+                    required=True, resume="continue an interrupted run in RUN_DIR from its newest complete checkpoint, "
+                    "with the config it recorded (config.json); instead of --config, and without --set")  # fmt: skip
     _config_command(sub, "sft", "supervised fine-tuning for tool use on synthesized traces, from a YAML config",
                     "SFTConfig", "examples/sft_tools.yaml", "--set steps=10 --set traces=64", required=False)  # fmt: skip
     s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
@@ -306,9 +311,15 @@ def _run_train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentic_rl.loop import load_train_config, run_training
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.loop import load_run_config, load_train_config, resume_point, run_training
 
-    config = load_train_config(args.config, args.set)
+    if (args.config is None) == (args.resume is None):
+        raise ConfigError("give --config FILE for a new run, or --resume RUN_DIR to continue one (not both)")
+    if args.resume is not None and args.set:
+        raise ConfigError(f"--resume continues {args.resume} with its recorded config; --set cannot change it")
+    config = load_run_config(args.resume) if args.resume is not None else load_train_config(args.config, args.set)
+    start = resume_point(config) if args.resume is not None else None
     console = Console(stderr=True)
     columns = [
         TextColumn("train"),
@@ -318,12 +329,12 @@ def _run_train(args: argparse.Namespace) -> int:
         TextColumn("{task.description}"),
     ]
     with Progress(*columns, console=console, disable=args.no_progress) as progress:
-        bar = progress.add_task("", total=config.steps)
+        bar = progress.add_task("", total=config.steps, completed=start.step if start is not None else 0)
 
         def on_step(row: dict[str, Any]) -> None:
             progress.update(bar, advance=1, description=f"reward {row['reward_mean']:.3f} loss {row['loss']:.4f}")
 
-        history = run_training(config, on_step=on_step)
+        history = run_training(config, on_step=on_step, resume=args.resume is not None)
     last = history[-1]
     print(f"trained {len(history)} steps into {config.output_dir}: reward {last['reward_mean']:.3f}, "
           f"weight version {last['weight_version']}, logprob gap {last['logprob_diff']:.2e}")  # fmt: skip
