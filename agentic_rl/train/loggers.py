@@ -145,6 +145,10 @@ class TensorBoardLogger:
 class WandbLogger:
     """Logs into a wandb run in offline mode (files under `directory/wandb/offline-run-*`; nothing is sent).
 
+    Each row is committed as its step (not held until the next step's row), and the run file is flushed every
+    `FLUSH_INTERVAL_S` (wandb's default is 15 s): a process killed later than that after logging a step keeps the
+    step in its run file.
+
     Args:
         directory: the folder wandb writes its `wandb/` folder into (the run's output folder).
         project: the wandb project name recorded in the run.
@@ -158,6 +162,8 @@ class WandbLogger:
         ConfigError: if the `wandb` package is not installed.
     """
 
+    FLUSH_INTERVAL_S = 1.0
+
     def __init__(self, directory: str | Path, *, project: str = "agentic-rl", name: str | None = None,
                  config: Mapping[str, Any] | None = None, resume: bool = False) -> None:  # fmt: skip
         try:
@@ -169,7 +175,8 @@ class WandbLogger:
         same = {"id": earlier[-1].name.rsplit("-", 1)[1], "resume": "allow"} if earlier else {}
         self._run = wandb.init(
             project=project, name=name, dir=str(directory), mode="offline", config=dict(config or {}),
-            settings=wandb.Settings(console="off", silent=True), **same,
+            settings=wandb.Settings(console="off", silent=True, x_transaction_log_flush_interval=self.FLUSH_INTERVAL_S),
+            **same,
         )  # fmt: skip
         self.run_dir = Path(self._run.dir).parent  # `.../offline-run-*/files` -> the run folder
         logger.info("wandb offline run %s in %s%s", self._run.id, self.run_dir, " (resumed)" if same else "")
@@ -180,8 +187,8 @@ class WandbLogger:
         return self._run.id
 
     def log(self, row: Mapping[str, Any], *, step: int) -> None:
-        """Log the numeric metrics at wandb step `step`."""
-        self._run.log(_scalars(row), step=step)
+        """Log the numeric metrics at wandb step `step` (committed at once)."""
+        self._run.log(_scalars(row), step=step, commit=True)
 
     def close(self) -> None:
         """Finish the run (writes the rest of its run file)."""
