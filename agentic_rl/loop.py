@@ -25,17 +25,8 @@ from agentic_rl.data import DataColumns
 from agentic_rl.engine.base import TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.train.checkpoints import (
-    FINAL,
-    Checkpoint,
-    capture_rng_state,
-    discard_partial,
-    latest_checkpoint,
-    load_state,
-    prune_checkpoints,
-    restore_rng_state,
-    save_checkpoint,
-)
+from agentic_rl.train import checkpoints
+from agentic_rl.train.checkpoints import Checkpoint
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
 
@@ -149,7 +140,7 @@ def load_run_config(run_dir: str | Path) -> TrainConfig:
 def resume_point(config: TrainConfig) -> Checkpoint | None:
     """The checkpoint `train(config, resume=True)` continues from: the newest complete one under
     `output_dir/checkpoints` (None: it starts over)."""
-    return latest_checkpoint(Path(config.output_dir) / "checkpoints", final_step=config.steps)
+    return checkpoints.latest_checkpoint(Path(config.output_dir) / "checkpoints", final_step=config.steps)
 
 
 def _check_fresh(out: Path) -> None:
@@ -328,7 +319,7 @@ async def train(
             sinks = build_loggers(config.loggers, out, config=config.model_dump(), wandb_project=config.wandb_project,
                                   resume_from=(done + 1 if state is not None else 0) if resume else None)  # fmt: skip
         if state is not None:  # last, so that nothing set up since draws from the restored generators
-            restore_rng_state(state["rng"])
+            checkpoints.restore_rng_state(state["rng"])
         if eval_tasks and state is None:
             before = {"step": 0, **await _evaluate(wrapper, eval_tasks, dist, out / "rollouts" / "eval_step_0.jsonl")}
             if dist.is_main:
@@ -386,15 +377,15 @@ async def train(
                     for t in trajectories:
                         f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
                 if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-                    save_checkpoint(out / "checkpoints" / f"step_{step + 1}", trainer.module, tokenizer,
-                                    _state(step + 1, trainer, task_order, engine, history, dist))  # fmt: skip
-                    prune_checkpoints(out / "checkpoints", config.keep_checkpoints)
+                    checkpoints.save_checkpoint(out / "checkpoints" / f"step_{step + 1}", trainer.module, tokenizer,
+                                                _state(step + 1, trainer, task_order, engine, history, dist))  # fmt: skip
+                    checkpoints.prune_checkpoints(out / "checkpoints", config.keep_checkpoints)
             if on_step is not None:
                 on_step(row)
         if dist.is_main:
-            if start is None or start.path.name != FINAL:
-                save_checkpoint(out / "checkpoints" / FINAL, trainer.module, tokenizer,
-                                _state(config.steps, trainer, task_order, engine, history, dist))  # fmt: skip
+            if start is None or start.path.name != checkpoints.FINAL:
+                checkpoints.save_checkpoint(out / "checkpoints" / checkpoints.FINAL, trainer.module, tokenizer,
+                                            _state(config.steps, trainer, task_order, engine, history, dist))  # fmt: skip
             write_run_plots(out)
         (out / f"weights_rank{dist.rank}.sha256").write_text(weights_digest(trainer.module) + "\n")
     finally:
@@ -441,12 +432,12 @@ def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Ch
         _check_fresh(out)
         return None, None
     if dist.is_main:
-        discard_partial(out / "checkpoints")
+        checkpoints.discard_partial(out / "checkpoints")
     start = resume_point(config)
     if start is None:
         logger.info("resuming %s: no complete checkpoint yet, starting over", out)
         return None, None
-    state = load_state(start)
+    state = checkpoints.load_state(start)
     if state["world_size"] != dist.world_size:
         raise ConfigError(f"{start.path} was written by {state['world_size']} rank(s); resume it with as many, "
                           f"not {dist.world_size}")  # fmt: skip
@@ -458,7 +449,7 @@ def _state(step: int, trainer: Any, task_order: _TaskOrder, engine: Any, history
            dist: Any) -> dict[str, Any]:  # fmt: skip
     """The training state saved with a checkpoint after `step` steps (see `train`)."""
     return {"step": step, "trainer": trainer.state_dict(), "task_position": task_order.position,
-            "weight_version": engine.weight_version, "rng": capture_rng_state(), "history": history,
+            "weight_version": engine.weight_version, "rng": checkpoints.capture_rng_state(), "history": history,
             "world_size": dist.world_size}  # fmt: skip
 
 
