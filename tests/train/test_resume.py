@@ -176,6 +176,8 @@ def _assert_same_as_reference(resumed: Path, reference: Path) -> None:
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))  # every step once
     assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
     assert _without_timing(rows) == _without_timing(_rows(reference))  # exactly: same seeds, same arithmetic
+    task_ids = (resumed / "task_ids_rank0.jsonl").read_text()
+    assert task_ids == (reference / "task_ids_rank0.jsonl").read_text()  # the same tasks, each step once
     digest = (resumed / "weights_rank0.sha256").read_text()
     assert digest == (reference / "weights_rank0.sha256").read_text()  # bitwise-identical final weights
     assert sorted(p.name for p in (resumed / "checkpoints").iterdir()) == ["final", "step_3", "step_4"]
