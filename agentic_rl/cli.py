@@ -15,6 +15,11 @@ __all__ = ["main"]
 
 DEFAULT_DATA = "../shared/data/gsm8k_test.jsonl"
 DEFAULT_CORPUS = "../shared/data/corpus.jsonl"
+#: The rollout's arguments, recorded in its output folder at start (what `rollout --resume` continues with).
+ROLLOUT_ARGS = "args.json"
+# Options that say how to run, not what: never recorded, free to differ on --resume.
+_UNRECORDED = ("command", "resume", "no_progress", "verbose")
+_PATH_OPTIONS = ("model", "data", "corpus", "system_prompt_file")  # recorded absolute where they name a file
 
 
 def _bounded(kind: type, low: float | None = None, high: float | None = None) -> Any:
@@ -35,60 +40,73 @@ def _bounded(kind: type, low: float | None = None, high: float | None = None) ->
 
 
 def _config_command(sub: Any, name: str, help_text: str, config: str, example: str, overrides: str, *,
-                    required: bool) -> None:  # fmt: skip
-    """A subcommand run from a YAML config (`--config`) with `--set KEY=VALUE` overrides."""
+                    required: bool, resume: str | None = None) -> None:  # fmt: skip
+    """A subcommand run from a YAML config (`--config`) with `--set KEY=VALUE` overrides; with `resume` (its help),
+    also `--resume RUN_DIR`, which stands instead of `--config` (checked by the command)."""
     p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", required=required, default=None, help=f"YAML file with {config} fields (see {example})")
+    p.add_argument("--config", required=required and resume is None, default=None,
+                   help=f"YAML file with {config} fields (see {example})")  # fmt: skip
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"override a field, e.g. {overrides} (repeatable)")  # fmt: skip
+    if resume is not None:
+        p.add_argument("--resume", default=None, metavar="RUN_DIR", help=resume)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
+    """The `agentic-rl` parser; with `typed_only`, `rollout` options left out of the command line stay unset (to
+    tell which options were given)."""
     parser = argparse.ArgumentParser(prog="agentic-rl", description="Agentic RL rollouts on a colocated vLLM engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
     r = sub.add_parser("rollout", help="run tool-using agents on a task file or dataset and save trajectories",
                        formatter_class=fmt)  # fmt: skip
-    r.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
-    r.add_argument("--data", default=DEFAULT_DATA,
-                   help="tasks: JSON Lines (GSM8K rows work as they are), parquet (verl's layout works as it is), a "
-                        "datasets save_to_disk folder, json:FILES / csv:FILES / parquet:FILES (datasets' loaders), "
-                        "or arithmetic:SPLIT:COUNT[:STEPS]")  # fmt: skip
-    r.add_argument("--data-columns", default=None, metavar="FIELD=COLUMN,...",
-                   help="which column holds each task field (question, answer or ground_truth, id, system_prompt), "
-                        "e.g. question=problem,answer=solution; default: GSM8K and verl column names")  # fmt: skip
-    r.add_argument("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
-    r.add_argument("--n-parallel", type=_bounded(int, 1, 64), default=16, help="trajectories in flight")
-    r.add_argument("--max-steps", type=_bounded(int, 1, 10), default=3, help="assistant turns per trajectory")
-    r.add_argument("--max-prompt-length", type=_bounded(int, 1, 128 * 1024), default=2048)
-    r.add_argument("--max-response-length", type=_bounded(int, 1, 8192), default=1024,
-                   help="token budget after the prompt")  # fmt: skip
-    r.add_argument("--max-tokens", type=_bounded(int, 1), default=384, help="cap of one turn in tokens")
-    r.add_argument("--temperature", type=_bounded(float, 0.0, 2.0), default=0.7)
-    r.add_argument("--top-p", type=_bounded(float, 1e-8, 1.0), default=1.0)
-    r.add_argument("--top-k", type=_bounded(int, -1), default=-1, help="-1 or 0 = off")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument(
-        "--tools",
-        default="calculator",
-        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none",
-    )
-    r.add_argument("--reward", default="gsm8k",
-                   help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number, llm_judge (asks the served model) or module:function")  # fmt: skip
-    r.add_argument("--system-prompt-file", default=None, help="a text file with the system prompt")
-    r.add_argument(
-        "--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools"
-    )
-    r.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
-    r.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
-    r.add_argument("--output-dir", default=None, help="default: runs/rollout-<time>")
-    r.add_argument("--no-progress", action="store_true")
-    r.add_argument("-v", "--verbose", action="store_true")
+    options: list[argparse.Action] = []
+
+    def add(*names: str, **settings: Any) -> None:
+        options.append(r.add_argument(*names, **settings))
+
+    add("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
+    add("--data", default=DEFAULT_DATA,
+        help="tasks: JSON Lines (GSM8K rows work as they are), parquet (verl's layout works as it is), a datasets "
+             "save_to_disk folder, json:FILES / csv:FILES / parquet:FILES (datasets' loaders), or "
+             "arithmetic:SPLIT:COUNT[:STEPS]")  # fmt: skip
+    add("--data-columns", default=None, metavar="FIELD=COLUMN,...",
+        help="which column holds each task field (question, answer or ground_truth, id, system_prompt), e.g. "
+             "question=problem,answer=solution; default: GSM8K and verl column names")  # fmt: skip
+    add("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
+    add("--n-parallel", type=_bounded(int, 1, 64), default=16, help="trajectories in flight")
+    add("--max-steps", type=_bounded(int, 1, 10), default=3, help="assistant turns per trajectory")
+    add("--max-prompt-length", type=_bounded(int, 1, 128 * 1024), default=2048)
+    add("--max-response-length", type=_bounded(int, 1, 8192), default=1024, help="token budget after the prompt")
+    add("--max-tokens", type=_bounded(int, 1), default=384, help="cap of one turn in tokens")
+    add("--temperature", type=_bounded(float, 0.0, 2.0), default=0.7)
+    add("--top-p", type=_bounded(float, 1e-8, 1.0), default=1.0)
+    add("--top-k", type=_bounded(int, -1), default=-1, help="-1 or 0 = off")
+    add("--seed", type=int, default=0)
+    add("--tools", default="calculator",
+        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none")  # fmt: skip
+    add("--reward", default="gsm8k",
+        help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number, llm_judge (asks the served model) or module:function")  # fmt: skip
+    add("--system-prompt-file", default=None, help="a text file with the system prompt")
+    add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
+    add("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
+    add("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
+    add("--output-dir", default=None, help="default: runs/rollout-<time>")
+    add("--resume", default=None, metavar="RUN_DIR",
+        help=f"continue an interrupted rollout in RUN_DIR with the arguments it recorded ({ROLLOUT_ARGS}): the tasks "
+             "without a record in its trajectories.jsonl run, the summary covers all; other options must equal the "
+             "recorded ones (--no-progress and -v may differ)")  # fmt: skip
+    add("--no-progress", action="store_true")
+    add("-v", "--verbose", action="store_true")
+    if typed_only:
+        for action in options:
+            action.default = argparse.SUPPRESS
     _config_command(sub, "train", "GRPO training: rollout -> train -> weight sync, from a YAML config",
                     "TrainConfig", "examples/train_gsm8k.yaml", "--set steps=2 --set rollout.group_size=4",
-                    required=True)  # fmt: skip
+                    required=True, resume="continue an interrupted run in RUN_DIR from its newest complete checkpoint, "
+                    "with the config it recorded (config.json); instead of --config, and without --set")  # fmt: skip
     _config_command(sub, "sft", "supervised fine-tuning for tool use on synthesized traces, from a YAML config",
                     "SFTConfig", "examples/sft_tools.yaml", "--set steps=10 --set traces=64", required=False)  # fmt: skip
     s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
@@ -127,7 +145,53 @@ def _configure_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
 
 
-def _run_rollout(args: argparse.Namespace) -> int:
+def _recorded(options: dict[str, Any]) -> dict[str, Any]:
+    """Rollout options as `args.json` records them: without `_UNRECORDED`, file paths made absolute."""
+    out = {key: value for key, value in options.items() if key not in _UNRECORDED}
+    for key in _PATH_OPTIONS:
+        if isinstance(out.get(key), str) and os.path.exists(out[key]):
+            out[key] = str(Path(out[key]).resolve())
+    if out.get("output_dir") is not None:
+        out["output_dir"] = str(Path(out["output_dir"]).resolve())
+    return out
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Write JSON so that a kill leaves either the old file or the new one (temporary file, then rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _resumed_rollout_args(args: argparse.Namespace, typed: dict[str, Any]) -> argparse.Namespace:
+    """The arguments recorded in `args.resume`, with this invocation's `--no-progress` and `-v`.
+
+    Raises:
+        FileNotFoundError: if the folder has no `args.json`.
+        ConfigError: if `args.json` is unreadable, or an option given now differs from the recorded one.
+    """
+    from agentic_rl.errors import ConfigError
+
+    run_dir = Path(args.resume)
+    path = run_dir / ROLLOUT_ARGS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: --resume takes a folder written by 'agentic-rl rollout'")
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))["args"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is not a rollout's recorded arguments: {exc}") from None
+    defaults = vars(_parser().parse_args(["rollout"]))  # for options newer than the record
+    wanted = {**_recorded(defaults), **recorded, "output_dir": str(run_dir.resolve())}  # the folder may have moved
+    conflicts = [f"--{key.replace('_', '-')} {value!r} (recorded: {wanted.get(key)!r})"
+                 for key, value in _recorded(typed).items() if wanted.get(key) != value]  # fmt: skip
+    if conflicts:
+        raise ConfigError(f"--resume continues {run_dir} with its recorded arguments ({path}); these differ: "
+                          f"{', '.join(conflicts)}. Give --resume alone (plus --no-progress / -v)")  # fmt: skip
+    return argparse.Namespace(**{**wanted, "output_dir": str(run_dir), "resume": args.resume,
+                                 "no_progress": args.no_progress, "verbose": args.verbose})  # fmt: skip
+
+
+def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     import anyio
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -136,12 +200,16 @@ def _run_rollout(args: argparse.Namespace) -> int:
 
     from agentic_rl.data import load_tasks
     from agentic_rl.models import resolve_model
+    from agentic_rl.rollout.records import finished_records
     from agentic_rl.rollout.summary import summarize
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
     from agentic_rl.tools.registry import TOOL_NAMES, build_tools
-    from agentic_rl.types import trajectory_to_dict
+    from agentic_rl.types import trajectory_from_dict, trajectory_to_dict
 
     console = Console()
+    resuming = args.resume is not None
+    if resuming:
+        args = _resumed_rollout_args(args, typed)
     tool_names = [n.strip() for n in args.tools.split(",") if n.strip()]
     unknown = [n for n in tool_names if n not in TOOL_NAMES]
     if unknown:
@@ -153,6 +221,12 @@ def _run_rollout(args: argparse.Namespace) -> int:
         return 2
     out_dir = Path(args.output_dir or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    records_path = out_dir / "trajectories.jsonl"
+    done = finished_records(records_path, tasks) if resuming else {}  # drops a half-written last line
+    if not resuming:
+        _write_json(out_dir / ROLLOUT_ARGS, {"command": "rollout", "args": _recorded({**vars(args),
+                                                                                     "output_dir": str(out_dir)})})  # fmt: skip
+    todo = [i for i in range(len(tasks)) if i not in done]
     model_dir = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
@@ -168,13 +242,15 @@ def _run_rollout(args: argparse.Namespace) -> int:
         system_prompt=system_prompt,
         engine_options={"dtype": args.dtype, "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=judge,
     )  # fmt: skip
-    console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}; starting the engine...")
-    wrapper.initialize()
-    if judge:
+    resumed = f" ({len(done)} done before, resuming {out_dir})" if resuming else ""
+    console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}{resumed}; starting the engine...")
+    if todo:
+        wrapper.initialize()
+    if judge and todo:
         from agentic_rl.rollout.rewards import LLMJudgeReward
 
         wrapper.reward_fn = LLMJudgeReward(f"http://{wrapper.server_addresses[0]}/v1", model=wrapper.agent_name)
-    records = (out_dir / "trajectories.jsonl").open("w", encoding="utf-8")
+    records = records_path.open("a" if resuming else "w", encoding="utf-8")
 
     def finished(trajectory: Any) -> None:  # written as each one finishes: an interrupted run keeps them
         records.write(json.dumps(trajectory_to_dict(trajectory), ensure_ascii=False) + "\n")
@@ -184,7 +260,8 @@ def _run_rollout(args: argparse.Namespace) -> int:
     async def rollout() -> tuple[list[Any], float]:
         t0 = time.perf_counter()
         try:
-            trajectories = await wrapper.generate_agent_trajectories_async(tasks, on_result=finished)
+            trajectories = await wrapper.generate_agent_trajectories_async([tasks[i] for i in todo], on_result=finished,
+                                                                           indices=todo)  # fmt: skip
         finally:
             await wrapper.close()
         return trajectories, time.perf_counter() - t0
@@ -197,9 +274,9 @@ def _run_rollout(args: argparse.Namespace) -> int:
         backend_options = {}
     columns = [TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with records, Progress(*columns, console=console, disable=args.no_progress) as progress:
-        bar = progress.add_task("rollout", total=len(tasks))
-        trajectories, wall = anyio.run(rollout, backend_options=backend_options)
-    summary = summarize(trajectories, wall)
+        bar = progress.add_task("rollout", total=len(tasks), completed=len(done))
+        trajectories, wall = anyio.run(rollout, backend_options=backend_options) if todo else ([], 0.0)
+    summary = summarize(trajectories, wall, earlier=[trajectory_from_dict(done[i]) for i in sorted(done)])
     summary.update(model=str(model_dir), data=str(args.data), sampling=sampling)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -219,7 +296,7 @@ def _run_rollout(args: argparse.Namespace) -> int:
         ("token-alignment mismatches", summary["alignment_mismatches"]),
         ("re-tokenization drift avoided", summary["retokenize_drift"]),
         ("termination", ", ".join(f"{k}={v}" for k, v in sorted(summary["termination_reasons"].items()))),
-        ("wall time (s)", f"{wall:.1f}"),
+        ("wall time (s)", f"{wall:.1f}" + (f" (this run; {len(done)} trajectories from before)" if resuming else "")),
     ]
     for name, value in rows:
         table.add_row(name, str(value))
@@ -234,9 +311,15 @@ def _run_train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentic_rl.loop import load_train_config, run_training
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.loop import load_run_config, load_train_config, resume_point, run_training
 
-    config = load_train_config(args.config, args.set)
+    if (args.config is None) == (args.resume is None):
+        raise ConfigError("give --config FILE for a new run, or --resume RUN_DIR to continue one (not both)")
+    if args.resume is not None and args.set:
+        raise ConfigError(f"--resume continues {args.resume} with its recorded config; --set cannot change it")
+    config = load_run_config(args.resume) if args.resume is not None else load_train_config(args.config, args.set)
+    start = resume_point(config) if args.resume is not None else None
     console = Console(stderr=True)
     columns = [
         TextColumn("train"),
@@ -246,12 +329,12 @@ def _run_train(args: argparse.Namespace) -> int:
         TextColumn("{task.description}"),
     ]
     with Progress(*columns, console=console, disable=args.no_progress) as progress:
-        bar = progress.add_task("", total=config.steps)
+        bar = progress.add_task("", total=config.steps, completed=start.step if start is not None else 0)
 
         def on_step(row: dict[str, Any]) -> None:
             progress.update(bar, advance=1, description=f"reward {row['reward_mean']:.3f} loss {row['loss']:.4f}")
 
-        history = run_training(config, on_step=on_step)
+        history = run_training(config, on_step=on_step, resume=args.resume is not None)
     last = history[-1]
     print(f"trained {len(history)} steps into {config.output_dir}: reward {last['reward_mean']:.3f}, "
           f"weight version {last['weight_version']}, logprob gap {last['logprob_diff']:.2e}")  # fmt: skip
@@ -326,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.verbose)
     try:
         if args.command == "rollout":
-            return _run_rollout(args)
+            typed = vars(_parser(typed_only=True).parse_args(argv)) if args.resume else {}
+            return _run_rollout(args, typed)
         if args.command == "serve":
             return _run_serve(args)
         if args.command == "train":
@@ -340,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except (AgenticRLError, OSError, ValueError) as exc:
         hint = ""
-        if isinstance(exc, FileNotFoundError) and getattr(args, "data", None) == DEFAULT_DATA:
+        if isinstance(exc, FileNotFoundError) and getattr(args, "data", None) == DEFAULT_DATA and not getattr(args, "resume", None):
             hint = " (the default data path is relative: run from the repository root, or pass --data)"
         print(f"agentic-rl {args.command}: error: {exc}{hint}", file=sys.stderr)
         return 2 if isinstance(exc, usage_errors) else 1

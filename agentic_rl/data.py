@@ -31,7 +31,7 @@ from agentic_rl.config import Config
 from agentic_rl.errors import ConfigError
 from agentic_rl.synthetic import parse_arithmetic_spec
 
-__all__ = ["DEFAULT_COLUMNS", "SHARED_DATA", "DataColumns", "iter_jsonl", "load_tasks", "prompt_messages"]
+__all__ = ["DEFAULT_COLUMNS", "SHARED_DATA", "DataColumns", "drop_partial_line", "iter_jsonl", "load_tasks", "prompt_messages"]
 
 #: The shared data folder beside the repository (`<repo>/../shared/data`): GSM8K, HotpotQA, MATH-500.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -113,6 +113,36 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from exc
+
+
+def drop_partial_line(path: str | os.PathLike[str]) -> int:
+    """Cut a JSON Lines file back to its last complete line, the one state a process killed mid-write can leave.
+
+    Lines are written whole (record + newline), so only the last line can lack its newline; it is removed and the
+    file synced. A missing file is left missing.
+
+    Returns:
+        The number of bytes dropped (0 when the file ends with a newline, is empty or does not exist).
+    """
+    if not os.path.exists(path):
+        return 0
+    with open(path, "r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:  # scan back block by block for the last newline
+            start = max(0, end - 65536)
+            f.seek(start)
+            cut = f.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                end = start + cut + 1
+                break
+            end = start
+        if end == size:
+            return 0
+        f.truncate(end)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - end
 
 
 def prompt_messages(messages: list[Any], where: str) -> tuple[str, str | None]:

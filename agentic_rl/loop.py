@@ -25,6 +25,8 @@ from agentic_rl.data import DataColumns
 from agentic_rl.engine.base import TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
+from agentic_rl.train import checkpoints
+from agentic_rl.train.checkpoints import Checkpoint
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
 
@@ -32,7 +34,9 @@ __all__ = [
     "EngineSection",
     "RolloutSection",
     "TrainConfig",
+    "load_run_config",
     "load_train_config",
+    "resume_point",
     "run_training",
     "train",
     "weights_digest",
@@ -87,6 +91,9 @@ class TrainConfig(Config):
     seed: int = 0
     device: str = "cpu"
     checkpoint_every: int = Field(default=0, ge=0, description="0: only the final checkpoint")
+    keep_checkpoints: int = Field(
+        default=2, ge=0, description="step checkpoints kept, the newest (0: all); the final one is always kept"
+    )
     eval_data: str | None = Field(
         default=None, description="held-out tasks (a data spec as for data, e.g. 'arithmetic:heldout:64'), rolled out greedily"
     )
@@ -110,6 +117,44 @@ def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainC
     return TrainConfig.from_yaml(path, overrides)
 
 
+def load_run_config(run_dir: str | Path) -> TrainConfig:
+    """The config a training run recorded (`RUN_DIR/config.json`), with `output_dir` set to `run_dir` (the folder
+    may have moved since): what `train(config, resume=True)` continues.
+
+    Raises:
+        FileNotFoundError: if `run_dir` has no `config.json`.
+        ConfigError: if it is not a valid `TrainConfig`.
+    """
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: --resume takes a folder written by 'agentic-rl train'")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} is not a training config")
+    return TrainConfig.model_validate({**raw, "output_dir": str(run_dir)})
+
+
+def resume_point(config: TrainConfig) -> Checkpoint | None:
+    """The checkpoint `train(config, resume=True)` continues from: the newest complete one under
+    `output_dir/checkpoints` (None: it starts over)."""
+    return checkpoints.latest_checkpoint(Path(config.output_dir) / "checkpoints", final_step=config.steps)
+
+
+def _check_fresh(out: Path) -> None:
+    """Refuse to start a new run over an earlier one's metrics or checkpoints (they would mix, or be replaced).
+
+    Raises:
+        ConfigError: naming what is there and the way out.
+    """
+    earlier = [name for name in ("metrics.jsonl", "checkpoints") if (out / name).exists()]
+    if earlier:
+        raise ConfigError(f"{out} already holds a training run ({', '.join(earlier)}): continue it with "
+                          f"'agentic-rl train --resume {out}', or choose another output_dir")  # fmt: skip
+
+
 def weights_digest(model: Any) -> str:
     """sha256 over every parameter's bytes, in name order (equal digests = identical weights)."""
     digest = hashlib.sha256()
@@ -123,32 +168,42 @@ def _task_id(task: Any) -> Any:
     return task.get("id") if isinstance(task, dict) else None
 
 
-def _task_batches(tasks: list[dict[str, Any]], per_step: int, seed: int) -> Callable[[], list[dict[str, Any]]]:
-    order = list(range(len(tasks)))
-    random.Random(seed).shuffle(order)
-    position = 0
+class _TaskOrder:
+    """`per_step` tasks at a time from a seeded shuffle, cycling; `position` counts the tasks handed out (what a
+    resumed run restores)."""
 
-    def next_batch() -> list[dict[str, Any]]:
-        nonlocal position
-        batch = [tasks[order[(position + i) % len(order)]] for i in range(per_step)]
-        position += per_step
+    def __init__(self, tasks: list[dict[str, Any]], per_step: int, seed: int) -> None:
+        self.tasks = tasks
+        self.per_step = per_step
+        self.order = list(range(len(tasks)))
+        random.Random(seed).shuffle(self.order)
+        self.position = 0
+
+    def next_batch(self) -> list[dict[str, Any]]:
+        batch = [self.tasks[self.order[(self.position + i) % len(self.order)]] for i in range(self.per_step)]
+        self.position += self.per_step
         return batch
 
-    return next_batch
+
+def _rollout_seed(config: TrainConfig, rank: int, step: int) -> int:
+    """The sampling seed of training step `step` (0-based) on `rank`: fixed by the config, different per step and
+    rank (the turn loop offsets it per trajectory and turn), so a resumed run samples what the uninterrupted one
+    would have."""
+    return config.seed + 1000 * rank + 7_368_787 * step
 
 
 def run_training(
-    config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None
+    config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None, resume: bool = False
 ) -> list[dict[str, Any]]:
     """Run `config.steps` rollout -> train -> sync iterations in one event loop (`anyio.run(train, ...)`).
 
     See `train` for what it writes and returns. Call `train` instead from code that already runs an event loop.
     """
-    return anyio.run(functools.partial(train, config, on_step=on_step))
+    return anyio.run(functools.partial(train, config, on_step=on_step, resume=resume))
 
 
 async def train(
-    config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None
+    config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None, resume: bool = False
 ) -> list[dict[str, Any]]:
     """Run `config.steps` rollout -> train -> sync iterations.
 
@@ -156,20 +211,37 @@ async def train(
     the GRPO step (CPU/accelerator work) runs in a worker thread so the loop stays responsive.
 
     Writes under `output_dir` (rank 0): the `loggers` (`metrics.jsonl`, one line per step; `tensorboard/`;
-    `wandb/`), `config.json`, `rollouts/step_K.jsonl`,
-    `checkpoints/step_K/` (every `checkpoint_every` steps and at the end), `reward_curve.png`, `metrics.png` and
-    `response_lengths.png` (`write_run_plots`); and every rank writes
-    `weights_rank{R}.sha256` with its final weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the
-    ids of the tasks it rolled out, `{"step", "task_ids"}`).
+    `wandb/`), `config.json`, `rollouts/step_K.jsonl`, checkpoints (`checkpoints/step_K/` every `checkpoint_every`
+    steps, the newest `keep_checkpoints` kept, and `checkpoints/final/`), `reward_curve.png`, `metrics.png` and
+    `response_lengths.png` (`write_run_plots`); and every rank writes `weights_rank{R}.sha256` with its final
+    weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it rolled out,
+    `{"step", "task_ids"}`).
+
+    A checkpoint holds the model and tokenizer and `training_state.pt`: the optimizer state and step counters, the
+    steps done, the task order position, the weight version, the RNG states (Python, NumPy, torch; rank 0's, which
+    every rank restores: all ranks seed alike) and the metrics rows so far. It is written atomically
+    (`agentic_rl.train.checkpoints`): a kill at any moment leaves the previous checkpoint intact. Each step's
+    rollout is sampled with a seed fixed by the config, the rank and the step, so a resumed run repeats the
+    uninterrupted one.
 
     Each metrics row holds the step's token accounting summed over ranks (`tokens_sampled` = `tokens_trained` +
     `tokens_excluded`, and `tokens_excluded_failed` / `_aborted` / `_over_length`), the clip fractions, and
     `step_skipped` / `skipped_steps` (optimizer steps skipped for a non-finite gradient norm).
 
+    Args:
+        config: the run.
+        on_step: called with each step's metrics row (of the steps this call runs).
+        resume: continue the run in `output_dir` from its newest complete checkpoint (`resume_point`; none: start
+            over): the model, optimizer, step, RNG states, task order, weight version and metrics rows come back,
+            the engine starts from the checkpoint's weights, `metrics.jsonl` keeps the rows of the steps up to it,
+            TensorBoard purges later events, wandb continues the same run id. Without it, `output_dir` must not
+            hold an earlier run's `metrics.jsonl` or `checkpoints/`.
+
     Returns:
-        The metrics of every step (rank 0's view, aggregated over ranks).
+        The metrics of every step (rank 0's view, aggregated over ranks), those before a resume included.
 
     Raises:
+        ConfigError: when starting a new run over an earlier one, or resuming a checkpoint of another world size.
         TrainingError: when `optimizer.max_consecutive_skips` optimizer steps in a row were skipped.
     """
     import torch
@@ -181,12 +253,15 @@ async def train(
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
     from agentic_rl.tools.registry import build_tools
     from agentic_rl.train.distributed import init_from_env, shard
-    from agentic_rl.train.loggers import build_loggers
+    from agentic_rl.train.loggers import build_loggers, keep_steps_before
     from agentic_rl.train.plots import write_run_plots
     from agentic_rl.train.trainer import GRPOTrainer
     from agentic_rl.types import trajectory_to_dict
 
     dist = init_from_env(config.device)
+    out = Path(config.output_dir)
+    start, state = _starting_point(config, dist, resume=resume)
+    done = state["step"] if state is not None else 0
     device = config.device
     if device in ("cuda", "npu"):  # one accelerator per local rank
         from ascend.device import Platform
@@ -195,26 +270,33 @@ async def train(
         device = Platform(device).device(local_rank)
         Platform(config.device).set_device(local_rank)
     torch.manual_seed(config.seed)
-    out = Path(config.output_dir)
     if dist.is_main:
         (out / "rollouts").mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+        if not resume:
+            (out / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
     out.mkdir(parents=True, exist_ok=True)
     task_ids = out / f"task_ids_rank{dist.rank}.jsonl"
-    task_ids.write_text("")
+    keep_steps_before(task_ids, done + 1 if state is not None else 0)  # a resumed run redoes the later steps
     model_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     tasks = load_tasks(config.data, columns=config.data_columns)
-    next_batch = _task_batches(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
+    task_order = _TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
     r = config.rollout
     engine_options: dict[str, Any] = {"dtype": config.engine.dtype, "kv_cache_gib": config.engine.kv_cache_gib,
                                       "seed": config.seed + dist.rank,
                                       "enable_sleep_mode": config.engine.sleep_while_training}  # fmt: skip
     if config.engine.max_model_len:
         engine_options["max_model_len"] = config.engine.max_model_len
+    if state is not None:  # the engine starts from the checkpoint's weights (fp32), at their version
+        engine_options["weight_version"] = state["weight_version"]
+        if config.engine.dtype == "auto":  # the dtype the model's own folder asks for, as in the first process
+            from transformers import AutoConfig
+
+            wanted = getattr(AutoConfig.from_pretrained(str(model_dir)), "dtype", None)
+            engine_options["dtype"] = str(wanted).removeprefix("torch.") if wanted else "auto"
     wrapper = ToolAgentEngineWrapper(
-        "trainer", tokenizer, r.sampling.model_copy(update={"seed": config.seed + 1000 * dist.rank}), r.max_prompt_length,
-        r.max_response_length, r.n_parallel_agents, r.max_steps, model=model_dir, tools=build_tools(config.tools),
+        "trainer", tokenizer, r.sampling, r.max_prompt_length, r.max_response_length, r.n_parallel_agents,
+        r.max_steps, model=start.path if start is not None else model_dir, tools=build_tools(config.tools),
         reward_fn=resolve_reward(config.reward), engine_options=engine_options, serve=False,
     )  # fmt: skip
     wrapper.initialize()
@@ -223,26 +305,35 @@ async def train(
         raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     trainer = GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
-    if dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers
-        await engine.update_weights(trainer.named_weights())
-    eval_tasks = load_tasks(config.eval_data, columns=config.data_columns) if config.eval_data else []
     history: list[dict[str, Any]] = []
+    if state is not None:  # after the trainer copied the initial model as its KL reference
+        _restore(trainer, start.path, state)
+        task_order.position = state["task_position"]
+        history = list(state["history"])
+    elif dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers (a resumed run's
+        await engine.update_weights(trainer.named_weights())  # engines all load the same checkpoint)
+    eval_tasks = load_tasks(config.eval_data, columns=config.data_columns) if config.eval_data else []
     sinks: list[Any] = []
     try:
         if dist.is_main:
-            sinks = build_loggers(config.loggers, out, config=config.model_dump(), wandb_project=config.wandb_project)
-        if eval_tasks:
+            sinks = build_loggers(config.loggers, out, config=config.model_dump(), wandb_project=config.wandb_project,
+                                  resume_from=(done + 1 if state is not None else 0) if resume else None)  # fmt: skip
+        if state is not None:  # last, so that nothing set up since draws from the restored generators
+            checkpoints.restore_rng_state(state["rng"])
+        if eval_tasks and state is None:
             before = {"step": 0, **await _evaluate(wrapper, eval_tasks, dist, out / "rollouts" / "eval_step_0.jsonl")}
             if dist.is_main:
                 for sink in sinks:
                     sink.log(before, step=0)
-        for step in range(config.steps):
-            mine = shard(next_batch(), dist)
+        for step in range(done, config.steps):
+            mine = shard(task_order.next_batch(), dist)
             with task_ids.open("a") as f:
                 f.write(json.dumps({"step": step + 1, "task_ids": [_task_id(t) for t in mine]}, default=str) + "\n")
             expanded = [dict(task) for task in mine for _ in range(r.group_size)]  # a group shares its task id
             t0 = time.perf_counter()
-            trajectories = await wrapper.generate_agent_trajectories_async(expanded)
+            seed = _rollout_seed(config, dist.rank, step)
+            rollout = wrapper.make_rollout(sampling=r.sampling.model_copy(update={"seed": seed}))
+            trajectories = (await rollout.run(expanded)).trajectories
             rollout_s = time.perf_counter() - t0
             if config.engine.sleep_while_training:
                 await engine.sleep()
@@ -286,11 +377,15 @@ async def train(
                     for t in trajectories:
                         f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
                 if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-                    _checkpoint(trainer.module, tokenizer, out / "checkpoints" / f"step_{step + 1}")
+                    checkpoints.save_checkpoint(out / "checkpoints" / f"step_{step + 1}", trainer.module, tokenizer,
+                                                _state(step + 1, trainer, task_order, engine, history, dist))  # fmt: skip
+                    checkpoints.prune_checkpoints(out / "checkpoints", config.keep_checkpoints)
             if on_step is not None:
                 on_step(row)
         if dist.is_main:
-            _checkpoint(trainer.module, tokenizer, out / "checkpoints" / "final")
+            if start is None or start.path.name != checkpoints.FINAL:
+                checkpoints.save_checkpoint(out / "checkpoints" / checkpoints.FINAL, trainer.module, tokenizer,
+                                            _state(config.steps, trainer, task_order, engine, history, dist))  # fmt: skip
             write_run_plots(out)
         (out / f"weights_rank{dist.rank}.sha256").write_text(weights_digest(trainer.module) + "\n")
     finally:
@@ -325,8 +420,44 @@ async def _evaluate(wrapper: Any, tasks: list[dict[str, Any]], dist: Any, record
     return {"heldout_accuracy": totals[0] / n, "heldout_tool_call_rate": totals[1] / n, "heldout_mean_turns": totals[2] / n}
 
 
-def _checkpoint(model: Any, tokenizer: Any, folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    logger.info("checkpoint written to %s", folder)
+def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Checkpoint | None, dict[str, Any] | None]:
+    """The checkpoint a `train` call continues from and its saved state; `(None, None)` for a new run or a resumed
+    one that has no complete checkpoint yet (it starts over).
+
+    Raises:
+        ConfigError: for a new run over an earlier one (`_check_fresh`), or a checkpoint of another world size.
+    """
+    out = Path(config.output_dir)
+    if not resume:
+        _check_fresh(out)
+        return None, None
+    if dist.is_main:
+        checkpoints.discard_partial(out / "checkpoints")
+    start = resume_point(config)
+    if start is None:
+        logger.info("resuming %s: no complete checkpoint yet, starting over", out)
+        return None, None
+    state = checkpoints.load_state(start)
+    if state["world_size"] != dist.world_size:
+        raise ConfigError(f"{start.path} was written by {state['world_size']} rank(s); resume it with as many, "
+                          f"not {dist.world_size}")  # fmt: skip
+    logger.info("resuming %s after step %d from %s", out, state["step"], start.path)
+    return start, state
+
+
+def _state(step: int, trainer: Any, task_order: _TaskOrder, engine: Any, history: list[dict[str, Any]],
+           dist: Any) -> dict[str, Any]:  # fmt: skip
+    """The training state saved with a checkpoint after `step` steps (see `train`)."""
+    return {"step": step, "trainer": trainer.state_dict(), "task_position": task_order.position,
+            "weight_version": engine.weight_version, "rng": checkpoints.capture_rng_state(), "history": history,
+            "world_size": dist.world_size}  # fmt: skip
+
+
+def _restore(trainer: Any, folder: Path, state: dict[str, Any]) -> None:
+    """Load a checkpoint's weights and optimizer state into `trainer`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    trainer.module.load_state_dict(saved.state_dict())  # copied onto the module's device
+    trainer.load_state_dict(state["trainer"])

@@ -12,6 +12,7 @@ keep the AgentSDK names: `prompt_tokens`, `response_tokens`, `response_masks`, `
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 from agentic_rl.errors import TrajectoryError
 
-__all__ = ["Step", "StepTrajectory", "Trajectory", "default_metrics", "trajectory_to_dict"]
+__all__ = ["Step", "StepTrajectory", "Trajectory", "default_metrics", "trajectory_from_dict", "trajectory_to_dict"]
 
 
 def default_metrics() -> dict[str, Any]:
@@ -194,3 +195,22 @@ def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
             for s in trajectory.steps
         ]
     return record
+
+
+def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
+    """The `Trajectory` a `trajectory_to_dict` record holds (e.g. read back from `trajectories.jsonl`): token ids,
+    mask, logprobs, chat, reward, metrics and outcome. Per-turn steps and the task are not restored.
+
+    Raises:
+        TrajectoryError: if a field is missing or the token fields are inconsistent.
+    """
+    try:
+        return Trajectory(
+            prompt_tokens=record["prompt_ids"], response_tokens=record["response_ids"],
+            response_masks=record["response_mask"], idx=record["idx"], trajectory_reward=record["trajectory_reward"],
+            chat_completions=record["chat_completions"], metrics=record["metrics"],
+            response_logprobs=record["response_logprobs"], termination_reason=record["termination_reason"],
+            failed=record["failed"], error=record["error"],
+        )  # fmt: skip
+    except KeyError as exc:
+        raise TrajectoryError(f"a trajectory record needs {exc.args[0]!r}") from None

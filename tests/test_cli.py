@@ -153,3 +153,64 @@ def test_rollout_command_runs_verl_parquet_tasks_with_their_system_message(tmp_p
         assert "calculator" in system["content"]  # the tools are still described
         assert user == {"role": "user", "content": questions[r["task_id"]]}
     assert json.loads((out / "summary.json").read_text())["data"] == str(path)
+
+
+@pytest.mark.slow
+def test_rollout_killed_half_way_and_mid_line_resumes_with_one_record_per_task(tmp_path, gsm8k_rows):
+    """kill -9 once half of the tasks have records (the rest are held in their reward, so the run cannot finish
+    first), then leave a half-written line as a kill in the middle of a write would; `--resume` keeps the complete
+    records as they are, drops the half line and appends exactly the missing tasks."""
+    from processes import cli_command, complete_lines, kill9, run, start, wait_until
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows[:8]))
+    out, log = tmp_path / "run", tmp_path / "first.log"
+    records = out / "trajectories.jsonl"
+    proc = start(cli_command("rollout", "--model", "tiny-random-smollm2", "--data", str(data), "--limit", "8",
+                             "--n-parallel", "2", "--max-steps", "1", "--max-tokens", "8", "--max-response-length", "32",
+                             "--kv-cache-gib", "0.05", "--reward", "toy_rewards:e_share_held", "--output-dir", str(out),
+                             "--no-progress"), log, TOY_REWARD_HOLD_AFTER="4")  # fmt: skip
+    try:
+        wait_until(proc, lambda: complete_lines(records) >= 4, what="4 finished trajectories", log=log, timeout_s=400)
+        kill9(proc)
+    finally:
+        proc.kill()
+    before = records.read_bytes()
+    first = [json.loads(line) for line in before.splitlines()]
+    assert len(first) == 4  # rewards 5..8 were held: the run stopped half way
+    missing = sorted(set(range(8)) - {r["idx"] for r in first})
+    cut = json.dumps({**first[0], "idx": missing[0]}).encode()
+    records.write_bytes(before + cut[: len(cut) // 2])  # a record cut off mid-write, no newline
+
+    proc = run(cli_command("rollout", "--resume", str(out), "--no-progress"))
+    assert "4 trajectories from before" in proc.stdout
+    after = records.read_bytes()
+    assert after.startswith(before)  # the complete records are kept byte for byte, the rest appended
+    rows = [json.loads(line) for line in after.splitlines()]
+    assert sorted(r["idx"] for r in rows) == list(range(8))  # one per task: none lost, none twice
+    assert {r["idx"]: r["task_id"] for r in rows} == {i: i for i in range(8)}  # GSM8K rows: id = line number
+    assert sorted(r["idx"] for r in rows[4:]) == missing
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["tasks"], summary["resumed"]) == (8, 4)
+    assert summary["generated_tokens"] == sum(sum(r["response_mask"]) for r in rows)
+
+
+def test_rollout_resume_takes_the_recorded_arguments_and_rejects_others(tmp_path, capsys):
+    from agentic_rl.cli import ROLLOUT_ARGS, main
+
+    run_dir = tmp_path / "run"
+    assert main(["rollout", "--resume", str(run_dir)]) == 2
+    assert f"{ROLLOUT_ARGS} does not exist" in capsys.readouterr().err
+    run_dir.mkdir()
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"question": "q", "answer": "#### 1"}\n')
+    (run_dir / ROLLOUT_ARGS).write_text(json.dumps({"command": "rollout", "args": {"data": str(data), "limit": 3}}))
+    assert main(["rollout", "--resume", str(run_dir), "--limit", "32", "--temperature", "0.7"]) == 2
+    err = capsys.readouterr().err
+    assert "--limit 32 (recorded: 3)" in err and "--temperature" not in err  # equal to the recorded default: fine
+    assert main(["rollout", "--resume", str(run_dir), "--output-dir", str(tmp_path / "elsewhere")]) == 2
+    assert "--output-dir" in capsys.readouterr().err
+    (run_dir / "trajectories.jsonl").write_text('{"idx": 0, "task_id": 7}\n')  # checked before any engine starts
+    assert main(["rollout", "--resume", str(run_dir), "--limit", "3", "--output-dir", str(run_dir), "-v"]) == 2
+    err = capsys.readouterr().err
+    assert "task id 7" in err and "the tasks changed since the run started" in err

@@ -59,6 +59,8 @@ class VLLMEngineConfig(Config):
         logprobs_mode: vLLM's `logprobs_mode`: `raw_logprobs` (before temperature / top-p) or
             `processed_logprobs` (of the distribution actually sampled from).
         enable_sleep_mode: let `sleep()` free engine memory while training (GPU/NPU only; ignored on the CPU).
+        weight_version: the `weight_version` of the weights in `model` (a resumed training run starts its engine from
+            a checkpoint that many updates in).
         engine_kwargs: any further `vllm.LLM` keyword arguments.
     """
 
@@ -73,6 +75,7 @@ class VLLMEngineConfig(Config):
     enable_prefix_caching: bool = True
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] = "raw_logprobs"
     enable_sleep_mode: bool = False
+    weight_version: Annotated[int, Field(ge=0)] = 0
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -179,7 +182,7 @@ class VLLMEngine:
         self._max_model_len = config.max_model_len
         self._dead: BaseException | None = None
         self._closed = False
-        self._weight_version = 0
+        self._weight_version = config.weight_version
         self._pending: dict[str, concurrent.futures.Future[Generation]] = {}  # owned by the engine thread
         # Engine thread only: True from a weight update whose prefix-cache reset failed until a reset succeeds;
         # meanwhile new requests are held back (`_held`) so that none can reuse KV of the old weights.
@@ -320,7 +323,7 @@ class VLLMEngine:
 
     @property
     def weight_version(self) -> int:
-        """How many weight updates this engine has taken (0 = the weights it was built with)."""
+        """How many weight updates the weights went through (`config.weight_version` = those it was built with)."""
         return self._weight_version
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> float:

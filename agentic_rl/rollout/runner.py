@@ -72,6 +72,7 @@ async def run_tasks(
     *,
     n_parallel_agents: int,
     on_result: Callable[[T], None] | None = None,
+    indices: Sequence[int] | None = None,
 ) -> list[T]:
     """Run `run_one(task, idx)` for every task, at most `n_parallel_agents` at a time.
 
@@ -80,16 +81,22 @@ async def run_tasks(
         run_one: coroutine function producing one result (never None); see `run_batch` for failures.
         n_parallel_agents: concurrency cap.
         on_result: called with each result as it finishes (e.g. a progress bar).
+        indices: the `idx` of each task (default 0, 1, ...): a run that continues an interrupted one passes the
+            positions its remaining tasks had.
 
     Returns:
         The results in input order.
 
     Raises:
-        ConfigError: if `n_parallel_agents` is not an int >= 1.
+        ConfigError: if `n_parallel_agents` is not an int >= 1, or `indices` is not one distinct int per task.
     """
+    order = list(range(len(tasks))) if indices is None else list(indices)
+    if len(order) != len(tasks) or len(set(order)) != len(order):
+        raise ConfigError(f"indices must give one distinct index per task: {len(tasks)} tasks, indices {order[:10]}")
 
     async def one(idx: int, task: Any) -> T:
         return await run_one(task, idx)
 
-    results = await run_batch(list(enumerate(tasks)), one, n_parallel_agents=n_parallel_agents, on_result=on_result)
-    return [results[idx] for idx in range(len(tasks))]
+    items = list(zip(order, tasks, strict=True))
+    results = await run_batch(items, one, n_parallel_agents=n_parallel_agents, on_result=on_result)
+    return [results[idx] for idx in order]

@@ -14,19 +14,26 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def summarize(trajectories: Sequence[Trajectory], wall_time_s: float) -> dict[str, Any]:
+def summarize(
+    trajectories: Sequence[Trajectory], wall_time_s: float, *, earlier: Sequence[Trajectory] = ()
+) -> dict[str, Any]:
     """Rollout statistics.
 
     Args:
         trajectories: the finished rollout.
         wall_time_s: wall-clock seconds of the whole rollout.
+        earlier: trajectories an interrupted run of the same rollout finished before (read back from its
+            records); counted in every statistic except the throughput, which `wall_time_s` did not time.
 
     Returns:
         `tasks`, `failed`, `accuracy` (share of all tasks with `res_reward > 0`), `tool_call_rate` (share of finished
-        trajectories with at least one tool call), `mean_turns`, `generated_tokens`, `generated_tokens_per_s`,
-        `llm_time_s` / `env_time_s` / `reward_time_s` (summed over trajectories), `alignment_mismatches`,
-        `retokenize_drift`, `termination_reasons` (counts) and `wall_time_s`.
+        trajectories with at least one tool call), `mean_turns`, `generated_tokens`, `generated_tokens_per_s` (of
+        `trajectories` only), `llm_time_s` / `env_time_s` / `reward_time_s` (summed over trajectories),
+        `alignment_mismatches`, `retokenize_drift`, `termination_reasons` (counts), `wall_time_s` and `resumed`
+        (the number of `earlier` trajectories).
     """
+    timed = sum(t.num_generated_tokens for t in trajectories)
+    trajectories = [*earlier, *trajectories]
     ok = [t for t in trajectories if not t.failed]
     generated = sum(t.num_generated_tokens for t in trajectories)
     reasons: dict[str, int] = {}
@@ -41,7 +48,7 @@ def summarize(trajectories: Sequence[Trajectory], wall_time_s: float) -> dict[st
         "tool_call_rate": _mean([float(t.metrics.get("tool_calls", 0) > 0) for t in ok]),
         "mean_turns": _mean([t.metrics.get("steps", 0) for t in ok]),
         "generated_tokens": generated,
-        "generated_tokens_per_s": generated / wall_time_s if wall_time_s > 0 else 0.0,
+        "generated_tokens_per_s": timed / wall_time_s if wall_time_s > 0 else 0.0,
         "llm_time_s": sum(t.metrics.get("llm_time", 0.0) for t in trajectories),
         "env_time_s": sum(t.metrics.get("env_time", 0.0) for t in trajectories),
         "reward_time_s": sum(t.metrics.get("reward_time", 0.0) for t in trajectories),
@@ -49,4 +56,5 @@ def summarize(trajectories: Sequence[Trajectory], wall_time_s: float) -> dict[st
         "retokenize_drift": sum(t.metrics.get("retokenize_drift", 0) for t in ok),
         "termination_reasons": reasons,
         "wall_time_s": wall_time_s,
+        "resumed": len(earlier),
     }

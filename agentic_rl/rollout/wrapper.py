@@ -180,12 +180,15 @@ class BaseEngineWrapper(abc.ABC):
         tasks: Sequence[dict[str, Any]],
         *,
         on_result: Callable[[Trajectory], None] | None = None,
+        indices: Sequence[int] | None = None,
     ) -> list[Trajectory]:
         """Generate one trajectory per task, concurrently.
 
         Args:
             tasks: dicts with `id`, `question` and `ground_truth`.
             on_result: called with each trajectory as it finishes.
+            indices: each task's batch index (`Trajectory.idx`, which also offsets its sampling seed); default
+                0, 1, ... A run that continues an interrupted one passes its remaining tasks' original positions.
 
         Returns:
             Trajectories in task order. A malformed task gives a failed trajectory (`termination_reason`
@@ -194,7 +197,8 @@ class BaseEngineWrapper(abc.ABC):
             run.
 
         Raises:
-            ConfigError: before any task runs, if the wrapper is not ready (e.g. `initialize()` was not called).
+            ConfigError: before any task runs, if the wrapper is not ready (e.g. `initialize()` was not called), or
+                `indices` is not one distinct int per task.
         """
 
         self._check_ready()
@@ -214,7 +218,8 @@ class BaseEngineWrapper(abc.ABC):
                 return failed_trajectory(idx, checked, TerminationReason.ERROR, error)
             return result
 
-        return await run_tasks(list(tasks), run_one, n_parallel_agents=self.n_parallel_agents, on_result=on_result)
+        return await run_tasks(list(tasks), run_one, n_parallel_agents=self.n_parallel_agents, on_result=on_result,
+                               indices=indices)  # fmt: skip
 
     def _check_ready(self) -> None:  # noqa: B027  (an optional hook: the base wrapper is always ready)
         """Raise `ConfigError` before any task starts if the wrapper cannot generate yet (override as needed)."""

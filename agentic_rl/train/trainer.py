@@ -128,6 +128,22 @@ class GRPOTrainer:
         """The underlying model (unwrapped from DDP)."""
         return getattr(self.model, "module", self.model)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs besides the weights: the optimizer's state and the step counters."""
+        return {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done,
+                "skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive_skips}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (the model's weights are loaded separately).
+
+        Raises:
+            ValueError: from the optimizer, if its saved parameter groups do not fit this model's.
+        """
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = int(state["steps_done"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.consecutive_skips = int(state["consecutive_skips"])
+
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """`(name, tensor)` pairs to push into an engine (`VLLMEngine.update_weights`)."""
         return [(name, p.detach()) for name, p in self.module.named_parameters()]

@@ -81,3 +81,26 @@ def test_build_loggers_names_bad_choices(tmp_path):
         build_loggers(["jsonl", "mlflow"], tmp_path)
     with pytest.raises(ConfigError, match="must not repeat"):
         build_loggers(["jsonl", "jsonl"], tmp_path)
+
+
+def test_resumed_loggers_keep_the_steps_before_resume_from_once(tmp_path):
+    """A run killed after logging step 3 (mid-way through writing the next line) and resumed from step 2: each sink
+    holds steps 1-3 once, with the resumed run's values for step 3."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for sink in build_loggers(["jsonl", "tensorboard"], tmp_path):
+        _log_all(sink)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "reward_m')
+    again = {**ROWS[2], "reward_mean": -1.0}
+    for sink in build_loggers(["jsonl", "tensorboard"], tmp_path, resume_from=3):
+        sink.log(again, step=3)
+        sink.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["reward_mean"]) for r in rows] == [(1, 0.25), (2, 0.5), (3, -1.0)]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("reward_mean")] == [(1, 0.25), (2, 0.5), (3, -1.0)]
+    (tmp_path / "metrics.jsonl").write_text('{"no step": 1}\n')
+    with pytest.raises(ConfigError, match="metrics.jsonl:1: not a row with an integer 'step'"):
+        JsonlLogger(tmp_path / "metrics.jsonl", resume_from=1)

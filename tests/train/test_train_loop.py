@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from launch import free_port_pair
+from processes import cli_env
+from train_runs import write_train_config
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop import load_train_config
@@ -21,27 +22,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def _config(tmp_path: Path, **extra) -> Path:
-    config = {
-        "model": "tiny-random-smollm2", "data": str(ROOT.parent / "shared/data/gsm8k_train.jsonl"),
-        "tools": ["calculator"], "reward": "toy_rewards:e_share", "output_dir": str(tmp_path / "run"), "steps": 2,
-        "rollout": {"tasks_per_step": 2, "group_size": 3, "n_parallel_agents": 8, "max_steps": 1,
-                    "max_prompt_length": 1024, "max_response_length": 64, "sampling": {"temperature": 1.0, "max_tokens": 32}},
-        "engine": {"dtype": "float32", "kv_cache_gib": 0.1},
-        "optimizer": {"lr": 1.0e-3, "micro_batch_size": 3},
-        **extra,
-    }  # fmt: skip
-    path = tmp_path / "train.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-
-
 def test_config_overrides_and_validation(tmp_path):
-    path = _config(tmp_path)
+    path = write_train_config(tmp_path)
     config = load_train_config(path, ["steps=5", "rollout.group_size=8", "optimizer.lr=2e-6"])
     assert (config.steps, config.rollout.group_size, config.optimizer.lr) == (5, 8, 2e-6)
     with pytest.raises(ConfigError, match="rollout.group_size"):
@@ -58,9 +40,9 @@ def test_config_overrides_and_validation(tmp_path):
 
 @pytest.mark.slow
 def test_single_process_training_logs_metrics_advances_weight_versions_and_checkpoints(tmp_path):
-    path = _config(tmp_path, loggers=["jsonl", "tensorboard", "wandb"], eval_data="arithmetic:heldout:4")
+    path = write_train_config(tmp_path, loggers=["jsonl", "tensorboard", "wandb"], eval_data="arithmetic:heldout:4")
     proc = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "train", "--config", str(path), "--no-progress"],
-                          capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT)  # fmt: skip
+                          capture_output=True, text=True, timeout=600, env=cli_env(), cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -129,7 +111,7 @@ def _run_nodes(commands: list[list[str]], logs: Path, timeout_s: float) -> None:
     try:
         for node, cmd in enumerate(commands):
             with (logs / f"node{node}.log").open("w") as log:
-                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=cli_env(), cwd=ROOT,
                                               start_new_session=True))  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -161,10 +143,10 @@ def _assert_identical_moved_weights(run: Path, world: int) -> None:
 
 @pytest.mark.slow
 def test_two_torchrun_ranks_end_with_identical_weights(tmp_path):
-    path = _config(tmp_path)
+    path = write_train_config(tmp_path)
     port = free_port_pair()
     cmd = _train_command(path, "--nproc_per_node=2", f"--master_port={port}")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=_env(), cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=cli_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -179,7 +161,7 @@ def test_two_nodes_train_disjoint_verl_tasks_into_identical_weights(tmp_path, ve
     data = verl_parquet(tmp_path / "train.parquet", n=8)
     rollout = {"tasks_per_step": 1, "group_size": 2, "n_parallel_agents": 2, "max_steps": 1, "max_prompt_length": 1024,
                "max_response_length": 16, "sampling": {"temperature": 1.0, "max_tokens": 16}}  # fmt: skip
-    path = _config(tmp_path, data=str(data), rollout=rollout, optimizer={"lr": 1.0e-3, "micro_batch_size": 2})
+    path = write_train_config(tmp_path, data=str(data), rollout=rollout, optimizer={"lr": 1.0e-3, "micro_batch_size": 2})
     port = free_port_pair()
     launcher = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
                 f"--rdzv_id=two-nodes-{port}", "--local_addr=127.0.0.1", "--max_restarts=0"]  # fmt: skip

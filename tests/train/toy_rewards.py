@@ -1,7 +1,30 @@
-"""A dense toy reward for training smoke tests on a random-weight model (importable as `toy_rewards:e_share`)."""
+"""Dense toy rewards for training smoke tests on a random-weight model (`toy_rewards:e_share`; `e_share_held`
+stops a run at a known point)."""
+
+import os
+import threading
+import time
 
 
 def e_share(task, messages):
     """Share of the letter 'e' in the final answer: varies across random samples, so groups carry signal."""
     text = messages[-1]["content"] if messages else ""
     return text.count("e") / max(len(text), 1)
+
+
+_HELD = {"calls": 0}
+_HELD_LOCK = threading.Lock()
+
+
+def e_share_held(task, messages):
+    """`e_share`, except that with `TOY_REWARD_HOLD_AFTER=N` set, every call after the N-th of this process blocks
+    (at most 300 s, then fails its trajectory): a rollout or training run then stops at a known point, where a test
+    can kill it, instead of racing it."""
+    limit = os.environ.get("TOY_REWARD_HOLD_AFTER")
+    with _HELD_LOCK:
+        _HELD["calls"] += 1
+        held = limit is not None and _HELD["calls"] > int(limit)
+    if held:
+        time.sleep(300)
+        raise TimeoutError("held reward was never released: the test should have killed this process")
+    return e_share(task, messages)

@@ -1,0 +1,214 @@
+"""Training checkpoints that a kill cannot leave half-written, and the state a resumed run continues from.
+
+A checkpoint is a folder (`checkpoints/step_K/`, `checkpoints/final/`) holding the model and tokenizer
+(`save_pretrained`) and `training_state.pt` (what the caller needs to continue: step, optimizer, RNG states...). It
+is written into a temporary folder beside its final place (`.tmp-step_K-*`), every file and the folder are fsynced,
+and the folder is then renamed into place, so a checkpoint folder either is complete or does not exist: a process
+killed while saving leaves only a temporary folder, which `discard_partial` removes, and the previous checkpoint
+intact. Old step checkpoints are removed by renaming them aside first (`.trash-*`), so a kill during removal never
+leaves a half-deleted folder under a checkpoint's name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "FINAL",
+    "STATE_FILE",
+    "Checkpoint",
+    "capture_rng_state",
+    "discard_partial",
+    "latest_checkpoint",
+    "load_state",
+    "prune_checkpoints",
+    "restore_rng_state",
+    "save_checkpoint",
+    "write_atomically",
+]
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "training_state.pt"
+FINAL = "final"
+_STEP = re.compile(r"step_(\d+)")
+_PARTIAL = (".tmp-", ".trash-")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint folder and the step it was taken after (`final`: the run's last step)."""
+
+    path: Path
+    step: int
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(folder: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+    """Make `folder` appear complete or not at all: `write(tmp)` fills a temporary folder beside it, which is
+    fsynced (files, then the folder) and renamed to `folder`. An existing `folder` is replaced.
+
+    Returns:
+        `folder` as a `Path`.
+
+    Raises:
+        Whatever `write` raises (the temporary folder is removed first) and `OSError` from the file system.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
+    try:
+        write(tmp)
+        for root, _dirs, files in os.walk(tmp):
+            for name in files:
+                _fsync(Path(root) / name)
+        _fsync(tmp)
+        if folder.exists():  # no atomic swap of two folders: move the old one aside, then drop it
+            _remove(folder)
+        os.replace(tmp, folder)
+        _fsync(folder.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def _remove(folder: Path) -> None:
+    trash = Path(tempfile.mkdtemp(prefix=f".trash-{folder.name}-", dir=folder.parent))
+    os.replace(folder, trash / folder.name)
+    _fsync(folder.parent)
+    shutil.rmtree(trash)
+
+
+def save_checkpoint(folder: str | os.PathLike[str], model: Any, tokenizer: Any, state: dict[str, Any]) -> Path:
+    """Write `model` and `tokenizer` (`save_pretrained`) and `state` (`torch.save` into `STATE_FILE`) to `folder`
+    atomically (see `write_atomically`).
+
+    Args:
+        folder: e.g. `RUN/checkpoints/step_3`.
+        model: a `transformers` model.
+        tokenizer: its tokenizer.
+        state: tensors, numbers, strings, lists and dicts (loadable with `torch.load(weights_only=True)`).
+
+    Raises:
+        OSError: from the file system.
+    """
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save(state, tmp / STATE_FILE)
+
+    path = write_atomically(folder, write)
+    logger.info("checkpoint written to %s", path)
+    return path
+
+
+def load_state(checkpoint: Checkpoint | str | os.PathLike[str]) -> dict[str, Any]:
+    """The `state` a checkpoint was saved with (`torch.load(weights_only=True)`, on the CPU).
+
+    Raises:
+        FileNotFoundError: if the folder has no `STATE_FILE`.
+    """
+    folder = checkpoint.path if isinstance(checkpoint, Checkpoint) else Path(checkpoint)
+    return torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)
+
+
+def _step_folders(root: Path) -> list[tuple[int, Path]]:
+    found = []
+    for path in root.iterdir() if root.is_dir() else ():
+        match = _STEP.fullmatch(path.name)
+        if match and (path / STATE_FILE).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(root: str | os.PathLike[str], final_step: int) -> Checkpoint | None:
+    """The newest complete checkpoint under `root`: `final` (at `final_step`) if present, else the `step_K` with
+    the highest K. Folders without `STATE_FILE` (written before training states existed) and partial
+    `.tmp-*` / `.trash-*` folders are not checkpoints.
+
+    Returns:
+        None when there is none.
+    """
+    root = Path(root)
+    if (root / FINAL / STATE_FILE).is_file():
+        return Checkpoint(root / FINAL, final_step)
+    steps = _step_folders(root)
+    return Checkpoint(steps[-1][1], steps[-1][0]) if steps else None
+
+
+def discard_partial(root: str | os.PathLike[str]) -> list[Path]:
+    """Remove what a kill during a save or a removal left under `root` (`.tmp-*` and `.trash-*` folders).
+
+    Returns:
+        The folders removed.
+    """
+    root = Path(root)
+    removed = [p for p in (root.iterdir() if root.is_dir() else ()) if p.name.startswith(_PARTIAL)]
+    for path in removed:
+        logger.warning("removing %s, left by a process killed while saving or removing a checkpoint", path)
+        shutil.rmtree(path)
+    return removed
+
+
+def prune_checkpoints(root: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Remove all but the newest `keep` `step_K` checkpoints under `root` (0: keep all; `final` is never removed).
+
+    Returns:
+        The folders removed.
+    """
+    steps = _step_folders(Path(root))
+    doomed = [path for _, path in steps[: max(len(steps) - keep, 0)]] if keep > 0 else []
+    for path in doomed:
+        _remove(path)
+    return doomed
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """The states of Python's `random`, NumPy's global generator (if NumPy is installed), torch's CPU generator
+    and, when CUDA is available, every CUDA device's generator, as `torch.load(weights_only=True)`-safe values."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:
+        pass
+    else:
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back the generator states `capture_rng_state` returned (those this process has)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
