@@ -67,7 +67,7 @@ async def _events(chunks: ChunkStream) -> AsyncIterator[bytes]:
 
 
 def create_app(serving: OpenAIServing) -> FastAPI:
-    """Build the app: `/v1/completions`, `/v1/chat/completions`, `/v1/models`, `/health`, `/v1/trajectories/{id}`.
+    """Build the app: `/v1/completions`, `/v1/chat/completions`, `/v1/models` (and `/v1/models/{id}`), `/health`, `/v1/trajectories/{id}`.
 
     Send the `X-Trajectory-Id` header (or a `trajectory_id` body field) to have a call captured; fetch the
     assembled trajectory from `GET /v1/trajectories/{id}` (`?pop=true` removes it). `stream=true` answers with
@@ -106,6 +106,14 @@ def create_app(serving: OpenAIServing) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         return _JSON(app.state.serving.models())
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> JSONResponse:
+        for entry in app.state.serving.models()["data"]:
+            if entry["id"] == model_id:
+                return _JSON(entry)
+        raise RequestError(f"the model {model_id!r} does not exist", status=404, param="model",
+                           kind="not_found_error")  # fmt: skip
 
     @app.get("/health")
     async def health() -> JSONResponse:

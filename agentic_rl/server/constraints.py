@@ -119,6 +119,42 @@ def _response_schema(request: ChatCompletionRequest) -> dict[str, Any] | None:
     return None
 
 
+def _structured_outputs(fields: dict[str, Any]) -> Any:
+    """vLLM's `StructuredOutputsParams` from a request's `structured_outputs`: known fields, exactly one kind."""
+    import dataclasses
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    known = [f.name for f in dataclasses.fields(StructuredOutputsParams) if not f.name.startswith("_")]
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise RequestError(f"unknown field 'structured_outputs.{unknown[0]}'; known: {', '.join(known)}",
+                           param=f"structured_outputs.{unknown[0]}")  # fmt: skip
+    kinds = [k for k in _STRUCTURED_KINDS if fields.get(k) is not None]
+    if len(kinds) != 1:
+        raise RequestError(f"'structured_outputs' needs exactly one of {', '.join(_STRUCTURED_KINDS)}; got "
+                           f"{', '.join(kinds) or 'none'}", param="structured_outputs")  # fmt: skip
+    try:
+        return StructuredOutputsParams(**fields)
+    except Exception as exc:  # vLLM's own validation errors are not ValueErrors
+        raise RequestError(f"invalid 'structured_outputs': {exc}", param="structured_outputs") from None
+
+
+def _check_schema(schema: dict[str, Any], param: str) -> None:
+    """A 400 naming `param` and xgrammar's reason when the engine could not build a grammar from `schema`."""
+    import xgrammar
+
+    try:
+        xgrammar.Grammar.from_json_schema(json.dumps(schema, ensure_ascii=False), max_whitespace_cnt=MAX_JSON_WHITESPACE)
+    except Exception as exc:  # xgrammar raises RuntimeError with "[time] file:line: reason"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = reason.rsplit(": ", 1)[-1] if "json_schema_converter" in reason else reason
+        raise RequestError(f"invalid JSON schema in '{param}': {reason}", param=param) from None
+
+
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
 def output_constraint(request: SamplingFields) -> Constraint:
     """The constraint a request asks for.
 
@@ -131,16 +167,17 @@ def output_constraint(request: SamplingFields) -> Constraint:
     parse_tools = False
     if isinstance(request, ChatCompletionRequest):
         json_schema = _response_schema(request)
+        if json_schema is not None:
+            _check_schema(json_schema, "response_format.json_schema.schema")
+        for i, tool in enumerate(request.tools or []):
+            _check_schema(tool.parameters, f"tools.{i}.function.parameters")
         tool_format = _tool_format(request, json_schema)
         parse_tools = bool(request.tools) and request.tool_choice != "none"
     if request.structured_outputs is not None:
         if tool_format is not None or json_schema is not None:
             raise RequestError("structured_outputs cannot be combined with a constraining tool_choice, "
                                "parallel_tool_calls=false or response_format", param="structured_outputs")  # fmt: skip
-        try:
-            params = StructuredOutputsParams(**request.structured_outputs)
-        except (TypeError, ValueError) as exc:
-            raise RequestError(f"invalid 'structured_outputs': {exc}", param="structured_outputs") from None
+        params = _structured_outputs(request.structured_outputs)
         return Constraint(params, "structured_outputs", parse_tools)
     if tool_format is None and json_schema is None:
         return Constraint(None, None, parse_tools)

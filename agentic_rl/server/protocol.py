@@ -197,6 +197,13 @@ class SamplingFields(_Strict):
         description="vLLM structured-output constraint, e.g. {'regex': ...} or {'json': schema}.",
     )
 
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _at_most_16_stops(cls, value: Any) -> Any:
+        if isinstance(value, list) and len(value) > 16:
+            raise ValueError(f"at most 16 stop strings, got {len(value)}")
+        return value
+
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)

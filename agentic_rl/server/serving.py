@@ -347,7 +347,17 @@ class OpenAIServing:
                     tg.start_soon(one, i)
         except* EngineError as group:
             raise self._engine_error(call, group.exceptions[0]) from None
+        for r in results:
+            if r is not None and r.finish_reason == "error":
+                raise self._failed_request(call)
         return [r for r in results if r is not None]
+
+    def _failed_request(self, call: PreparedCall) -> Exception:
+        """The error for a request the engine ended with finish_reason `error` (no turn was sampled)."""
+        if call.constraint.param is not None:  # e.g. a grammar the engine could not compile
+            return RequestError(f"the engine could not sample under the constraint from '{call.constraint.param}' "
+                                "(e.g. a recursive schema with no finite value)", param=call.constraint.param)  # fmt: skip
+        return EngineError("the engine ended the request with an error")
 
     async def _deltas(self, call: PreparedCall, i: int) -> AsyncIterator[Generation]:
         sampling = self._choice_sampling(call, i)
@@ -380,6 +390,9 @@ class OpenAIServing:
                 i, item = await arrivals.get()
                 if isinstance(item, Exception):
                     failure = self._engine_error(call, item) if isinstance(item, EngineError) else item
+                    break
+                if item.finish_reason == "error":
+                    failure = self._failed_request(call)
                     break
                 for chunk in self._delta_chunks(call, choices[i], item, first=not sent_any):
                     sent_any = True

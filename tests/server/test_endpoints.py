@@ -41,6 +41,15 @@ def test_health_and_models(base_url):
     models = httpx.get(f"{base_url}/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == MODEL_NAME
     assert models["data"][0]["max_model_len"] == 2048
+    assert httpx.get(f"{base_url}/v1/models/{MODEL_NAME}").json() == models["data"][0]
+    missing = httpx.get(f"{base_url}/v1/models/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+
+
+def test_more_than_16_stop_strings_is_a_400_that_says_so(base_url):
+    r = _post(base_url, "/v1/completions", {**COMPLETION, "stop": [str(i) for i in range(17)]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
+    assert "at most 16 stop strings, got 17" in r.json()["error"]["message"]
 
 
 def test_completion_returns_text_ids_and_logprobs(base_url, tokenizer):

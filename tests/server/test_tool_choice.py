@@ -26,6 +26,10 @@ ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}
                  "additionalProperties": False}  # fmt: skip
 
 
+def _schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
 def _chat(base_url: str, **body) -> dict:
     r = httpx.post(f"{base_url}/v1/chat/completions",
                    json={"model": MODEL_NAME, "messages": ASK, "max_tokens": 96, **body}, timeout=300)  # fmt: skip
@@ -151,10 +155,47 @@ def test_response_format_with_tools_under_auto_is_that_json_or_calls(base_url, t
         ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format"),
         ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-            "x": {"type": "strin"}}}}}], "tool_choice": "required"}, "tools"),  # fmt: skip
+            "x": {"type": "strin"}}}}}], "tool_choice": "required"}, "tools.0.function.parameters"),  # fmt: skip
+        ({"structured_outputs": {}}, "structured_outputs"),
+        ({"structured_outputs": {"json": {"type": "object"}, "regex": "a+"}}, "structured_outputs"),
+        ({"structured_outputs": {"disable_any_whitespace": True}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a+", "bogus": 1}}, "structured_outputs.bogus"),
+        ({"structured_outputs": {"regex": "a+", "_backend": "x"}}, "structured_outputs._backend"),
+        ({"response_format": _schema_format({"type": "bogus"})}, "response_format.json_schema.schema"),
     ],
 )
 def test_bad_tool_choice_tools_and_formats_are_400s_naming_the_field(base_url, body, param):
     r = httpx.post(f"{base_url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **body}, timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("schema", "reason"),
+    [
+        ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength 5 is greater than maxLength 2"),
+        ({"$ref": "#/$defs/nope"}, "Cannot find field $defs"),
+    ],
+)
+@pytest.mark.parametrize("where", ["response_format", "tool"])
+def test_a_schema_the_engine_cannot_compile_is_a_400_that_says_why(base_url, schema, reason, where):
+    if where == "tool":
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "x": schema}}}}  # fmt: skip
+        body, param = {"tools": [CALCULATOR, tool], "tool_choice": "required"}, "tools.1.function.parameters"
+    else:
+        body, param = {"response_format": _schema_format(schema)}, "response_format.json_schema.schema"
+    r = httpx.post(f"{base_url}/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    assert reason in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_recursive_schema_with_no_finite_value_is_a_400_not_an_error_finish(base_url, stream):
+    """xgrammar builds the grammar but the engine cannot compile it: the request ends with finish_reason `error`."""
+    schema = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}
+    r = httpx.post(f"{base_url}/v1/chat/completions", timeout=120, json={
+        "messages": ASK, "max_tokens": 8, "stream": stream, "response_format": _schema_format(schema)})  # fmt: skip
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format"
