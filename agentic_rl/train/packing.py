@@ -117,12 +117,26 @@ class PackedBatch:
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return PackedBatch(**moved)
 
-    def select(self, rows: torch.Tensor) -> PackedBatch:
-        """The batch of the given rows ((K,) int64 indices), same column widths (e.g. one micro-batch).
+    def select(self, rows: torch.Tensor, *, trim: bool = False) -> PackedBatch:
+        """The batch of the given rows ((K,) int64 indices), e.g. one micro-batch.
 
-        Per-row tensors are indexed; trajectory-level fields and token counts are kept whole.
+        Per-row tensors are indexed; trajectory-level fields and token counts are kept whole. With `trim`, the
+        columns that are padding in every selected row are dropped (leading prompt columns, trailing response
+        columns), so a micro-batch of short rows does not compute over the longest row's width; the logprobs of the
+        kept response columns are unchanged (pads are masked and position ids count from each row's first token).
         """
-        return dataclasses.replace(self, **{k: getattr(self, k)[rows] for k in ROW_FIELDS})
+        picked = dataclasses.replace(self, **{k: getattr(self, k)[rows] for k in ROW_FIELDS})
+        if not trim or picked.input_ids.shape[0] == 0:
+            return picked
+        p = picked.prompt_width
+        real = picked.attention_mask.bool().any(0)  # (P + R,) columns holding a real token in some row
+        prompt_real = torch.nonzero(real[:p]).flatten()
+        lead = min(int(prompt_real[0]) if prompt_real.numel() else p, p - 1)  # keep >= 1 prompt column
+        response_real = torch.nonzero(real[p:]).flatten()
+        r = int(response_real[-1]) + 1 if response_real.numel() else 0
+        wide = {k: getattr(picked, k)[:, lead : p + r] for k in ("input_ids", "attention_mask", "position_ids")}
+        narrow = {k: getattr(picked, k)[:, :r] for k in ("responses", "response_mask", "old_logprobs")}
+        return dataclasses.replace(picked, **wide, **narrow, prompt_width=p - lead)
 
 
 @dataclass(slots=True)

@@ -94,7 +94,7 @@ class SFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         nll_total = 0.0
         for rows in torch.split(torch.arange(batch.input_ids.shape[0], device=device), self.micro_batch_size):
-            micro = batch.select(rows)
+            micro = batch.select(rows, trim=True)
             with self._autocast(device):
                 logprobs = response_logprobs(self.model, micro)
             nll, _ = masked_nll(logprobs, micro.response_mask)
@@ -117,7 +117,7 @@ class SFTTrainer:
         self.model.eval()
         nll_total, tokens = 0.0, 0.0
         for rows in torch.split(torch.arange(batch.input_ids.shape[0], device=device), self.micro_batch_size):
-            micro = batch.select(rows)
+            micro = batch.select(rows, trim=True)
             with self._autocast(device):
                 logprobs = response_logprobs(self.model, micro)
             nll, count = masked_nll(logprobs, micro.response_mask)

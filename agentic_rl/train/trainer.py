@@ -192,7 +192,7 @@ class GRPOTrainer:
         chunks = _micro_batches(rows, batch.row_trajectory, cfg.micro_batch_size,
                                 whole_trajectories=cfg.loss_agg_mode == "sequence-mean")  # fmt: skip
         for i, idx in enumerate(chunks):
-            micro = batch.select(idx)
+            micro = batch.select(idx, trim=True)
             sync = i == len(chunks) - 1
             context = self.model.no_sync() if (hasattr(self.model, "no_sync") and not sync) else nullcontext()
             with context:

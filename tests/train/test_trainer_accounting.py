@@ -141,3 +141,23 @@ def test_response_logprobs_through_the_last_columns_only_equal_the_full_forward_
     torch.testing.assert_close(kept, full, rtol=0, atol=1e-5)
     for a, p in zip(grads, model.parameters(), strict=True):
         torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_trimmed_micro_batch_drops_only_padding_and_keeps_every_logprob(tiny):
+    """Rows of different lengths: a micro-batch of the short ones computes over their own width only."""
+    model = copy.deepcopy(tiny).eval()
+    batch = pack_trajectories([_rewritten(0, 1.0), _rewritten(1, 0.0)], pad_token_id=PAD)  # rows: 6+10, 9+5 tokens
+    for rows in (torch.tensor([0]), torch.tensor([1]), torch.tensor([1, 3]), torch.arange(batch.input_ids.shape[0])):
+        full, trimmed = batch.select(rows), batch.select(rows, trim=True)
+        p, r = trimmed.prompt_width, trimmed.responses.shape[1]
+        lead = full.prompt_width - p
+        assert 1 <= p <= full.prompt_width and r <= full.responses.shape[1]
+        # only all-padding columns went away
+        assert not full.attention_mask[:, :lead].any() and not full.attention_mask[:, full.prompt_width + r :].any()
+        assert torch.equal(trimmed.input_ids, full.input_ids[:, lead : full.prompt_width + r])
+        assert torch.equal(trimmed.response_mask, full.response_mask[:, :r])
+        with torch.no_grad():
+            a, b = response_logprobs(model, full)[:, :r], response_logprobs(model, trimmed)
+        on = trimmed.response_mask.bool()
+        torch.testing.assert_close(b[on], a[on], rtol=0, atol=1e-5)
+    assert batch.select(torch.tensor([1]), trim=True).input_ids.shape[1] < batch.input_ids.shape[1]
