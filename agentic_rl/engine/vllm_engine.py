@@ -341,6 +341,11 @@ class VLLMEngine:
         preemption on reset), requests that arrive later wait until the requests in flight have finished and the
         reset succeeded. `weight_version` goes up by one.
 
+        How the weights are loaded follows `config.weight_sync`: on vLLM's CPU backend, an in-place copy through the
+        model's own loaders that re-packs only layers served from a packed copy (see `weight_copy`); elsewhere, or
+        with `reload`, vLLM's `reload_weights`. `last_weight_sync` and the log line say which path ran, and why the
+        in-place copy was not used.
+
         Args:
             named_tensors: `(name, tensor)` pairs in Hugging Face naming (e.g. a training model's
                 `named_parameters()`); a tied `lm_head.weight` is skipped, vLLM derives it from the embedding.
@@ -349,7 +354,8 @@ class VLLMEngine:
             Seconds spent loading.
 
         Raises:
-            EngineError: if vLLM rejects the weights (the engine keeps running on whatever it had loaded).
+            EngineError: if vLLM rejects the weights (the engine keeps running on whatever it had loaded), or a
+                packed layer got only some of its shards (that layer keeps its previous weights).
         """
         tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
 

@@ -3,9 +3,9 @@
 vLLM's `reload_weights` reloads a model layer by layer: it puts every layer's parameters back on the meta device,
 buffers each layer's weights while counting the copied elements under a Python dispatch mode, allocates the layer
 afresh, loads it, re-runs its `process_weights_after_loading` and copies the result back. On the CPU that costs
-12-24x a memcpy of the same bytes. Here the model's own `load_weights` (which knows how q/k/v and gate/up are
-fused) copies each tensor straight into the parameter that serves it, and only the layers whose serving layout
-is not that parameter are re-processed:
+5.6-9.3x a memcpy of the same bytes (SmolLM2, bf16 / fp32; BENCHMARKS.md section 6). Here the model's own
+`load_weights` (which knows how q/k/v and gate/up are fused) copies each tensor straight into the parameter that
+serves it, and only the layers whose serving layout is not that parameter are re-processed:
 
 - A linear layer whose `weight` still has its loaded shape is served from it (vLLM's plain `F.linear` fallback,
   e.g. bf16 on a CPU without AMX): the copy is all.
