@@ -29,8 +29,10 @@ import anyio
 from pydantic import Field
 
 from agentic_rl.config import Config
+from agentic_rl.engine import weight_copy
 from agentic_rl.engine.base import Generation
 from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.engine.weight_copy import ScratchPool
 from agentic_rl.errors import EngineError
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig"]
@@ -61,6 +63,9 @@ class VLLMEngineConfig(Config):
         enable_sleep_mode: let `sleep()` free engine memory while training (GPU/NPU only; ignored on the CPU).
         weight_version: the `weight_version` of the weights in `model` (a resumed training run starts its engine from
             a checkpoint that many updates in).
+        weight_sync: how `update_weights` loads: `in_place` copies into the model's parameters and re-packs only
+            layers served from a packed copy, where vLLM's CPU backend allows it (else, and with `reload`, vLLM's
+            `reload_weights`, which re-processes every layer).
         engine_kwargs: any further `vllm.LLM` keyword arguments.
     """
 
@@ -76,6 +81,7 @@ class VLLMEngineConfig(Config):
     logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] = "raw_logprobs"
     enable_sleep_mode: bool = False
     weight_version: Annotated[int, Field(ge=0)] = 0
+    weight_sync: Literal["in_place", "reload"] = "in_place"
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -183,11 +189,13 @@ class VLLMEngine:
         self._dead: BaseException | None = None
         self._closed = False
         self._weight_version = config.weight_version
+        self.last_weight_sync: str | None = None  # how the last `update_weights` loaded (the path, for logs/tests)
         self._pending: dict[str, concurrent.futures.Future[Generation]] = {}  # owned by the engine thread
         # Engine thread only: True from a weight update whose prefix-cache reset failed until a reset succeeds;
         # meanwhile new requests are held back (`_held`) so that none can reuse KV of the old weights.
         self._stale_cache = False
         self._held: list[tuple[str, list[int], dict[str, Any], Any]] = []
+        self._scratch: ScratchPool = {}  # engine thread only: reused by in-place weight sync
 
     @property
     def max_model_len(self) -> int:
@@ -336,6 +344,11 @@ class VLLMEngine:
         preemption on reset), requests that arrive later wait until the requests in flight have finished and the
         reset succeeded. `weight_version` goes up by one.
 
+        How the weights are loaded follows `config.weight_sync`: on vLLM's CPU backend, an in-place copy through the
+        model's own loaders that re-packs only layers served from a packed copy (see `weight_copy`); elsewhere, or
+        with `reload`, vLLM's `reload_weights`. `last_weight_sync` and the log line say which path ran, and why the
+        in-place copy was not used.
+
         Args:
             named_tensors: `(name, tensor)` pairs in Hugging Face naming (e.g. a training model's
                 `named_parameters()`); a tied `lm_head.weight` is skipped, vLLM derives it from the embedding.
@@ -344,24 +357,32 @@ class VLLMEngine:
             Seconds spent loading.
 
         Raises:
-            EngineError: if vLLM rejects the weights (the engine keeps running on whatever it had loaded).
+            EngineError: if vLLM rejects the weights (the engine keeps running on whatever it had loaded), or a
+                packed layer got only some of its shards (that layer keeps its previous weights).
         """
         tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
 
-        def load(llm: Any) -> float:
+        def load(llm: Any) -> tuple[float, str]:
             t0 = time.perf_counter()
             tied = getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
             weights = [(n, t) for n, t in tensors if not (tied and n.endswith("lm_head.weight"))]
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-            if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
-                llm.apply_model(_refresh_tied_lm_head)
+            why_not = "weight_sync is 'reload'" if self.config.weight_sync == "reload" else weight_copy.unavailable(llm)
+            if why_not is None:
+                stats = weight_copy.copy_weights(llm, weights, self._scratch)
+                path = f"in-place copy of {stats.tensors} tensors, {stats.repacked} layers re-packed"
+            else:
+                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+                if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
+                    llm.apply_model(_refresh_tied_lm_head)
+                path = f"vLLM reload_weights (in-place copy not used: {why_not})"
             # Set on the engine thread before it takes any further request from the inbox.
             self._stale_cache = not _drop_old_kv(llm)
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, path
 
-        seconds = await self.call(load)
+        seconds, path = await self.call(load)
         self._weight_version += 1
-        logger.info("weights updated to version %d in %.2f s", self._weight_version, seconds)
+        self.last_weight_sync = path
+        logger.info("weights updated to version %d in %.2f s: %s", self._weight_version, seconds, path)
         return seconds
 
     def _can_sleep(self) -> bool:

@@ -27,7 +27,18 @@ async def _sample_batch(engine, tokenizer, n=4):
     return pack_trajectories(trajs, pad_token_id=tokenizer.pad_token_id)
 
 
-async def test_synced_weights_reach_the_engine_with_fp32_logprob_parity(fp32_engine, hf_model, tokenizer):
+@pytest.mark.parametrize("weight_sync", ["in_place", "reload"])
+async def test_synced_weights_reach_the_engine_with_fp32_logprob_parity(fp32_engine, hf_model, tokenizer, weight_sync):
+    fp32_engine.config.weight_sync = weight_sync
+    try:
+        await _check_fp32_logprob_parity(fp32_engine, hf_model, tokenizer)
+    finally:
+        fp32_engine.config.weight_sync = "in_place"
+    path = "in-place copy" if weight_sync == "in_place" else "vLLM reload_weights"
+    assert fp32_engine.last_weight_sync.startswith(path), fp32_engine.last_weight_sync
+
+
+async def _check_fp32_logprob_parity(fp32_engine, hf_model, tokenizer):
     original = {n: p.detach().clone() for n, p in hf_model.named_parameters()}
     before = logprob_parity(hf_model, await _sample_batch(fp32_engine, tokenizer))
     assert before["mean_abs_diff"] < 1e-3, before  # same weights, same dtype: packing and masks line up
