@@ -25,6 +25,7 @@ its whole budget on blanks.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -142,14 +143,22 @@ def _structured_outputs(fields: dict[str, Any]) -> Any:
 
 def _check_schema(schema: dict[str, Any], param: str) -> None:
     """A 400 naming `param` and xgrammar's reason when the engine could not build a grammar from `schema`."""
+    reason = _schema_problem(json.dumps(schema, ensure_ascii=False, sort_keys=True))
+    if reason is not None:
+        raise RequestError(f"invalid JSON schema in '{param}': {reason}", param=param)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_problem(schema_json: str) -> str | None:
+    """xgrammar's reason for rejecting a JSON schema, or None (cached: clients resend the same tools every call)."""
     import xgrammar
 
     try:
-        xgrammar.Grammar.from_json_schema(json.dumps(schema, ensure_ascii=False), max_whitespace_cnt=MAX_JSON_WHITESPACE)
+        xgrammar.Grammar.from_json_schema(schema_json, max_whitespace_cnt=MAX_JSON_WHITESPACE)
     except Exception as exc:  # xgrammar raises RuntimeError with "[time] file:line: reason"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        reason = reason.rsplit(": ", 1)[-1] if "json_schema_converter" in reason else reason
-        raise RequestError(f"invalid JSON schema in '{param}': {reason}", param=param) from None
+        return reason.rsplit(": ", 1)[-1] if "json_schema_converter" in reason else reason
+    return None
 
 
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
