@@ -10,18 +10,37 @@ PROMPTS = [list(range(100, 140)), list(range(300, 317))]
 GREEDY = {"max_tokens": 12, "min_tokens": 12, "temperature": 0.0}
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def tiny_engine(request):
-    """A tiny-model engine per dtype: fp32 linears are served from packed oneDNN copies on this CPU, bf16 from
-    their weights (where the CPU has no bf16 oneDNN matmul)."""
+def _tiny_engine(dtype: str):
     from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
     from agentic_rl.models import resolve_model
 
-    eng = VLLMEngine(VLLMEngineConfig(model=resolve_model("tiny-random-smollm2"), dtype=request.param,
-                                      max_model_len=256, kv_cache_gib=0.05))  # fmt: skip
+    eng = VLLMEngine(VLLMEngineConfig(model=resolve_model("tiny-random-smollm2"), dtype=dtype, max_model_len=256,
+                                      kv_cache_gib=0.05))  # fmt: skip
     eng.start_sync()
+    return eng
+
+
+# Session-scoped, never closed before the session ends: closing a vLLM engine in this process tears down vLLM's
+# process-wide parallel state, which every other engine still running (the session engine) needs for its next step.
+@pytest.fixture(scope="session")
+def tiny_fp32_engine():
+    eng = _tiny_engine("float32")
     yield eng
     anyio.run(eng.close)
+
+
+@pytest.fixture(scope="session")
+def tiny_bf16_engine():
+    eng = _tiny_engine("bfloat16")
+    yield eng
+    anyio.run(eng.close)
+
+
+@pytest.fixture(params=["float32", "bfloat16"])
+def tiny_engine(request):
+    """A tiny-model engine per dtype: fp32 linears are served from packed oneDNN copies on this CPU, bf16 from
+    their weights (where the CPU has no bf16 oneDNN matmul)."""
+    return request.getfixturevalue("tiny_fp32_engine" if request.param == "float32" else "tiny_bf16_engine")
 
 
 @pytest.fixture
