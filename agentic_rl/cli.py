@@ -91,7 +91,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number, llm_judge (asks the served model) or module:function")  # fmt: skip
     add("--system-prompt-file", default=None, help="a text file with the system prompt")
     add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
-    add("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
+    add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help="default: bfloat16 on GPUs/NPUs and CPUs with native bf16, else float32")
     add("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
     add("--output-dir", default=None, help="default: runs/rollout-<time>")
     add("--resume", default=None, metavar="RUN_DIR",
@@ -116,7 +116,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=_bounded(int, 0, 65535), default=8000, help="0 picks a free port")
     s.add_argument("--max-model-len", type=_bounded(int, 16), default=4096)
-    s.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "auto"])
+    s.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help="default: bfloat16 on GPUs/NPUs and CPUs with native bf16, else float32")
     s.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0)
     s.add_argument("-v", "--verbose", action="store_true")
     v = sub.add_parser("view", help="write a self-contained HTML page to browse a run's trajectories",
@@ -240,7 +240,7 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
         "cli_agent", tokenizer, sampling, args.max_prompt_length, args.max_response_length, args.n_parallel,
         args.max_steps, model=model_dir, tools=build_tools(tool_names, corpus=args.corpus), reward_fn=reward_fn,
         system_prompt=system_prompt,
-        engine_options={"dtype": args.dtype, "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=judge,
+        engine_options={**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=judge,
     )  # fmt: skip
     resumed = f" ({len(done)} done before, resuming {out_dir})" if resuming else ""
     console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}{resumed}; starting the engine...")
@@ -377,7 +377,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from agentic_rl.server.group import EngineServers
 
     model_dir = resolve_model(args.model)
-    engine = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=args.max_model_len, dtype=args.dtype,
+    engine = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=args.max_model_len, **_dtype_option(args),
                                          kv_cache_gib=args.kv_cache_gib))  # fmt: skip
     engine.start_sync()
     name = args.name or args.model
@@ -432,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentic-rl {args.command}: interrupted", file=sys.stderr)
         return 130
     return 2
+
+
+def _dtype_option(args: argparse.Namespace) -> dict[str, str]:
+    """`{"dtype": ...}` when `--dtype` was given; else empty, and the engine takes its platform's default."""
+    return {"dtype": args.dtype} if args.dtype else {}
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ __all__ = ["SFTConfig", "build_tool_model", "run_sft", "synthesize_traces", "too
 logger = logging.getLogger(__name__)
 
 #: Bump when the recipe changes in a way the config does not show (forces cached tool models to rebuild).
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 
 
 class SFTConfig(Config):
@@ -59,10 +59,10 @@ class SFTConfig(Config):
     data: str = str(SHARED_DATA / "gsm8k_train.jsonl")
     traces: Annotated[int, Field(ge=1)] = 256
     max_calls: Annotated[int, Field(ge=1, le=9)] = 4
-    steps: Annotated[int, Field(ge=1)] = 40
+    steps: Annotated[int, Field(ge=1)] = 24
     batch_size: Annotated[int, Field(ge=1)] = 8
-    micro_batch_size: Annotated[int, Field(ge=1)] = 4
-    lr: Annotated[float, Field(gt=0)] = 1e-4
+    micro_batch_size: Annotated[int, Field(ge=1)] = 8
+    lr: Annotated[float, Field(gt=0)] = 1.5e-4
     weight_decay: Annotated[float, Field(ge=0)] = 0.0
     max_grad_norm: Annotated[float, Field(gt=0)] = 1.0
     bf16_autocast: bool = False

@@ -11,7 +11,7 @@ from typing import Any
 
 from ascend.platform import npu_available
 
-__all__ = ["Platform", "current_platform"]
+__all__ = ["Platform", "cpu_flags", "current_platform"]
 
 _VISIBLE = {"cpu": None, "cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 _BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
@@ -74,12 +74,34 @@ class Platform:
         free, total = module.mem_get_info(local_rank)
         return {"free_bytes": int(free), "total_bytes": int(total), "allocated_bytes": int(module.memory_allocated(local_rank))}
 
+    @property
+    def engine_dtype(self) -> str:
+        """The engine's default dtype: `bfloat16` on accelerators and on CPUs that multiply bf16 natively
+        (`avx512_bf16` or `amx_bf16` on x86, `bf16` on Arm), else `float32`. Without those instructions bf16 is
+        emulated: a SmolLM2-135M rollout on an AVX2-only 2-core x86 VM ran 2.9x slower in bf16 than in fp32."""
+        if self.is_accelerator:
+            return "bfloat16"
+        return "bfloat16" if cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"} else "float32"
+
     def engine_kwargs(self) -> dict[str, Any]:
         """vLLM arguments for this platform. On Ascend, vllm-ascend registers itself as a vLLM platform plugin, so
         `vllm.LLM` needs no device argument; its sleep mode and graph capture follow the same switches as CUDA."""
         if self.kind == "npu":
             return {"enforce_eager": True}  # graph mode on Ascend needs per-model tuning; eager is the safe default
         return {}
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from `/proc/cpuinfo` (`flags` on x86, `Features` on Arm); empty where unreadable."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def current_platform() -> Platform:

@@ -44,12 +44,20 @@ T = TypeVar("T")
 _ADD, _ABORT, _CALL, _STOP = "add", "abort", "call", "stop"
 
 
+def _platform_dtype() -> str:
+    from ascend.device import current_platform
+
+    return current_platform().engine_dtype
+
+
 class VLLMEngineConfig(Config):
     """Options for building the in-process vLLM engine.
 
     Attributes:
         model: path of a local Hugging Face model folder.
-        dtype: weight and activation dtype (`bfloat16`, `float32`, `auto`).
+        dtype: weight and activation dtype (`bfloat16`, `float32`, `auto`: the model folder's). Default: the
+            platform's (`ascend.device.Platform.engine_dtype`): `bfloat16` on accelerators and on CPUs with native
+            bf16 instructions, else `float32`.
         max_model_len: model window in tokens (prompt + response).
         kv_cache_gib: KV-cache size in GiB on the CPU (vLLM's `kv_cache_memory_bytes`); ignored on accelerators,
             which use `gpu_memory_utilization`.
@@ -70,7 +78,7 @@ class VLLMEngineConfig(Config):
     """
 
     model: str | Path
-    dtype: Literal["bfloat16", "float16", "float32", "half", "float", "auto"] = "bfloat16"
+    dtype: Literal["bfloat16", "float16", "float32", "half", "float", "auto"] = Field(default_factory=_platform_dtype)
     max_model_len: Annotated[int, Field(ge=16)] = 4096
     kv_cache_gib: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.5

@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from agentic_rl.errors import ConfigError, TrajectoryError
+from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length, suffix_inputs, takes_past_key_values
 
 __all__ = ["LOG_RATIO_MAX", "LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
 
@@ -30,12 +31,15 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def response_logprobs(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: ANN001  (PackedBatch)
-    """Log-probabilities the model gives each response token of a packed batch.
+def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = True) -> torch.Tensor:  # noqa: ANN001
+    """Log-probabilities the model gives each response token of a packed batch (`PackedBatch`).
 
     Only the R + 1 last columns go through the output head when the model takes `logits_to_keep` (transformers'
     causal LMs do): the prompt columns' logits are never used, and the head (vocabulary x hidden) is a large share
-    of a small model's compute (21% of SmolLM2-135M's forward per token). The values are the same either way.
+    of a small model's compute (21% of SmolLM2-135M's forward per token). With `share_prefix`, the tokens every
+    row opens with (at least `MIN_SHARED_PREFIX`: the system prompt and tool schema, a GRPO group's question) run
+    once and reach the rows through a key/value cache (`train.shared_prefix`). The values and gradients are the
+    same either way, up to float summation order.
 
     Returns:
         (B, R) float32; the logits predicting response token j come from column P - 1 + j.
@@ -43,10 +47,18 @@ def response_logprobs(model: torch.nn.Module, batch) -> torch.Tensor:  # noqa: A
     p = batch.prompt_width
     r = batch.responses.shape[1]
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
-    if _takes_logits_to_keep(model):
-        logits = model(**inputs, logits_to_keep=r + 1).logits[:, :r]  # columns P - 1 ... P + R - 1, less the last
-    else:
-        logits = model(**inputs).logits[:, p - 1 : p - 1 + r]
+    if not _takes_logits_to_keep(model):
+        return token_logprobs(model(**inputs).logits[:, p - 1 : p - 1 + r], batch.responses)
+    k = shared_prefix_length(batch.input_ids, batch.attention_mask, p) if share_prefix else 0
+    if k >= MIN_SHARED_PREFIX and takes_past_key_values(model):
+        start = p - int(batch.attention_mask[0, :p].sum())
+        prefix = batch.input_ids[:1, start : start + k]
+        positions = torch.arange(k, device=prefix.device).unsqueeze(0)
+        cache = model(input_ids=prefix, position_ids=positions, use_cache=True, logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(batch.input_ids.shape[0])
+        inputs = {**suffix_inputs(batch.input_ids, batch.attention_mask, batch.position_ids, p, k),
+                  "past_key_values": cache, "use_cache": True}  # fmt: skip
+    logits = model(**inputs, logits_to_keep=r + 1).logits[:, :r]  # columns P - 1 ... P + R - 1, less the last
     return token_logprobs(logits, batch.responses)
 
 

@@ -164,12 +164,13 @@ class GRPOTrainer:
         Returns:
             Metrics: `loss`, `pg_loss`, `kl`, `clip_fraction` (share of trained tokens any clip cut off),
             `dual_clip_fraction`, `kl_clamp_fraction`, `grad_norm`, `reward_mean` / `reward_std` (over valid
-            trajectories), `valid_trajectories`, `valid_rows` (trained runs), `response_length` (mean sampled tokens
-            per valid trajectory, all runs), `tokens` (= `tokens_trained`), the token accounting of `TokenCounts`
+            trajectories), `valid_trajectories`, `valid_rows` (trained runs), `zero_advantage_rows` (of those,
+            rows whose forward was skipped: advantage 0 and no KL term add exactly nothing to the gradient),
+            `response_length` (mean sampled tokens per valid trajectory, all runs), `tokens` (= `tokens_trained`), the token accounting of `TokenCounts`
             (`tokens_sampled` == `tokens_trained` + `tokens_excluded`, and `tokens_excluded_failed`,
             `tokens_excluded_aborted`, `tokens_excluded_over_length`), `logprob_diff` (mean |trainer - engine|
-            logprob before the update, nats), `step_skipped` (1 if the optimizer step was skipped), `skipped_steps`
-            (so far) and `train_seconds`.
+            logprob before the update, over the rows computed, nats), `step_skipped` (1 if the optimizer step was
+            skipped), `skipped_steps` (so far) and `train_seconds`.
 
         Raises:
             TrainingError: when `max_consecutive_skips` optimizer steps in a row were skipped (the weights no longer
@@ -185,11 +186,19 @@ class GRPOTrainer:
         rows = torch.nonzero(batch.valid & (batch.response_mask.sum(-1) > 0)).flatten()
         total_tokens = float(batch.response_mask[rows].sum())
         total_sequences = int(torch.unique(batch.row_trajectory[rows]).numel())
+        if self.reference is None or cfg.kl_coef == 0:
+            # A row whose advantage is 0 adds exactly 0 to the loss and its gradient (no KL term): skip its forward.
+            # The normalizers above still count it, so the step is the same as with the row.
+            computed = rows[advantages[rows] != 0]
+        else:
+            computed = rows
+        zero_advantage_rows = int(rows.numel() - computed.numel())
+        computed_tokens = float(batch.response_mask[computed].sum())
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "kl_clamp_fraction",
                               "diff"), 0.0)  # fmt: skip
-        chunks = _micro_batches(rows, batch.row_trajectory, cfg.micro_batch_size,
+        chunks = _micro_batches(computed, batch.row_trajectory, cfg.micro_batch_size,
                                 whole_trajectories=cfg.loss_agg_mode == "sequence-mean")  # fmt: skip
         for i, idx in enumerate(chunks):
             micro = batch.select(idx, trim=True)
@@ -215,6 +224,10 @@ class GRPOTrainer:
                 sums[key] += float(getattr(out, key).detach()) * weight
             for key in ("clip_fraction", "dual_clip_fraction", "kl_clamp_fraction"):  # token shares in every mode
                 sums[key] += float(getattr(out, key)) * token_share
+        if rows.numel() and not computed.numel():  # every row skipped: the optimizer still steps on a zero gradient
+            for p in self.module.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
         if self.dist is not None:
             self.dist.allreduce_grads_(self.module)  # every rank joins, even with no rows of its own
         has_grads = any(p.grad is not None for p in self.module.parameters())
@@ -245,10 +258,11 @@ class GRPOTrainer:
             "reward_std": float(valid_rewards.std(unbiased=False)) if valid_rewards.numel() else 0.0,
             "valid_trajectories": int(batch.trajectory_valid.sum()),
             "valid_rows": int(rows.numel()),
+            "zero_advantage_rows": zero_advantage_rows,
             "response_length": float(valid_lengths.mean()) if valid_lengths.numel() else 0.0,
             "tokens": int(total_tokens),
             **batch.tokens.as_metrics(),
-            "logprob_diff": sums["diff"] / total_tokens if total_tokens else 0.0,
+            "logprob_diff": sums["diff"] / computed_tokens if computed_tokens else 0.0,
             "step_skipped": int(skipped),
             "skipped_steps": self.skipped_steps,
             "train_seconds": time.perf_counter() - t0,

@@ -161,3 +161,45 @@ def test_a_trimmed_micro_batch_drops_only_padding_and_keeps_every_logprob(tiny):
         on = trimmed.response_mask.bool()
         torch.testing.assert_close(b[on], a[on], rtol=0, atol=1e-5)
     assert batch.select(torch.tensor([1]), trim=True).input_ids.shape[1] < batch.input_ids.shape[1]
+
+
+def _recorded_step_grads(trainer: GRPOTrainer) -> list[list[torch.Tensor]]:
+    seen: list[list[torch.Tensor]] = []
+    step = trainer.optimizer.step
+
+    def record(*args, **kwargs):
+        seen.append([p.grad.clone() for p in trainer.module.parameters()])
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = record
+    return seen
+
+
+def test_rows_with_zero_advantage_are_not_computed_and_the_gradient_is_the_full_batchs(tiny):
+    """Without a KL term a row of advantage 0 adds nothing: skipping its forward leaves loss and gradient as they were."""
+    trajs = [*_batch(), _rewritten(6, 1.0, task_id="z"), _rewritten(7, 1.0, task_id="z")]  # group z: advantage 0
+    model = copy.deepcopy(tiny).train()
+    batch = pack_trajectories(trajs, pad_token_id=PAD)
+    adv = batch_advantages(batch)
+    whole = grpo_loss(response_logprobs(model, batch, share_prefix=False), batch.old_logprobs, adv,
+                      batch.response_mask, sequence_ids=batch.row_trajectory)  # fmt: skip
+    whole.loss.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    trainer = GRPOTrainer(model, pad_token_id=PAD, config=GRPOConfig(lr=1e-3, micro_batch_size=3, max_grad_norm=1e9))
+    seen = _recorded_step_grads(trainer)
+    stats = trainer.train_step(trajs)
+    # group z's 2 x 2 rows, and the 2 rows of group t's trajectory whose reward (0.5) is its group's mean
+    assert stats["valid_rows"] == 14 and stats["zero_advantage_rows"] == 6 and stats["tokens"] == 84
+    assert stats["loss"] == pytest.approx(whole.loss.item(), rel=1e-4, abs=1e-6)
+    assert len(seen) == 1
+    for got, want in zip(seen[0], expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+
+
+def test_a_batch_of_zero_advantage_rows_still_takes_its_optimizer_step(tiny):
+    trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD, config=GRPOConfig(lr=1e-3))
+    seen = _recorded_step_grads(trainer)
+    stats = trainer.train_step([_rewritten(0, 1.0), _rewritten(1, 1.0)])
+    assert stats["zero_advantage_rows"] == stats["valid_rows"] == 4 and stats["grad_norm"] == 0.0
+    assert len(seen) == 1 and all(not g.any() for g in seen[0])  # a zero gradient, as computing the rows gives

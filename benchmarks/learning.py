@@ -1,0 +1,91 @@
+"""Does GRPO make the policy better? Held-out accuracy before and after a training run, for several seeds.
+
+Runs `agentic-rl train` (a subprocess per seed) on a config that evaluates a fixed held-out set greedily before the
+first step and at the end (`eval_data`), reads `heldout_accuracy` at step 0 and at the last step from
+`metrics.jsonl`, copies each run's `metrics.png` next to the results and writes `learning.json`. Goal per run: held-out
+accuracy up by at least `--min-gain` (absolute), or, if it starts above 0.5, its error rate at least halved, within
+`--max-wall-s` seconds.
+
+    .venv/bin/python benchmarks/learning.py [--config examples/train_arithmetic.yaml] [--seeds 0 1]
+        [--set KEY=VALUE ...] [--min-gain 0.25] [--max-wall-s 1800] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, Goal, save, table, verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_seed(config: str, seed: int, overrides: list[str], runs_dir: Path) -> dict[str, Any]:
+    """Train with `seed`; the held-out accuracy before/after, steps, wall seconds and the run folder."""
+    out = runs_dir / f"learning-seed{seed}"
+    if out.exists():
+        shutil.rmtree(out)
+    command = [sys.executable, "-m", "agentic_rl.cli", "train", "--config", config, "--set", f"seed={seed}",
+               "--set", f"output_dir={out}", *[a for o in overrides for a in ("--set", o)]]  # fmt: skip
+    t0 = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, check=True)
+    wall = time.perf_counter() - t0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in rows if "heldout_accuracy" in r]
+    if len(evals) < 2:
+        raise SystemExit(f"{out}/metrics.jsonl holds {len(evals)} held-out evaluations; the config needs eval_data")
+    curve = [{"step": r["step"], "heldout_accuracy": r["heldout_accuracy"],
+              "heldout_tool_call_rate": r.get("heldout_tool_call_rate"), "heldout_mean_turns": r.get("heldout_mean_turns")}
+             for r in evals]  # fmt: skip
+    plot = RESULTS / f"learning_seed{seed}.png"
+    if (out / "metrics.png").is_file():
+        shutil.copyfile(out / "metrics.png", plot)
+    return {
+        "seed": seed, "heldout_accuracy_before": evals[0]["heldout_accuracy"],
+        "heldout_accuracy_after": evals[-1]["heldout_accuracy"], "steps": max(r["step"] for r in rows),
+        "wall_s": round(wall, 1), "curve": curve, "train_reward_mean": [r.get("reward_mean") for r in rows if r["step"]],
+        "plot": str(plot.relative_to(ROOT)) if plot.is_file() else None, "run_dir": str(out),
+    }  # fmt: skip
+
+
+def improved(before: float, after: float, min_gain: float) -> float:
+    """The run's gain on the goal's scale: accuracy points, or for a start above 0.5 the share of errors removed
+    scaled so that halving the errors equals `min_gain`."""
+    if before > 0.5:
+        return (1 - (1 - after) / (1 - before)) * 2 * min_gain if before < 1 else 0.0
+    return after - before
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="examples/train_arithmetic.yaml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--min-gain", type=float, default=0.25)
+    parser.add_argument("--max-wall-s", type=float, default=1800.0)
+    parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    runs = [run_seed(args.config, seed, args.set, Path(args.runs_dir)) for seed in args.seeds]
+    print(table(["seed", "before", "after", "steps", "wall s"],
+                [[r["seed"], r["heldout_accuracy_before"], r["heldout_accuracy_after"], r["steps"], r["wall_s"]]
+                 for r in runs]))  # fmt: skip
+    goals = []
+    for r in runs:
+        gain = improved(r["heldout_accuracy_before"], r["heldout_accuracy_after"], args.min_gain)
+        goals.append(Goal(f"seed {r['seed']} held-out gain", gain, ">=", args.min_gain))
+        goals.append(Goal(f"seed {r['seed']} wall", r["wall_s"], "<=", args.max_wall_s, unit=" s", digits=0))
+    first = runs[0]
+    results = {"config": args.config, "overrides": args.set, **{k: first[k] for k in (
+        "heldout_accuracy_before", "heldout_accuracy_after", "steps", "wall_s", "seed")}, "runs": runs}  # fmt: skip
+    save("learning", results, out=args.out, goal=verdict(*goals))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The shared-prefix forward: the same logprobs and gradients as the full forward, for fewer token passes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentic_rl.train.loss import response_logprobs
+from agentic_rl.train.packing import pack_trajectories
+from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length
+from agentic_rl.types import Trajectory
+
+PAD = 2
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.models import resolve_model
+
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")), dtype=torch.float32)
+
+
+def _ids(seed: int, n: int) -> list[int]:
+    return torch.randint(100, 4000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _trajectory(prompt: list[int], response: list[int], mask: list[int], idx: int) -> Trajectory:
+    logprobs = [-0.5] * len(response)
+    return Trajectory(prompt_tokens=prompt, response_tokens=response, response_masks=mask,
+                      response_logprobs=logprobs, idx=idx, trajectory_reward=float(idx % 2))  # fmt: skip
+
+
+def _rows(shared: int) -> list[Trajectory]:
+    """Four rows opening with the same `shared` tokens, then prompts and responses of different lengths (one row's
+    prompt is the shared part and a single token more)."""
+    system = _ids(0, shared)
+    tails = [_ids(1, 9), _ids(2, 1), _ids(3, 23), _ids(4, 5)]
+    responses = [_ids(10 + i, n) for i, n in enumerate((7, 12, 3, 9))]
+    masks = [[1, 1, 0, 0, 1, 1, 1], [1] * 12, [1, 1, 1], [1, 0, 1, 0, 1, 0, 1, 1, 1]]
+    return [_trajectory(system + t, r, m, i) for i, (t, r, m) in enumerate(zip(tails, responses, masks, strict=True))]
+
+
+def _logprobs_and_grads(model, batch, share: bool):
+    model.zero_grad()
+    logprobs = response_logprobs(model, batch, share_prefix=share)
+    (logprobs * batch.response_mask).sum().backward()
+    return logprobs.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("shared", [MIN_SHARED_PREFIX, 80])
+def test_the_shared_prefix_forward_gives_the_full_forwards_logprobs_and_gradients(tiny, shared):
+    model = copy.deepcopy(tiny).train()
+    batch = pack_trajectories(_rows(shared), pad_token_id=PAD)
+    assert shared_prefix_length(batch.input_ids, batch.attention_mask, batch.prompt_width) == shared
+    full, full_grads = _logprobs_and_grads(model, batch, share=False)
+    kept, kept_grads = _logprobs_and_grads(model, batch, share=True)
+    on = batch.response_mask.bool()
+    torch.testing.assert_close(kept[on], full[on], rtol=0, atol=1e-5)
+    for a, b in zip(kept_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    trimmed = batch.select(torch.tensor([0, 2]), trim=True)  # a micro-batch: its rows share the same prefix
+    with torch.no_grad():
+        part = response_logprobs(model, trimmed)
+    r = trimmed.responses.shape[1]
+    torch.testing.assert_close(part[trimmed.response_mask.bool()], full[[0, 2], :r][trimmed.response_mask.bool()],
+                               rtol=0, atol=1e-5)  # fmt: skip
+
+
+def test_rows_that_part_early_take_the_plain_forward(tiny):
+    rows = _rows(40)
+    rows[1] = _trajectory([7, *rows[1].prompt_tokens[1:]], rows[1].response_tokens, rows[1].response_masks, 1)
+    batch = pack_trajectories(rows, pad_token_id=PAD)
+    assert shared_prefix_length(batch.input_ids, batch.attention_mask, batch.prompt_width) == 0
+    with torch.no_grad():
+        a = response_logprobs(tiny.eval(), batch, share_prefix=True)
+        b = response_logprobs(tiny.eval(), batch, share_prefix=False)
+    assert torch.equal(a, b)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), min_size=1, max_size=5))
+def test_shared_prefix_length_is_the_common_opening_less_one_token_of_the_shortest_prompt(prompts):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[PAD] * (width - len(p)) + p + [5] for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * (len(p) + 1) for p in prompts])
+    common = 0
+    while all(len(p) > common + 1 for p in prompts) and len({p[common] for p in prompts}) == 1:
+        common += 1
+    expected = common if len(prompts) > 1 else 0
+    assert shared_prefix_length(ids, mask, width) == expected
