@@ -276,9 +276,13 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     with records, Progress(*columns, console=console, disable=args.no_progress) as progress:
         bar = progress.add_task("rollout", total=len(tasks), completed=len(done))
         trajectories, wall = anyio.run(rollout, backend_options=backend_options) if todo else ([], 0.0)
-    summary = summarize(trajectories, wall, earlier=[trajectory_from_dict(done[i]) for i in sorted(done)])
-    summary.update(model=str(model_dir), data=str(args.data), sampling=sampling)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary_path = out_dir / "summary.json"
+    if not todo and summary_path.is_file():  # a finished run resumed: its summary (with its throughput) stands
+        summary = json.loads(summary_path.read_text())
+    else:
+        summary = summarize(trajectories, wall, earlier=[trajectory_from_dict(done[i]) for i in sorted(done)])
+        summary.update(model=str(model_dir), data=str(args.data), sampling=sampling)
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
 
     table = Table(title=f"rollout summary ({out_dir})")
     table.add_column("metric")

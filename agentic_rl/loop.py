@@ -59,6 +59,10 @@ class RolloutSection(Config):
     max_prompt_length: int = Field(default=1024, ge=1, le=128 * 1024)
     max_response_length: int = Field(default=512, ge=1, le=8192)
     sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=1.0, max_tokens=256))
+    toolcall_weight: float = Field(
+        default=0.1, ge=0, allow_inf_nan=False,
+        description="reward per share of well-formed tool calls, added to the answer's reward (0: the answer only)",
+    )  # fmt: skip
 
 
 class EngineSection(Config):
@@ -298,6 +302,7 @@ async def train(
         "trainer", tokenizer, r.sampling, r.max_prompt_length, r.max_response_length, r.n_parallel_agents,
         r.max_steps, model=start.path if start is not None else model_dir, tools=build_tools(config.tools),
         reward_fn=resolve_reward(config.reward), engine_options=engine_options, serve=False,
+        toolcall_weight=r.toolcall_weight,
     )  # fmt: skip
     wrapper.initialize()
     engine = wrapper.engine

@@ -193,6 +193,9 @@ def test_rollout_killed_half_way_and_mid_line_resumes_with_one_record_per_task(t
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["tasks"], summary["resumed"]) == (8, 4)
     assert summary["generated_tokens"] == sum(sum(r["response_mask"]) for r in rows)
+    finished = (out / "summary.json").read_bytes()
+    run(cli_command("rollout", "--resume", str(out), "--no-progress"))  # nothing left to run
+    assert records.read_bytes() == after and (out / "summary.json").read_bytes() == finished  # throughput kept
 
 
 def test_rollout_resume_takes_the_recorded_arguments_and_rejects_others(tmp_path, capsys):

@@ -98,3 +98,11 @@ def test_from_yaml_applies_overrides_and_names_bad_ones(tmp_path):
     path.write_text("- a list\n")
     with pytest.raises(ConfigError, match="YAML mapping"):
         Outer.from_yaml(path)
+
+
+def test_a_training_run_sets_the_weight_of_the_tool_call_reward():
+    assert TrainConfig().rollout.toolcall_weight == 0.1  # as the rollout wrapper's default
+    assert TrainConfig.model_validate({"rollout": {"toolcall_weight": 0}}).rollout.toolcall_weight == 0.0
+    for bad in (-0.1, float("inf")):
+        with pytest.raises(ConfigError, match=r"TrainConfig\.rollout\.toolcall_weight"):
+            TrainConfig.model_validate({"rollout": {"toolcall_weight": bad}})
