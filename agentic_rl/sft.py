@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentic_rl.config import Config
 from agentic_rl.data import SHARED_DATA, iter_jsonl
@@ -32,7 +32,7 @@ __all__ = ["SFTConfig", "build_tool_model", "run_sft", "synthesize_traces", "too
 logger = logging.getLogger(__name__)
 
 #: Bump when the recipe changes in a way the config does not show (forces cached tool models to rebuild).
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 
 
 class SFTConfig(Config):
@@ -41,8 +41,11 @@ class SFTConfig(Config):
     Attributes:
         model: base model (registry name, local folder or hub id).
         data: GSM8K-format JSON Lines (`{"question", "answer"}` with `<<expr=value>>` annotations).
-        traces: how many traces to synthesize (balanced over 1..`max_calls` calculator calls).
+        traces: how many traces to synthesize.
         max_calls: most calculator calls in one trace.
+        call_weights: relative shares of traces with 1, 2, ... `max_calls` calls (`max_calls` numbers). The default
+            favours one call (4:2:1): GSM8K's own mix (mostly 2-4 calls) teaches a model to keep calling after the
+            call that answered, so that it rarely states a result.
         steps: optimizer steps; each takes `batch_size` traces, cycling through them in a seeded order.
         batch_size: traces per optimizer step.
         micro_batch_size: traces per forward/backward.
@@ -58,7 +61,8 @@ class SFTConfig(Config):
     model: str = DEFAULT_MODEL
     data: str = str(SHARED_DATA / "gsm8k_train.jsonl")
     traces: Annotated[int, Field(ge=1)] = 256
-    max_calls: Annotated[int, Field(ge=1, le=9)] = 4
+    max_calls: Annotated[int, Field(ge=1, le=9)] = 3
+    call_weights: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = [4.0, 2.0, 1.0]
     steps: Annotated[int, Field(ge=1)] = 24
     batch_size: Annotated[int, Field(ge=1)] = 8
     micro_batch_size: Annotated[int, Field(ge=1)] = 8
@@ -68,6 +72,13 @@ class SFTConfig(Config):
     bf16_autocast: bool = False
     seed: int = 0
     output_dir: str = "runs/sft"
+
+    @model_validator(mode="after")
+    def _weights_per_call_count(self) -> SFTConfig:
+        if len(self.call_weights) != self.max_calls or sum(self.call_weights) <= 0:
+            raise ValueError(f"call_weights needs max_calls={self.max_calls} numbers with a positive sum, "
+                             f"got {self.call_weights}")  # fmt: skip
+        return self
 
 
 def synthesize_traces(config: SFTConfig, tokenizer: Any) -> tuple[list[Any], dict[str, Any]]:
@@ -90,7 +101,8 @@ def synthesize_traces(config: SFTConfig, tokenizer: Any) -> tuple[list[Any], dic
     from agentic_rl.tools.calculator import CalculatorTool
 
     rows = [row for _, row in iter_jsonl(config.data)]
-    traces = gsm8k_traces(rows, count=config.traces, max_calls=config.max_calls, seed=config.seed)
+    traces = gsm8k_traces(rows, count=config.traces, max_calls=config.max_calls, seed=config.seed,
+                          call_weights=config.call_weights)
     renderer = ChatRenderer(tokenizer)
     environment = ToolEnvironment(
         [CalculatorTool()], system_prompt=DEFAULT_SYSTEM_PROMPT, tools_in_system_prompt=not renderer.supports_tools

@@ -134,18 +134,28 @@ def gsm8k_trace(row: Mapping[str, Any], index: int) -> Trace | None:
 
 
 def gsm8k_traces(
-    rows: Sequence[Mapping[str, Any]], *, count: int, max_calls: int = 4, seed: int = 0
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    count: int,
+    max_calls: int = 4,
+    seed: int = 0,
+    call_weights: Sequence[float] | None = None,
 ) -> list[Trace]:
-    """`count` GSM8K calculator traces with 1 to `max_calls` calls, balanced over the call count.
+    """`count` GSM8K calculator traces with 1 to `max_calls` calls, in set shares of each call count.
 
-    Problems are drawn (seeded) so that each call count from 1 to `max_calls` is about equally common: GSM8K
-    alone has mostly 2-4 annotations, which teaches a model to keep calling even when one call answers.
+    GSM8K alone has mostly 2-4 annotations, which teaches a model to keep calling even when one call answers; so
+    problems are drawn (seeded) per call count: `call_weights[k - 1]` is the relative share of traces with k calls
+    (default: equal shares). A call count with too few problems leaves its share to the others.
 
     Raises:
-        ValueError: if `count` < 1 or `max_calls` < 1.
+        ValueError: if `count` < 1, `max_calls` < 1, or `call_weights` is not `max_calls` non-negative numbers with
+            a positive sum.
     """
     if count < 1 or max_calls < 1:
         raise ValueError(f"count and max_calls must be >= 1, got {count} and {max_calls}")
+    weights = list(call_weights) if call_weights is not None else [1.0] * max_calls
+    if len(weights) != max_calls or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ValueError(f"call_weights must be {max_calls} non-negative numbers with a positive sum, got {weights}")
     by_calls: dict[int, list[Trace]] = {k: [] for k in range(1, max_calls + 1)}
     for index, row in enumerate(rows):
         trace = gsm8k_trace(row, index)
@@ -155,10 +165,13 @@ def gsm8k_traces(
     for bucket in by_calls.values():
         rng.shuffle(bucket)
     chosen: list[Trace] = []
-    while len(chosen) < count and any(by_calls.values()):
-        for k in range(1, max_calls + 1):
-            if by_calls[k] and len(chosen) < count:
-                chosen.append(by_calls[k].pop())
+    taken = dict.fromkeys(by_calls, 0)
+    while len(chosen) < count and any(by_calls[k] for k in by_calls if weights[k - 1] > 0):
+        # the call count furthest below its share takes the next trace
+        k = min((k for k in by_calls if by_calls[k] and weights[k - 1] > 0),
+                key=lambda k: (taken[k] / weights[k - 1], k))  # fmt: skip
+        chosen.append(by_calls[k].pop())
+        taken[k] += 1
     rng.shuffle(chosen)
     return chosen
 

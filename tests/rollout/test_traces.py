@@ -49,6 +49,21 @@ def test_gsm8k_traces_balance_the_call_counts_and_are_seeded(gsm8k_rows):
         gsm8k_traces(rows, count=0)
 
 
+def test_gsm8k_traces_take_each_call_count_in_its_share(gsm8k_rows):
+    rows = gsm8k_rows * 4
+    traces = gsm8k_traces(rows, count=14, max_calls=3, seed=2, call_weights=[4, 2, 1])
+    counts = [len(t.expected_observations) for t in traces]
+    assert (counts.count(1), counts.count(2), counts.count(3)) == (8, 4, 2)
+    short = gsm8k_traces(rows, count=70, max_calls=3, seed=2, call_weights=[4, 2, 1])  # 12 one-call rows only
+    counts = [len(t.expected_observations) for t in short]
+    assert len(short) == 70 and counts.count(1) == 12  # the rest of its share went to the other counts
+    only_one = gsm8k_traces(rows, count=12, max_calls=3, call_weights=[1, 0, 0])
+    assert {len(t.expected_observations) for t in only_one} == {1}
+    for bad in ([1, 1], [-1, 1, 1], [0, 0, 0]):
+        with pytest.raises(ValueError, match="call_weights"):
+            gsm8k_traces(rows, count=4, max_calls=3, call_weights=bad)
+
+
 def _replay(tokenizer, traces):
     renderer = ChatRenderer(tokenizer)
     environment = ToolEnvironment([CalculatorTool()], system_prompt=DEFAULT_SYSTEM_PROMPT,
