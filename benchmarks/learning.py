@@ -75,6 +75,32 @@ def improved(before: float, after: float, min_gain: float) -> float:
     return after - before
 
 
+def draw_curves(runs: list[dict[str, Any]], path: Path) -> None:
+    """Held-out accuracy per evaluation, by step and by minutes from the run's start, one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for r in runs:
+        steps = [c["step"] for c in r["curve"]]
+        minutes = [c["elapsed_s"] / 60 for c in r["curve"]]
+        accuracy = [c["heldout_accuracy"] for c in r["curve"]]
+        axes[0].plot(steps, accuracy, marker="o", label=f"seed {r['seed']}")
+        axes[1].plot(minutes, accuracy, marker="o", label=f"seed {r['seed']}")
+    for ax, xlabel in zip(axes, ("GRPO step", "minutes from the run's start"), strict=True):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("held-out accuracy (greedy)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("GRPO on one-step arithmetic, smollm2-135m-tools, 2-core CPU")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="examples/train_arithmetic.yaml")
@@ -106,6 +132,9 @@ def main() -> None:
     results = {"config": args.config, "overrides": args.set, **{k: first[k] for k in (
         "heldout_accuracy_before", "heldout_accuracy_after", "steps", "wall_s", "seed", "time_to_gain_s")},
         "runs": runs}  # fmt: skip
+    curve = RESULTS / "learning_curve.png"
+    draw_curves(runs, curve)
+    results["curve_plot"] = str(curve.relative_to(ROOT))
     save("learning", results, out=args.out, goal=verdict(*goals))
 
 
