@@ -15,6 +15,7 @@ __all__ = ["main"]
 
 DEFAULT_DATA = "../shared/data/gsm8k_test.jsonl"
 DEFAULT_CORPUS = "../shared/data/corpus.jsonl"
+_DTYPE_HELP = "default: bfloat16 on GPUs/NPUs and on CPUs with native bf16 instructions, else float32"
 #: The rollout's arguments, recorded in its output folder at start (what `rollout --resume` continues with).
 ROLLOUT_ARGS = "args.json"
 # Options that say how to run, not what: never recorded, free to differ on --resume.
@@ -91,7 +92,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number, llm_judge (asks the served model) or module:function")  # fmt: skip
     add("--system-prompt-file", default=None, help="a text file with the system prompt")
     add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
-    add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help="default: bfloat16 on GPUs/NPUs and CPUs with native bf16, else float32")
+    add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
     add("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
     add("--output-dir", default=None, help="default: runs/rollout-<time>")
     add("--resume", default=None, metavar="RUN_DIR",
@@ -116,7 +117,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=_bounded(int, 0, 65535), default=8000, help="0 picks a free port")
     s.add_argument("--max-model-len", type=_bounded(int, 16), default=4096)
-    s.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help="default: bfloat16 on GPUs/NPUs and CPUs with native bf16, else float32")
+    s.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
     s.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0)
     s.add_argument("-v", "--verbose", action="store_true")
     v = sub.add_parser("view", help="write a self-contained HTML page to browse a run's trajectories",

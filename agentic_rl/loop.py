@@ -369,7 +369,8 @@ async def train(
                 "response_length": mean[4], "tokens_per_s": sum(rk[5] for rk in ranks), "rollout_seconds": mean[6],
                 "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": mean[9], **tokens,
                 "step_skipped": stats["step_skipped"], "skipped_steps": stats["skipped_steps"],
-                "zero_advantage_rows": stats["zero_advantage_rows"], "weight_version": engine.weight_version, "trajectories": len(trajectories) * dist.world_size,
+                "zero_advantage_rows": stats["zero_advantage_rows"], "weight_version": engine.weight_version,
+                "trajectories": len(trajectories) * dist.world_size,
             }  # fmt: skip
             last = step + 1 == config.steps
             if eval_tasks and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):
