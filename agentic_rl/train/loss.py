@@ -54,10 +54,12 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
         start = p - int(batch.attention_mask[0, :p].sum())
         prefix = batch.input_ids[:1, start : start + k]
         positions = torch.arange(k, device=prefix.device).unsqueeze(0)
-        cache = model(input_ids=prefix, position_ids=positions, use_cache=True, logits_to_keep=1).past_key_values
-        cache.batch_repeat_interleave(batch.input_ids.shape[0])
-        inputs = {**suffix_inputs(batch.input_ids, batch.attention_mask, batch.position_ids, p, k),
-                  "past_key_values": cache, "use_cache": True}  # fmt: skip
+        cache = getattr(model(input_ids=prefix, position_ids=positions, use_cache=True, logits_to_keep=1),
+                        "past_key_values", None)  # fmt: skip
+        if hasattr(cache, "batch_repeat_interleave"):  # else (a model without a transformers cache): the full forward
+            cache.batch_repeat_interleave(batch.input_ids.shape[0])
+            inputs = {**suffix_inputs(batch.input_ids, batch.attention_mask, batch.position_ids, p, k),
+                      "past_key_values": cache, "use_cache": True}  # fmt: skip
     logits = model(**inputs, logits_to_keep=r + 1).logits[:, :r]  # columns P - 1 ... P + R - 1, less the last
     return token_logprobs(logits, batch.responses)
 
