@@ -1,7 +1,7 @@
 """Engine utilization: the full multi-turn rollout vs the engine's own batch generation of the same tokens.
 
-One in-process vLLM engine (SmolLM2-135M-Instruct, bf16) serves three runs of the same work, one after another in
-one process:
+One in-process vLLM engine (SmolLM2-135M-Instruct, the platform's default dtype) serves three runs of the same work,
+one after another in one process:
 
 1. `rollout`: `n` GSM8K questions, all in flight, each for `turns` turns; after every assistant turn the
    environment runs the real `CalculatorTool` (in a worker thread, as `ToolEnvironment` does) and inserts its
