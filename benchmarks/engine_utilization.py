@@ -7,7 +7,7 @@ one after another in one process:
    environment runs the real `CalculatorTool` (in a worker thread, as `ToolEnvironment` does) and inserts its
    result as a tool observation. Greedy sampling with `min_tokens` so that every turn has real length.
 2. `engine facade`: the same number of sampled tokens per trajectory as one request each through
-   `VLLMEngine.generate` (`ignore_eos`, fixed length), all in flight: the engine thread and futures without turns.
+   `VLLMEngine.generate` (`min_tokens` = `max_tokens`: fixed length), all in flight: the engine thread and futures without turns.
 3. `vLLM offline`: the same requests as one `LLM.generate` call on the engine thread: vLLM's own best case.
 
 utilization = vLLM offline time / rollout time. The rollout also prefills its observations and waits one engine
@@ -78,7 +78,7 @@ async def measure(engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any
     inserted = sum(int((t.response_masks == 0).sum()) for t in trajectories)
 
     def fixed(n: int) -> dict[str, Any]:  # the work of a rollout turn: sampled-token logprobs, no detokenizing
-        return {"temperature": 0.0, "ignore_eos": True, "min_tokens": n, "max_tokens": n, "logprobs": 0, "detokenize": False}
+        return {"temperature": 0.0, "min_tokens": n, "max_tokens": n, "logprobs": 0, "detokenize": False}
 
     await engine.call(lambda llm: llm.reset_prefix_cache())
     t0 = time.perf_counter()
