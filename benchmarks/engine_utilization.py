@@ -130,8 +130,10 @@ def main() -> None:
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model)))
     tasks = load_tasks(DATA, agents)
 
+    config = VLLMEngineConfig(model=model, max_model_len=4096, kv_cache_gib=1.0)
+
     async def run() -> list[dict[str, Any]]:
-        engine = VLLMEngine(VLLMEngineConfig(model=model, max_model_len=4096, kv_cache_gib=1.0))
+        engine = VLLMEngine(config)
         await engine.start()
         try:
             await measure(engine, renderer, tasks[:4], 1, 8, 16)  # warm up
@@ -140,7 +142,7 @@ def main() -> None:
             await engine.close()
 
     runs = anyio.run(run, backend_options={"use_uvloop": True})
-    print(f"engine utilization: {agents} agents x {turns} turns, calculator after every turn, SmolLM2-135M bf16")
+    print(f"engine utilization: {agents} agents x {turns} turns, calculator after every turn, SmolLM2-135M {config.dtype}")
     print(table(["run", "sampled tok", "rollout tok/s", "facade tok/s", "offline tok/s", "utilization"],
                 [(i, r["sampled_tokens"], r["rollout_tok_s"], r["facade_tok_s"], r["offline_tok_s"], r["utilization"])
                  for i, r in enumerate(runs)]))  # fmt: skip
