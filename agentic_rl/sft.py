@@ -52,7 +52,7 @@ class SFTConfig(Config):
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
         max_grad_norm: gradient clipping norm.
-        bf16_autocast: compute in bfloat16 (weights stay fp32). Off by default: on a 2-core x86 VM (AVX-512
+        bf16_autocast: compute in bfloat16 (weights stay fp32). Off by default: on a 2-core x86 VM (no native
             bf16) a SmolLM2-135M forward under bf16 autocast measured 4-14x slower than in fp32; on a GPU turn it on.
         seed: seeds trace selection, batch order and torch.
         output_dir: where the model folder, `manifest.json` and `metrics.jsonl` are written.
