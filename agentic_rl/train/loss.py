@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 
 from agentic_rl.errors import ConfigError, TrajectoryError
-from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length, suffix_inputs, takes_past_key_values
+from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length, suffix_inputs
 
 __all__ = ["LOG_RATIO_MAX", "LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
 
@@ -47,10 +47,10 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
     p = batch.prompt_width
     r = batch.responses.shape[1]
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
-    if not _takes_logits_to_keep(model):
+    if not _forward_takes(model, "logits_to_keep"):
         return token_logprobs(model(**inputs).logits[:, p - 1 : p - 1 + r], batch.responses)
     k = shared_prefix_length(batch.input_ids, batch.attention_mask, p) if share_prefix else 0
-    if k >= MIN_SHARED_PREFIX and takes_past_key_values(model):
+    if k >= MIN_SHARED_PREFIX and _forward_takes(model, "past_key_values"):
         start = p - int(batch.attention_mask[0, :p].sum())
         prefix = batch.input_ids[:1, start : start + k]
         positions = torch.arange(k, device=prefix.device).unsqueeze(0)
@@ -64,9 +64,10 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
     return token_logprobs(logits, batch.responses)
 
 
-def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+def _forward_takes(model: torch.nn.Module, argument: str) -> bool:
+    """Whether `model.forward` names `argument` (transformers' causal LMs take `logits_to_keep`, `past_key_values`)."""
     try:
-        return "logits_to_keep" in inspect.signature(model.forward).parameters
+        return argument in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
 

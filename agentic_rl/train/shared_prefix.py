@@ -9,22 +9,12 @@ forward: the same values and gradients (up to float summation order) for fewer t
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
-__all__ = ["MIN_SHARED_PREFIX", "shared_prefix_length", "suffix_inputs", "takes_past_key_values"]
+__all__ = ["MIN_SHARED_PREFIX", "shared_prefix_length", "suffix_inputs"]
 
 MIN_SHARED_PREFIX = 32
 """Shortest shared prefix (tokens) worth a separate forward pass."""
-
-
-def takes_past_key_values(model: torch.nn.Module) -> bool:
-    """Whether `model.forward` accepts `past_key_values` (transformers' causal LMs do)."""
-    try:
-        return "past_key_values" in inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> int:

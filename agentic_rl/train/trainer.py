@@ -186,12 +186,10 @@ class GRPOTrainer:
         rows = torch.nonzero(batch.valid & (batch.response_mask.sum(-1) > 0)).flatten()
         total_tokens = float(batch.response_mask[rows].sum())
         total_sequences = int(torch.unique(batch.row_trajectory[rows]).numel())
-        if self.reference is None or cfg.kl_coef == 0:
-            # A row whose advantage is 0 adds exactly 0 to the loss and its gradient (no KL term): skip its forward.
-            # The normalizers above still count it, so the step is the same as with the row.
-            computed = rows[advantages[rows] != 0]
-        else:
-            computed = rows
+        with_kl = self.reference is not None and cfg.kl_coef > 0
+        # Without a KL term a row whose advantage is 0 adds exactly 0 to the loss and its gradient: skip its forward.
+        # The normalizers above still count it, so the step is the same as with the row.
+        computed = rows if with_kl else rows[advantages[rows] != 0]
         zero_advantage_rows = int(rows.numel() - computed.numel())
         computed_tokens = float(batch.response_mask[computed].sum())
         self.model.train()
@@ -207,7 +205,7 @@ class GRPOTrainer:
             with context:
                 new = response_logprobs(self.model, micro)
                 ref = None
-                if self.reference is not None and cfg.kl_coef > 0:
+                if with_kl:
                     with torch.no_grad():
                         ref = response_logprobs(self.reference, micro)
                 out = grpo_loss(new, micro.old_logprobs, advantages[idx], micro.response_mask,
