@@ -64,7 +64,7 @@ def engine(model_dir: Path) -> Iterator[Any]:
     """One real in-process vLLM engine (CPU build) on SmolLM2-135M-Instruct, shared by the whole session."""
     from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 
-    eng = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=2048, kv_cache_gib=0.5, dtype="bfloat16"))
+    eng = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=2048, kv_cache_gib=0.5))
     eng.start_sync()
     yield eng
     anyio.run(eng.close)
