@@ -1,7 +1,8 @@
 """Cold-start supervised fine-tuning for tool use, and the `smollm2-135m-tools` model it builds.
 
-`run_sft(config)` synthesizes calculator traces from GSM8K's annotated solutions (`rollout.traces`), records them
-through the real turn loop with the same chat renderer, system prompt and tool schema the rollout uses, and trains
+`run_sft(config)` synthesizes calculator traces from GSM8K's annotated solutions and, when asked, research traces
+(`search`/`visit`) from HotpotQA's supporting facts (`rollout.traces`), records them through the real turn loop with
+the same chat renderer, system prompt and tool schema the rollout uses, and trains
 the masked NLL of the tokens the policy writes (`train.sft`, on the same packing as the GRPO step). The result is a
 Hugging Face folder (weights, tokenizer) with a `manifest.json` (base model, data digest, config, trace counts,
 losses).
@@ -41,11 +42,18 @@ class SFTConfig(Config):
     Attributes:
         model: base model (registry name, local folder or hub id).
         data: GSM8K-format JSON Lines (`{"question", "answer"}` with `<<expr=value>>` annotations).
-        traces: how many traces to synthesize.
+        traces: how many calculator traces to synthesize (0: none).
         max_calls: most calculator calls in one trace.
         call_weights: relative shares of traces with 1, 2, ... `max_calls` calls (`max_calls` numbers). The default
             favours one call (4:2:1): GSM8K's own mix (mostly 2-4 calls) teaches a model to keep calling after the
             call that answered, so that it rarely states a result.
+        research_data: HotpotQA-format JSON Lines (the shared `hotpotqa_dev_distractor_500.jsonl` layout). Traces
+            come from its second half only (rows `n // 2` onward): the first half is the held-out set, so that
+            `agentic-rl rollout --data FILE --limit K` (K <= n // 2) evaluates questions never trained on.
+        research_traces: how many research traces (`search` the question, `visit` the supporting documents, answer
+            in `<answer></answer>`) to synthesize (0: none).
+        research_system_prompt_file: the system prompt the research rollout will use (its `--system-prompt-file`);
+            required with research traces, so that the trained tokens are the ones that rollout sees.
         steps: optimizer steps; each takes `batch_size` traces, cycling through them in a seeded order.
         batch_size: traces per optimizer step.
         micro_batch_size: traces per forward/backward.
@@ -60,9 +68,12 @@ class SFTConfig(Config):
 
     model: str = DEFAULT_MODEL
     data: str = str(SHARED_DATA / "gsm8k_train.jsonl")
-    traces: Annotated[int, Field(ge=1)] = 256
+    traces: Annotated[int, Field(ge=0)] = 256
     max_calls: Annotated[int, Field(ge=1, le=9)] = 3
     call_weights: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = [4.0, 2.0, 1.0]
+    research_data: str = str(SHARED_DATA / "hotpotqa_dev_distractor_500.jsonl")
+    research_traces: Annotated[int, Field(ge=0)] = 0
+    research_system_prompt_file: str | None = None
     steps: Annotated[int, Field(ge=1)] = 24
     batch_size: Annotated[int, Field(ge=1)] = 8
     micro_batch_size: Annotated[int, Field(ge=1)] = 8
@@ -78,41 +89,54 @@ class SFTConfig(Config):
         if len(self.call_weights) != self.max_calls or sum(self.call_weights) <= 0:
             raise ValueError(f"call_weights needs max_calls={self.max_calls} numbers with a positive sum, "
                              f"got {self.call_weights}")  # fmt: skip
+        if self.traces + self.research_traces < 1:
+            raise ValueError("traces and research_traces are both 0: nothing to train on")
+        if self.research_traces and not self.research_system_prompt_file:
+            raise ValueError("research_traces needs research_system_prompt_file: the system prompt of the rollout "
+                             "that will use the model (e.g. examples/deep_research/system_prompt.txt)")  # fmt: skip
         return self
 
 
 def synthesize_traces(config: SFTConfig, tokenizer: Any) -> tuple[list[Any], dict[str, Any]]:
-    """Calculator traces recorded through the real turn loop, as the rollout would record them.
+    """Calculator and research traces recorded through the real turn loop, as the rollout would record them.
 
     Returns:
-        The kept `StepTrajectory` records and their counts (`kept`, `dropped_*`, `alignment_mismatches`,
-        `calls` histogram).
+        The kept `StepTrajectory` records (one family, or both in a seeded mixed order) and their counts (`kept`,
+        `dropped_*`, `alignment_mismatches`, `calls` histogram of tool calls per trace; `research`: the same counts
+        for the research traces).
 
     Raises:
-        ConfigError: if no trace survives.
+        ConfigError: if no trace survives, or the research system prompt file cannot be read.
     """
+    from agentic_rl.chat import ChatRenderer
+
+    renderer = ChatRenderer(tokenizer)
+    kept: list[Any] = []
+    counts: dict[str, Any] = {}
+    if config.traces:
+        kept, counts = _calculator_traces(config, renderer)
+    if config.research_traces:
+        research, counts["research"] = _research_traces(config, renderer)
+        kept = [*kept, *research]
+        if config.traces:
+            random.Random(config.seed).shuffle(kept)
+    if not kept:
+        raise ConfigError(f"no usable trace from {config.data} / {config.research_data}: {counts}")
+    return kept, counts
+
+
+def _replayed(
+    traces: list[Any], renderer: Any, environment: Any, max_steps: int, reward_fn: Any
+) -> tuple[list[Any], dict[str, Any]]:
     import anyio
 
-    from agentic_rl.chat import ChatRenderer
-    from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
     from agentic_rl.rollout.harness import HarnessConfig
-    from agentic_rl.rollout.rewards import gsm8k_reward
-    from agentic_rl.rollout.traces import gsm8k_traces, replay_traces
-    from agentic_rl.tools.calculator import CalculatorTool
+    from agentic_rl.rollout.traces import replay_traces
 
-    rows = [row for _, row in iter_jsonl(config.data)]
-    traces = gsm8k_traces(rows, count=config.traces, max_calls=config.max_calls, seed=config.seed,
-                          call_weights=config.call_weights)
-    renderer = ChatRenderer(tokenizer)
-    environment = ToolEnvironment(
-        [CalculatorTool()], system_prompt=DEFAULT_SYSTEM_PROMPT, tools_in_system_prompt=not renderer.supports_tools
-    )  # the environment ToolAgentEngineWrapper builds for the same tools
-    harness = HarnessConfig(max_steps=config.max_calls + 1, max_prompt_length=4096, max_response_length=4096,
+    harness = HarnessConfig(max_steps=max_steps, max_prompt_length=4096, max_response_length=4096,
                             sampling={"max_tokens": 2048})  # fmt: skip
     kept, stats = anyio.run(lambda: replay_traces(traces, renderer=renderer, environment=environment, config=harness,
-                                                  reward_fn=gsm8k_reward))  # fmt: skip
-    if not kept:
-        raise ConfigError(f"no usable trace from {config.data}: {stats.reasons[:3]}")
+                                                  reward_fn=reward_fn))  # fmt: skip
     calls: dict[str, int] = {}
     for trajectory in kept:
         key = str(trajectory.metrics.get("steps", 0) - 1)
@@ -122,7 +146,46 @@ def synthesize_traces(config: SFTConfig, tokenizer: Any) -> tuple[list[Any], dic
         "dropped_failed": stats.dropped_failed, "dropped_incomplete": stats.dropped_incomplete,
         "alignment_mismatches": sum(t.metrics.get("alignment_mismatches", 0) for t in kept), "calls": calls,
     }  # fmt: skip
+    if stats.reasons:
+        counts["first_drop_reasons"] = stats.reasons[:3]
     return kept, counts
+
+
+def _calculator_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[str, Any]]:
+    from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
+    from agentic_rl.rollout.rewards import gsm8k_reward
+    from agentic_rl.rollout.traces import gsm8k_traces
+    from agentic_rl.tools.calculator import CalculatorTool
+
+    rows = [row for _, row in iter_jsonl(config.data)]
+    traces = gsm8k_traces(
+        rows, count=config.traces, max_calls=config.max_calls, seed=config.seed, call_weights=config.call_weights
+    )
+    environment = ToolEnvironment(
+        [CalculatorTool()], system_prompt=DEFAULT_SYSTEM_PROMPT, tools_in_system_prompt=not renderer.supports_tools
+    )  # the environment ToolAgentEngineWrapper builds for the same tools
+    return _replayed(traces, renderer, environment, config.max_calls + 1, gsm8k_reward)
+
+
+def _research_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[str, Any]]:
+    from agentic_rl.environments.tool_env import ToolEnvironment
+    from agentic_rl.rollout.rewards import hotpotqa_f1_reward
+    from agentic_rl.rollout.traces import hotpotqa_traces
+    from agentic_rl.tools.registry import build_tools
+
+    assert config.research_system_prompt_file is not None  # the config's validator requires it
+    try:
+        system_prompt = Path(config.research_system_prompt_file).read_text()  # read as the rollout CLI reads it
+    except OSError as exc:
+        raise ConfigError(f"research_system_prompt_file: {exc}") from exc
+    rows = [row for _, row in iter_jsonl(config.research_data)]
+    tools = build_tools(["search", "visit"])  # the order `--tools search,visit` gives
+    traces = hotpotqa_traces(rows[len(rows) // 2:], count=config.research_traces, seed=config.seed, search=tools[0],
+                             visit=tools[1])  # fmt: skip
+    environment = ToolEnvironment(
+        tools, system_prompt=system_prompt, tools_in_system_prompt=not renderer.supports_tools
+    )
+    return _replayed(traces, renderer, environment, 8, hotpotqa_f1_reward)
 
 
 def run_sft(
@@ -192,7 +255,9 @@ def tool_model_fingerprint(base_dir: Path) -> dict[str, Any]:
     return {
         "base": marker.read_text().strip() if marker.is_file() else str(base_dir),
         "data_sha256": file_sha256(config.data),
-        "config": config.model_dump(exclude={"output_dir", "data"}),
+        "config": config.model_dump(
+            exclude={"output_dir", "data", "research_data", "research_traces", "research_system_prompt_file"}
+        ),  # fmt: skip
         "recipe_version": RECIPE_VERSION,
     }
 

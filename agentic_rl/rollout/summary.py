@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from agentic_rl.parser import ToolCall, parse_tool_calls
 from agentic_rl.types import Trajectory
 
 __all__ = ["summarize"]
@@ -26,8 +27,11 @@ def summarize(
             records); counted in every statistic except the throughput, which `wall_time_s` did not time.
 
     Returns:
-        `tasks`, `failed`, `accuracy` (share of all tasks with `res_reward > 0`), `tool_call_rate` (share of finished
-        trajectories with at least one tool call), `mean_turns`, `generated_tokens`, `generated_tokens_per_s` (of
+        `tasks`, `failed`, `accuracy` (share of all tasks with `res_reward > 0`), `mean_task_reward` (mean
+        `res_reward` of finished trajectories: the task reward without format bonuses, e.g. answer F1),
+        `tool_call_rate` (share of finished trajectories with at least one tool call), `tool_call_rates` (per tool
+        name: share of finished trajectories whose assistant turns call it, as `parse_tool_calls` reads them),
+        `mean_turns`, `generated_tokens`, `generated_tokens_per_s` (of
         `trajectories` only), `llm_time_s` / `env_time_s` / `reward_time_s` (summed over trajectories),
         `alignment_mismatches`, `retokenize_drift`, `termination_reasons` (counts), `wall_time_s` and `resumed`
         (the number of `earlier` trajectories).
@@ -45,7 +49,9 @@ def summarize(
         "failed": n - len(ok),
         "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / n if n else 0.0,
         "mean_reward": _mean([float(t.trajectory_reward) for t in ok]),
+        "mean_task_reward": _mean([float(t.metrics.get("res_reward", 0.0)) for t in ok]),
         "tool_call_rate": _mean([float(t.metrics.get("tool_calls", 0) > 0) for t in ok]),
+        "tool_call_rates": _tool_call_rates(ok),
         "mean_turns": _mean([t.metrics.get("steps", 0) for t in ok]),
         "generated_tokens": generated,
         "generated_tokens_per_s": timed / wall_time_s if wall_time_s > 0 else 0.0,
@@ -58,3 +64,16 @@ def summarize(
         "wall_time_s": wall_time_s,
         "resumed": len(earlier),
     }
+
+
+def _tool_call_rates(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    called: dict[str, int] = {}
+    for t in trajectories:
+        names = {
+            call.name
+            for message in t.chat_completions if message.get("role") == "assistant"
+            for call in parse_tool_calls(str(message.get("content") or "")) if isinstance(call, ToolCall)
+        }  # fmt: skip
+        for name in names:
+            called[name] = called.get(name, 0) + 1
+    return {name: count / len(trajectories) for name, count in sorted(called.items())}

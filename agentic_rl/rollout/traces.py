@@ -9,6 +9,12 @@ later rollout will produce and read.
 `gsm8k_traces` turns GSM8K solutions into calculator traces: every `<<expression=value>>` annotation becomes one
 calculator call, the last turn restates the solution and ends with the answer on its own line (what
 `gsm8k_reward` reads). A trace whose calculator output disagrees with the annotation is dropped and counted.
+
+`hotpotqa_traces` turns HotpotQA's supporting facts into research traces for the local `search` and `visit` tools:
+search the question, visit each supporting document (searching its title first when no result so far named it),
+then quote the supporting sentences and give the answer in `<answer></answer>` (what `hotpotqa_f1_reward` reads).
+Each tool result the trace expects is computed by the same tools when the trace is built, so a replay that reads
+anything else is dropped.
 """
 
 from __future__ import annotations
@@ -28,9 +34,13 @@ from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment
 from agentic_rl.rollout.harness import HarnessConfig, RewardCallable, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.tools.base import Tool
 from agentic_rl.types import StepTrajectory
 
-__all__ = ["ReplayEngine", "Trace", "TraceStats", "gsm8k_trace", "gsm8k_traces", "replay_traces", "tool_call_text"]
+__all__ = [
+    "ReplayEngine", "Trace", "TraceStats", "gsm8k_trace", "gsm8k_traces", "hotpotqa_trace", "hotpotqa_traces",
+    "replay_traces", "tool_call_text",
+]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -174,6 +184,89 @@ def gsm8k_traces(
         taken[k] += 1
     rng.shuffle(chosen)
     return chosen
+
+
+def _supporting_documents(row: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(corpus id, title) of each distinct supporting-fact title, in order of first mention."""
+    ids = dict(zip((str(title) for title, _ in row["context"]), row["context_doc_ids"], strict=False))
+    documents: dict[str, str] = {}
+    for title, _ in row["supporting_facts"]:
+        if str(title) in ids:
+            documents.setdefault(str(ids[str(title)]), str(title))
+    return list(documents.items())
+
+
+def _supporting_sentences(row: Mapping[str, Any]) -> list[str]:
+    sentences = {str(title): list(lines) for title, lines in row["context"]}
+    picked = []
+    for title, index in row["supporting_facts"]:
+        lines = sentences.get(str(title), [])
+        if isinstance(index, int) and 0 <= index < len(lines) and lines[index].strip():
+            picked.append(f"{title}: {lines[index].strip()}")
+    return picked
+
+
+def hotpotqa_trace(
+    row: Mapping[str, Any], index: int, *, search: Tool, visit: Tool, top_k: int | None = 3
+) -> Trace | None:
+    """A research trace from one HotpotQA row (`question`, `answer`, `supporting_facts`, `context`,
+    `context_doc_ids`, as in the shared data), or None when a supporting document cannot be found by searching.
+
+    Turns: `search` the question (asking for `top_k` hits; None: the tool's default); per supporting document (those the question's results name first, in rank order),
+    `visit` it by id, after a `search` for its title when no earlier result named its id; the last turn quotes the
+    supporting sentences and ends with `<answer>answer</answer>`. `search` and `visit` run here, synchronously, to
+    choose the turns and to fix the tool results the replay must read (`expected_observations`).
+    """
+    documents = _supporting_documents(row)
+    if not documents or not str(row.get("answer", "")).strip():
+        return None
+    question = str(row["question"])
+    turns: list[str] = []
+    observations: list[str] = []
+
+    def call(tool: Tool, arguments: dict[str, Any]) -> str:
+        observation = str(tool.execute(arguments))
+        turns.append(tool_call_text(tool.name, arguments))
+        observations.append(observation)
+        return observation
+
+    def query(text: str) -> dict[str, Any]:
+        return {"query": text} if top_k is None else {"query": text, "top_k": top_k}
+
+    first = call(search, query(question))
+    documents.sort(key=lambda doc: first.find(f"[{doc[0]}]") if f"[{doc[0]}]" in first else len(first))
+    for doc_id, title in documents:
+        if not any(f"[{doc_id}]" in seen for seen in observations) and f"[{doc_id}]" not in call(search, query(title)):
+            return None
+        call(visit, {"id": doc_id})
+    answer = str(row["answer"]).strip()
+    facts = "\n".join(f"- {line}" for line in _supporting_sentences(row))
+    turns.append(f"The documents say:\n{facts}\n<answer>{answer}</answer>" if facts else f"<answer>{answer}</answer>")
+    task = {"id": row.get("id", index), "question": question, "ground_truth": answer}
+    return Trace(task=task, turns=tuple(turns), expected_observations=tuple(observations))
+
+
+def hotpotqa_traces(
+    rows: Sequence[Mapping[str, Any]], *, count: int, seed: int = 0, search: Tool, visit: Tool, top_k: int | None = 3
+) -> list[Trace]:
+    """Up to `count` research traces (`hotpotqa_trace`) from `rows`, drawn in a seeded order; rows without a trace
+    (a supporting document no search finds) are skipped.
+
+    Raises:
+        ValueError: if `count` < 1.
+    """
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    traces: list[Trace] = []
+    for i in order:
+        if len(traces) == count:
+            break
+        trace = hotpotqa_trace(rows[i], i, search=search, visit=visit, top_k=top_k)
+        if trace is not None:
+            traces.append(trace)
+    return traces
 
 
 async def replay_traces(

@@ -101,3 +101,65 @@ def test_a_trace_whose_tool_result_disagrees_is_dropped_and_counted(tokenizer):
     assert (stats.kept, stats.dropped_observation_mismatch, stats.dropped_incomplete) == (1, 1, 1)
     assert any("'5' != '6'" in reason for reason in stats.reasons), stats.reasons
     assert json.dumps(stats.reasons)  # plain strings, for the manifest
+
+
+def _hotpotqa_rows():
+    from agentic_rl.data import SHARED_DATA, iter_jsonl
+
+    path = SHARED_DATA / "hotpotqa_dev_distractor_500.jsonl"
+    if not path.is_file():
+        pytest.skip(f"shared data not found at {path}")
+    return [row for _, row in iter_jsonl(path)]
+
+
+def test_hotpotqa_traces_search_then_visit_each_supporting_document_and_replay_exactly(tokenizer):
+    from agentic_rl.rollout.rewards import hotpotqa_f1_reward
+    from agentic_rl.rollout.traces import hotpotqa_traces
+    from agentic_rl.tools.registry import build_tools
+
+    rows = _hotpotqa_rows()[250:]
+    search, visit = build_tools(["search", "visit"])
+    traces = hotpotqa_traces(rows, count=12, seed=3, search=search, visit=visit)
+    assert len(traces) == 12 and traces == hotpotqa_traces(rows, count=12, seed=3, search=search, visit=visit)
+    by_id = {row["id"]: row for row in rows}
+    for trace in traces:
+        row = by_id[trace.task["id"]]
+        calls = [parse_tool_calls(turn) for turn in trace.turns[:-1]]
+        assert all(len(turn) == 1 for turn in calls)
+        names = [turn[0].name for turn in calls]
+        assert calls[0][0].arguments == {"query": row["question"], "top_k": 3}
+        visited = [turn[0].arguments["id"] for turn in calls if turn[0].name == "visit"]
+        assert sorted(visited) == sorted(row["supporting_doc_ids"]) and names.count("search") == len(names) - 2
+        for j, turn in enumerate(calls):  # each visited id was listed by an earlier result
+            if turn[0].name == "visit":
+                assert any(f"[{turn[0].arguments['id']}]" in seen for seen in trace.expected_observations[:j])
+        assert trace.turns[-1].endswith(f"<answer>{row['answer']}</answer>")
+    renderer = ChatRenderer(tokenizer)
+    environment = ToolEnvironment([search, visit], system_prompt="Research the question.",
+                                  tools_in_system_prompt=not renderer.supports_tools)  # fmt: skip
+    config = HarnessConfig(max_steps=8, max_prompt_length=4096, max_response_length=4096, sampling={"max_tokens": 512})
+    kept, stats = anyio.run(lambda: replay_traces(traces, renderer=renderer, environment=environment, config=config,
+                                                  reward_fn=hotpotqa_f1_reward))  # fmt: skip
+    assert stats.kept == len(kept) == len(traces), stats.reasons
+    for trajectory, trace in zip(kept, traces, strict=True):
+        assert trajectory.metrics["alignment_mismatches"] == 0 and trajectory.metrics["res_reward"] == 1.0
+        sampled = [i for i, m in zip(trajectory.response_tokens.tolist(), trajectory.response_masks.tolist(),
+                                     strict=True) if m]  # fmt: skip
+        assert sampled == [i for turn in trace.turns for i in [*renderer.encode(turn), renderer.end_of_turn_id]]
+    from agentic_rl.rollout.summary import summarize
+
+    summary = summarize(kept, 1.0)
+    assert summary["tool_call_rates"] == {"search": 1.0, "visit": 1.0} and summary["mean_task_reward"] == 1.0
+    assert summary["mean_turns"] == sum(len(t.turns) for t in traces) / len(traces)
+
+
+def test_a_hotpotqa_row_without_a_findable_document_or_an_answer_gives_no_trace():
+    from agentic_rl.rollout.traces import hotpotqa_trace
+    from agentic_rl.tools.registry import build_tools
+
+    search, visit = build_tools(["search", "visit"])
+    row = dict(_hotpotqa_rows()[300])
+    assert hotpotqa_trace(row, 0, search=search, visit=visit) is not None
+    missing = {**row, "context_doc_ids": ["hp99999"] * len(row["context"])}  # no search ever lists it
+    assert hotpotqa_trace(missing, 0, search=search, visit=visit) is None
+    assert hotpotqa_trace({**row, "answer": " "}, 0, search=search, visit=visit) is None

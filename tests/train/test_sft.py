@@ -85,3 +85,33 @@ def test_a_derived_model_is_built_once_and_rebuilt_when_its_recipe_changes(tmp_p
     with pytest.raises(ModelError, match="building broken-model failed: RuntimeError: the recipe broke"):
         resolve_model("broken-model", cache_dir=cache)
     assert not (cache / "broken-model").exists()
+
+
+def test_research_traces_come_from_the_second_half_and_need_the_rollouts_system_prompt(tokenizer, tmp_path):
+    from agentic_rl.data import SHARED_DATA, iter_jsonl
+    from agentic_rl.sft import SFTConfig, synthesize_traces, tool_model_fingerprint
+
+    data = SHARED_DATA / "hotpotqa_dev_distractor_500.jsonl"
+    if not data.is_file():
+        pytest.skip(f"shared data not found at {data}")
+    with pytest.raises(ValueError, match="research_system_prompt_file"):
+        SFTConfig(research_traces=4)
+    with pytest.raises(ValueError, match="nothing to train on"):
+        SFTConfig(traces=0)
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Research the question; answer in <answer></answer>.\n")
+    config = SFTConfig(traces=6, research_traces=4, research_data=str(data), research_system_prompt_file=str(prompt))
+    kept, counts = synthesize_traces(config, tokenizer)
+    rows = [row for _, row in iter_jsonl(data)]
+    held_out = {row["id"] for row in rows[: len(rows) // 2]}
+    research = [t for t in kept if t.task["id"] in {row["id"] for row in rows}]
+    assert len(kept) == 10 and len(research) == 4 and not held_out & {t.task["id"] for t in research}
+    assert counts["kept"] == 6 and counts["research"]["kept"] == 4 and counts["research"]["alignment_mismatches"] == 0
+    assert all(t.chat_completions[0]["content"].startswith(prompt.read_text()) for t in research)
+    assert synthesize_traces(config, tokenizer)[0][0].task == kept[0].task  # seeded mix
+    with pytest.raises(ConfigError, match="research_system_prompt_file"):
+        synthesize_traces(config.model_copy(update={"research_system_prompt_file": str(tmp_path / "none.txt")}),
+                          tokenizer)  # fmt: skip
+    # the registry model's recipe has no research traces, and its fingerprint does not name the research options
+    assert not {"research_data", "research_traces", "research_system_prompt_file"} & set(
+        tool_model_fingerprint(tmp_path)["config"])
