@@ -262,7 +262,8 @@ class TrajectoryRecorder:
             response_logprobs=logprobs,
             idx=idx,
             chat_completions=template_messages(chat, None),
-            metrics={"steps": len(turns), "continuous": run_start == 0, "generated_tokens": sum(mask)},
+            metrics={"steps": len(turns), "continuous": run_start == 0,
+                     "generated_tokens": sum(len(t.response_ids) for t in turns)},  # every run, like a rollout
             termination_reason="captured",
             task={"trajectory_id": trajectory_id},
             steps=steps,

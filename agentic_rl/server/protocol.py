@@ -68,7 +68,8 @@ UNSUPPORTED_FIELDS: dict[str, dict[str, Any]] = {
     "completion": {"echo": False, "best_of": 1, "suffix": None, "logit_bias": {}},
 }  # fmt: skip
 
-_Float = Annotated[float, Field(strict=False, allow_inf_nan=False)]
+# Strict: an int is a number, a string such as "0.5" or a bool is a 400, as in the OpenAI API.
+_Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # apply_chat_template's own arguments: chat_template_kwargs may not override them.
 _TEMPLATE_ARGUMENTS = frozenset({
     "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",

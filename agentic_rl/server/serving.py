@@ -29,6 +29,7 @@ from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, parse_tool_calls
 from agentic_rl.server.capture import CapturedTurn, TrajectoryRecorder
 from agentic_rl.server.constraints import Constraint, output_constraint
 from agentic_rl.server.protocol import (
+    TRAJECTORY_HEADER,
     ChatCompletionRequest,
     CompletionRequest,
     RequestError,
@@ -247,7 +248,14 @@ class OpenAIServing:
         if request.model is not None and request.model != self.model_name:
             raise RequestError(f"model {request.model!r} does not exist; this server serves {self.model_name!r}",
                                status=404, param="model", kind="not_found_error")  # fmt: skip
-        tid = header_id or request.trajectory_id
+        if header_id is not None and not 1 <= len(header_id) <= 256:
+            raise RequestError(f"the {TRAJECTORY_HEADER} header must hold 1 to 256 characters, got {len(header_id)}",
+                               param="trajectory_id")  # fmt: skip
+        if header_id is not None and request.trajectory_id is not None and header_id != request.trajectory_id:
+            raise RequestError(f"the {TRAJECTORY_HEADER} header ({header_id!r}) and the body's trajectory_id "
+                               f"({request.trajectory_id!r}) name different trajectories: give one, or the same id",
+                               param="trajectory_id")  # fmt: skip
+        tid = header_id if header_id is not None else request.trajectory_id
         if tid is not None and request.n != 1:
             raise RequestError("trajectory capture records one sample per call: use n=1", param="n")
         return tid

@@ -47,6 +47,7 @@ def test_openai_style_tool_loop_is_captured_as_one_exact_token_sequence(base_url
     assert record["response_mask"] == [1] * len(t1) + [0] * len(glue) + [1] * len(t2)
     assert record["response_logprobs"][: len(t1)] == first["choices"][0]["sampled_logprobs"]
     assert record["metrics"]["continuous"] is True and record["metrics"]["steps"] == 2
+    assert record["metrics"]["generated_tokens"] == len(t1) + len(t2)
     assert record["chat_completions"][1]["content"].startswith("<tool_call>")  # calls kept as the model wrote them
 
 
@@ -61,6 +62,8 @@ def test_rewritten_history_starts_a_new_exact_run_and_steps_keep_their_ids(base_
     assert record["prompt_ids"] == second["prompt_token_ids"]
     assert record["response_ids"] == second["choices"][0]["token_ids"]
     assert [s["info"]["continued"] for s in record["steps"]] == [False, False]
+    # every sampled token is counted, the first run's too, as a rollout counts them
+    assert record["metrics"]["generated_tokens"] == sum(len(r["choices"][0]["token_ids"]) for r in (first, second))
     assert httpx.get(f"{base_url}/v1/trajectories/{tid}").status_code == 404  # popped
     assert first["choices"][0]["token_ids"]
 

@@ -47,6 +47,18 @@ def test_null_stands_for_the_default(base_url):
         assert choice["logprobs"] is None and 1 <= body["usage"]["completion_tokens"] <= 128
 
 
+def test_integers_are_numbers_and_a_trajectory_id_is_named_once(base_url):
+    body = {"prompt": "Hello,", "max_tokens": 2, "temperature": 0, "top_p": 1, "presence_penalty": 0, "min_p": 0}
+    assert _ok(base_url, "/v1/completions", body)["choices"]
+    for headers, field, agree in (({"X-Trajectory-Id": "a"}, "a", True), ({"X-Trajectory-Id": "a"}, "b", False),
+                                  ({"X-Trajectory-Id": ""}, None, False), ({"X-Trajectory-Id": "x" * 257}, None, False)):
+        sent = {**body, "n": 1} if field is None else {**body, "trajectory_id": field}
+        r = _post(base_url, "/v1/completions", sent, headers=headers)
+        assert r.status_code == (200 if agree else 400), r.text[:300]
+        if not agree:
+            assert r.json()["error"]["param"] == "trajectory_id"
+
+
 def test_openai_fields_that_do_not_change_the_output_are_accepted(base_url):
     ignored = {"user": "u-1", "metadata": {"run": "a"}, "store": False, "service_tier": "auto",
                "prompt_cache_key": "k", "prompt_cache_retention": "24h", "safety_identifier": "s"}  # fmt: skip
@@ -169,6 +181,12 @@ _SURROGATE = b'{"messages": [{"role": "user", "content": "a\\udc80b"}]}'
         (b'{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", 5]}', "stop"),
         (b'{"messages": [{"role": "user", "content": "hi"}], "trajectory_id": ""}', "trajectory_id"),
         (b'{"prompt": "hi", "stop_token_ids": [1000000000]}', "stop_token_ids"),
+        # numbers are JSON numbers: no string or bool stands in for one (the OpenAI API rejects them too)
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "0.5"}', "temperature"),
+        (b'{"prompt": "hi", "top_p": "1"}', "top_p"),
+        (b'{"prompt": "hi", "presence_penalty": true}', "presence_penalty"),
+        (b'{"prompt": "hi", "max_tokens": "4"}', "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": "true"}', "logprobs"),
     ],
 )
 def test_bad_values_are_400s_never_500s(base_url, raw, param):
