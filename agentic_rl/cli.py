@@ -362,9 +362,10 @@ def _run_sft(args: argparse.Namespace) -> int:
             progress.update(bar, advance=1, description=f"loss {row['loss']:.3f}")
 
         manifest = run_sft(config, on_step=on_step)
-    traces = manifest["traces"]
-    print(f"fine-tuned {config.model} on {traces['kept']} traces ({traces['dropped_observation_mismatch']} dropped: "
-          f"calculator disagreed) into {config.output_dir}: loss {manifest['first_loss']:.3f} -> "
+    families = [manifest["traces"], manifest["traces"].get("research", {})]  # calculator counts, research counts
+    kept, dropped = (sum(f.get(key, 0) for f in families) for key in ("kept", "dropped_observation_mismatch"))
+    print(f"fine-tuned {config.model} on {kept} traces ({dropped} dropped: a tool result disagreed) into "
+          f"{config.output_dir}: loss {manifest['first_loss']:.3f} -> "
           f"{manifest['last_loss']:.3f}, held-out NLL {manifest['held_out_nll_before']:.3f} -> "
           f"{manifest['held_out_nll_after']:.3f} in {manifest['seconds']:.0f} s")  # fmt: skip
     return 0

@@ -217,3 +217,19 @@ def test_rollout_resume_takes_the_recorded_arguments_and_rejects_others(tmp_path
     assert main(["rollout", "--resume", str(run_dir), "--limit", "3", "--output-dir", str(run_dir), "-v"]) == 2
     err = capsys.readouterr().err
     assert "task id 7" in err and "the tasks changed since the run started" in err
+
+
+def test_sft_command_trains_research_and_calculator_traces_and_writes_the_manifest(tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Research the question; answer in <answer></answer>.\n")
+    out = tmp_path / "sft"
+    cmd = [sys.executable, "-m", "agentic_rl.cli", "sft", "--no-progress", "--set", "model=tiny-random-smollm2",
+           "--set", "traces=2", "--set", "research_traces=2", "--set", f"research_system_prompt_file={prompt}",
+           "--set", "steps=1", "--set", "batch_size=4", "--set", "micro_batch_size=2", "--set", f"output_dir={out}"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"fine-tuned tiny-random-smollm2 on 4 traces \(0 dropped", proc.stdout), proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["traces"]["kept"] == 2 and manifest["traces"]["research"]["kept"] == 2
+    assert manifest["config"]["research_traces"] == 2 and (out / "config.json").is_file()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
