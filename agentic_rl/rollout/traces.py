@@ -212,9 +212,10 @@ def hotpotqa_trace(
     """A research trace from one HotpotQA row (`question`, `answer`, `supporting_facts`, `context`,
     `context_doc_ids`, as in the shared data), or None when a supporting document cannot be found by searching.
 
-    Turns: `search` the question (asking for `top_k` hits; None: the tool's default); per supporting document (those the question's results name first, in rank order),
-    `visit` it by id, after a `search` for its title when no earlier result named its id; the last turn quotes the
-    supporting sentences and ends with `<answer>answer</answer>`. `search` and `visit` run here, synchronously, to
+    Turns: `search` the question (asking for `top_k` hits; None: the tool's default); per supporting document (those
+    the question's results name first, in rank order), `visit` it by id, after a `search` for its title when no
+    earlier result named its id; the last turn quotes the supporting sentences and ends with
+    `<answer>answer</answer>`. `search` and `visit` run here, synchronously, to
     choose the turns and to fix the tool results the replay must read (`expected_observations`).
     """
     documents = _supporting_documents(row)
