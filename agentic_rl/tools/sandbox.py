@@ -382,7 +382,9 @@ class SandboxTool(StatefulTool):
         max_file_mb: largest file a sandbox process may write, in MiB (``RLIMIT_FSIZE``), and the size of each
             private tmpfs (``/tmp``, ``/var/tmp``, ``/dev/shm``) in the namespace modes.
         max_code_bytes: longest accepted `code` argument, in UTF-8 bytes.
-        startup_timeout_s: wall-clock limit for starting one interpreter, in seconds.
+        startup_timeout_s: wall-clock limit for starting one interpreter, in seconds. An interpreter starts in well
+            under a second on an idle machine; the default (60) is a hang guard that also holds on a machine loaded
+            many times over (a start there took over 15 s).
         isolation: ``"auto"`` (the strongest mode that works here) or one of ``"namespaces"``, ``"userns"``,
             ``"uid"``, ``"none"`` to require that mode (`session_start` raises `ToolError` when it does not work).
 
@@ -414,7 +416,7 @@ class SandboxTool(StatefulTool):
         max_processes: int = 64,
         max_file_mb: int = 64,
         max_code_bytes: int = 100_000,
-        startup_timeout_s: float = 15.0,
+        startup_timeout_s: float = 60.0,
         isolation: str = "auto",
     ) -> None:
         for label, value in [

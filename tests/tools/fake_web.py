@@ -59,6 +59,7 @@ class Fault:
     body: Any = None
     delay_s: float = 0.0
     headers: dict[str, str] | None = None
+    gather: int = 0  # hold the answer until this many requests with a gather fault have arrived (at most 60 s)
 
 
 def slow(delay_s: float) -> Fault:
@@ -116,6 +117,9 @@ class FakeWeb:
         self._lock = threading.Lock()
         self._plans: dict[str, deque[Fault]] = defaultdict(deque)
         self.requests: dict[str, list[Recorded]] = defaultdict(list)
+        self.in_flight: dict[str, int] = defaultdict(int)
+        self.max_in_flight: dict[str, int] = defaultdict(int)
+        self._gathered: dict[str, int] = defaultdict(int)
         self.pages: dict[str, str] = {}
         self.thread: ServerThread | None = None
 
@@ -143,6 +147,8 @@ class FakeWeb:
         with self._lock:
             self._plans.clear()
             self.requests.clear()
+            self.max_in_flight.clear()
+            self._gathered.clear()
             self.pages.clear()
 
     async def _intake(self, service: str, request: Request) -> tuple[Any, Response | None]:
@@ -157,8 +163,22 @@ class FakeWeb:
         with self._lock:
             self.requests[service].append(record)
             fault = self._plans[service].popleft() if self._plans[service] else None
+            self.in_flight[service] += 1
+            self.max_in_flight[service] = max(self.max_in_flight[service], self.in_flight[service])
+            if fault is not None and fault.gather:
+                self._gathered[service] += 1
+        try:
+            return await self._apply(service, body, fault)
+        finally:
+            with self._lock:
+                self.in_flight[service] -= 1
+
+    async def _apply(self, service: str, body: Any, fault: Fault | None) -> tuple[Any, Response | None]:
         if fault is None:
             return body, None
+        deadline = time.monotonic() + 60.0
+        while fault.gather and self._gathered[service] < fault.gather and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         if fault.delay_s:
             await asyncio.sleep(fault.delay_s)
         if fault.status == 200 and fault.body is None:

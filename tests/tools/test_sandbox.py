@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import anyio
 import pytest
@@ -74,7 +75,7 @@ def _uid_processes(uid: int) -> set[int]:
     return {pid for pid, (_, uids, _) in _processes().items() if uid in uids}
 
 
-def _wait_until(predicate, timeout_s: float = 5.0) -> bool:  # type: ignore[no-untyped-def]
+def _wait_until(predicate, timeout_s: float = 60.0) -> bool:  # returns as soon as it holds; long for loaded CI  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -237,10 +238,8 @@ def test_infinite_loop_times_out_kills_the_process_and_restarts_the_session():
         run(sandbox, "loop", "x = 1")
         old_pids = sandbox.session_info("loop").pids
         assert old_pids and not _gone(old_pids)
-        start = time.monotonic()
-        with pytest.raises(ToolError, match=r"timed out after 1 s.*killed.*lost"):
+        with pytest.raises(ToolError, match=r"timed out after 1 s.*killed.*lost"):  # the sandbox's own limit
             run(sandbox, "loop", "while True:\n    pass")
-        assert time.monotonic() - start < 4.0
         assert _gone(old_pids)  # the old interpreter is dead and reaped when the call returns
         assert run(sandbox, "loop", "print('x' in globals())") == "False\n"  # fresh interpreter, usable
         new_pids = sandbox.session_info("loop").pids
@@ -252,24 +251,26 @@ def test_infinite_loop_times_out_kills_the_process_and_restarts_the_session():
 
 def test_session_end_during_a_running_call_stops_it_and_leaves_no_process(tool):
     tool.session_start("cancelled")
-    pids = tool.session_info("cancelled").pids
+    info = tool.session_info("cancelled")
+    pids = info.pids
+    started = Path(info.workdir) / "started"
     outcome: list[BaseException | str] = []
 
     def call() -> None:
+        code = "open('started', 'w').close()\nimport time\nwhile True:\n    time.sleep(0.05)"
         try:
-            outcome.append(run(tool, "cancelled", "import time\nwhile True:\n    time.sleep(0.05)"))
+            outcome.append(run(tool, "cancelled", code))
         except BaseException as exc:  # noqa: BLE001
             outcome.append(exc)
 
     worker = threading.Thread(target=call)
     worker.start()
-    time.sleep(0.5)
-    start = time.monotonic()
+    assert _wait_until(started.exists)  # the call is running inside the sandbox
     tool.session_end("cancelled")
-    worker.join(timeout=4.0)
+    worker.join(timeout=600)
     assert not worker.is_alive()
-    assert time.monotonic() - start < 4.0  # much less than the 5 s call timeout
-    assert isinstance(outcome[0], ToolError) and "closed" in str(outcome[0])
+    # "closed", not the call's own 5 s "timed out": session_end stopped it
+    assert isinstance(outcome[0], ToolError) and "closed" in str(outcome[0]), outcome
     assert _gone(pids)
 
 
@@ -307,10 +308,8 @@ def test_cpu_time_limit_kills_the_interpreter_and_the_next_call_starts_fresh():
     sandbox.session_start("cpu")
     try:
         run(sandbox, "cpu", "x = 1")
-        start = time.monotonic()
-        with pytest.raises(ToolError, match="CPU time limit"):
+        with pytest.raises(ToolError, match="CPU time limit"):  # the 1 s CPU limit, not the 10 s wall limit
             run(sandbox, "cpu", "while True:\n    pass")
-        assert time.monotonic() - start < 6.0
         assert run(sandbox, "cpu", "print('x' in globals())") == "False\n"
     finally:
         sandbox.close()

@@ -122,11 +122,10 @@ async def test_retry_on_429_then_success(fake_web):
 
 async def test_retry_after_header_is_honoured(fake_web):
     fake_web.plan("serper", Fault(status=429, headers={"Retry-After": "0.3"}))
-    started = time.monotonic()
-    await serper(fake_web, max_backoff_s=1.0).execute({"query": "q"})
+    await serper(fake_web, backoff_s=0.01, max_backoff_s=1.0).execute({"query": "q"})
     gap = fake_web.requests["serper"][1].at - fake_web.requests["serper"][0].at
     assert fake_web.count("serper") == 2
-    assert 0.25 <= gap < 1.0 and time.monotonic() - started < 2.0
+    assert gap >= 0.29  # its own backoff would wait at most 0.01 s: the retry waited for the server's 0.3 s
 
 
 async def test_backoff_grows_between_retries(fake_web):
@@ -173,11 +172,9 @@ async def test_no_retry_on_other_4xx(fake_web):
 
 async def test_timeout_on_slow_responses_is_retried_then_reported(fake_web):
     fake_web.plan("serper", slow(2.0), slow(2.0))
-    started = time.monotonic()
     with pytest.raises(ToolError, match=r"timed out after 0.2 s \(gave up after 2 attempts\)"):
         await serper(fake_web, request_timeout_s=0.2, max_retries=1).execute({"query": "q"})
-    assert time.monotonic() - started < 1.5
-    assert fake_web.count("serper") == 2
+    assert fake_web.count("serper") == 2  # the message says neither 2 s answer was awaited
 
 
 async def test_slow_response_within_the_timeout_succeeds(fake_web):
@@ -188,11 +185,9 @@ async def test_slow_response_within_the_timeout_succeeds(fake_web):
 
 async def test_overall_deadline_stops_retries_before_the_environment_timeout(fake_web):
     fake_web.plan("serper", *[slow(2.0)] * 10)
-    started = time.monotonic()
     with pytest.raises(ToolError, match=r"out of time after \d attempt"):
         await serper(fake_web, timeout_s=1.0, request_timeout_s=0.4, max_retries=10).execute({"query": "q"})
-    assert time.monotonic() - started < 1.2
-    assert 1 <= fake_web.count("serper") <= 3
+    assert 1 <= fake_web.count("serper") <= 3  # attempts of >= 0.4 s each within 1 s, far fewer than 11
 
 
 def _closed_port() -> int:
@@ -281,11 +276,9 @@ async def test_serpapi_sends_query_parameters_and_formats_results(fake_web):
 
 
 async def test_serpapi_batched_queries_run_concurrently_and_keep_order(fake_web):
-    fake_web.plan("serpapi", slow(0.3), slow(0.3), slow(0.3))
-    started = time.monotonic()
+    fake_web.plan("serpapi", *[Fault(gather=3)] * 3)  # each answer waits until all three requests are in
     out = await serpapi(fake_web, num_results=1).execute({"query": ["first", "second", "third"]})
-    assert time.monotonic() - started < 0.8  # three 0.3 s requests in parallel, not in sequence
-    assert fake_web.count("serpapi") == 3
+    assert fake_web.count("serpapi") == 3 and fake_web.max_in_flight["serpapi"] == 3  # sent together, not in turn
     assert [line for line in out.splitlines() if line.startswith("Results")] == [
         'Results for "first":', 'Results for "second":', 'Results for "third":',
     ]  # fmt: skip
@@ -392,11 +385,9 @@ def test_local_search_output_is_capped(corpus_path):
 
 
 def test_index_is_built_once_per_corpus(local_search, corpus_path):
-    started = time.perf_counter()
     again = LocalSearchTool(str(corpus_path), top_k=3)
-    assert again.index is local_search.index
+    assert again.index is local_search.index  # the same object: nothing was rebuilt
     assert get_bm25_index(corpus_path) is local_search.index
-    assert time.perf_counter() - started < 0.2  # a rebuild takes ~0.5-1 s
 
 
 def test_index_is_rebuilt_when_the_file_changes(tmp_path):
