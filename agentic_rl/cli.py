@@ -365,10 +365,16 @@ def _run_sft(args: argparse.Namespace) -> int:
     families = [manifest["traces"], manifest["traces"].get("research", {})]  # calculator counts, research counts
     kept, dropped = (sum(f.get(key, 0) for f in families) for key in ("kept", "dropped_observation_mismatch"))
     print(f"fine-tuned {config.model} on {kept} traces ({dropped} dropped: a tool result disagreed) into "
-          f"{config.output_dir}: loss {manifest['first_loss']:.3f} -> "
-          f"{manifest['last_loss']:.3f}, held-out NLL {manifest['held_out_nll_before']:.3f} -> "
-          f"{manifest['held_out_nll_after']:.3f} in {manifest['seconds']:.0f} s")  # fmt: skip
+          f"{config.output_dir}: loss {manifest['first_loss']:.3f} -> {manifest['last_loss']:.3f}, "
+          f"{_held_out_text(manifest)} in {manifest['seconds']:.0f} s")  # fmt: skip
     return 0
+
+
+def _held_out_text(manifest: dict[str, Any]) -> str:
+    if not manifest["held_out_traces"]:
+        return "no held-out NLL (fewer than 4 traces)"
+    return (f"held-out NLL {manifest['held_out_nll_before']:.3f} -> {manifest['held_out_nll_after']:.3f} "
+            f"({manifest['held_out_traces']} traces)")  # fmt: skip
 
 
 def _run_serve(args: argparse.Namespace) -> int:

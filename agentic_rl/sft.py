@@ -32,6 +32,9 @@ __all__ = ["SFTConfig", "build_tool_model", "run_sft", "synthesize_traces", "too
 
 logger = logging.getLogger(__name__)
 
+#: Most synthesized traces held out of training to measure the NLL before and after (a quarter when fewer).
+HELD_OUT_TRACES = 16
+
 #: Bump when the recipe changes in a way the config does not show (forces cached tool models to rebuild).
 RECIPE_VERSION = 4
 
@@ -121,7 +124,8 @@ def synthesize_traces(config: SFTConfig, tokenizer: Any) -> tuple[list[Any], dic
         if config.traces:
             random.Random(config.seed).shuffle(kept)
     if not kept:
-        raise ConfigError(f"no usable trace from {config.data} / {config.research_data}: {counts}")
+        files = [f for f, n in ((config.data, config.traces), (config.research_data, config.research_traces)) if n]
+        raise ConfigError(f"no usable trace from {' and '.join(files)}: {counts}")
     return kept, counts
 
 
@@ -179,8 +183,11 @@ def _research_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[
     except OSError as exc:
         raise ConfigError(f"research_system_prompt_file: {exc}") from exc
     rows = [row for _, row in iter_jsonl(config.research_data)]
+    half = len(rows) // 2
+    # a row without an id is named by its line number, never by a number a held-out row could have
+    second = [{"id": half + i, **row} if isinstance(row, dict) else row for i, row in enumerate(rows[half:])]
     tools = build_tools(["search", "visit"])  # the order `--tools search,visit` gives
-    traces = hotpotqa_traces(rows[len(rows) // 2:], count=config.research_traces, seed=config.seed, search=tools[0],
+    traces = hotpotqa_traces(second, count=config.research_traces, seed=config.seed, search=tools[0],
                              visit=tools[1])  # fmt: skip
     environment = ToolEnvironment(
         tools, system_prompt=system_prompt, tools_in_system_prompt=not renderer.supports_tools
@@ -194,8 +201,10 @@ def run_sft(
     """Synthesize traces, fine-tune `config.model` on them and save the result.
 
     Writes to `output_dir` (default `config.output_dir`): the model and tokenizer (`save_pretrained`),
-    `metrics.jsonl` (one line per step) and `manifest.json` (base model, data sha256, config, trace counts, first
-    and last loss, held-out NLL before/after on 16 traces not trained on, seconds).
+    `metrics.jsonl` (one line per step) and `manifest.json` (base model; the sha256 of each file the traces came
+    from: `data` with calculator traces, `research_data` and the research system prompt with research traces;
+    config, trace counts, first and last loss, held-out NLL before/after on `min(16, traces // 4)` synthesized traces
+    that are not trained on (None with fewer than 4 traces), seconds).
 
     Returns:
         The manifest.
@@ -212,13 +221,14 @@ def run_sft(
     base_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     trajectories, counts = synthesize_traces(config, tokenizer)
-    held_out, train = trajectories[:16], trajectories[16:] or trajectories
+    n_held = min(HELD_OUT_TRACES, len(trajectories) // 4)
+    held_out, train = trajectories[:n_held], trajectories[n_held:]
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     trainer = SFTTrainer(model, pad_token_id=tokenizer.pad_token_id, lr=config.lr, weight_decay=config.weight_decay,
                          micro_batch_size=config.micro_batch_size, max_grad_norm=config.max_grad_norm,
                          bf16_autocast=config.bf16_autocast)  # fmt: skip
-    held_out_before = trainer.evaluate(held_out)
+    held_out_before = trainer.evaluate(held_out) if held_out else None
     order = list(range(len(train)))
     rng = random.Random(config.seed)
     rng.shuffle(order)
@@ -232,20 +242,33 @@ def run_sft(
             metrics.flush()
             if on_step is not None:
                 on_step(row)
-    held_out_after = trainer.evaluate(held_out)
+    held_out_after = trainer.evaluate(held_out) if held_out else None
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     manifest = {
-        "base_model": config.model, "base_dir": str(base_dir), "data": config.data,
-        "data_sha256": file_sha256(config.data), "config": config.model_dump(), "recipe_version": RECIPE_VERSION,
-        "traces": counts, "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"],
+        "base_model": config.model, "base_dir": str(base_dir), **_sources(config), "config": config.model_dump(),
+        "recipe_version": RECIPE_VERSION, "traces": counts, "trained_traces": len(train),
+        "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"], "held_out_traces": len(held_out),
         "held_out_nll_before": held_out_before, "held_out_nll_after": held_out_after,
         "seconds": time.perf_counter() - t0,
     }  # fmt: skip
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    logger.info("SFT done in %.0f s: loss %.3f -> %.3f, held-out NLL %.3f -> %.3f", manifest["seconds"],
+    logger.info("SFT done in %.0f s: loss %.3f -> %.3f, held-out NLL %s -> %s", manifest["seconds"],
                 manifest["first_loss"], manifest["last_loss"], held_out_before, held_out_after)  # fmt: skip
     return manifest
+
+
+def _sources(config: SFTConfig) -> dict[str, Any]:
+    """The files the traces were built from, with their sha256."""
+    sources: dict[str, Any] = {}
+    if config.traces:
+        sources |= {"data": config.data, "data_sha256": file_sha256(config.data)}
+    if config.research_traces:
+        assert config.research_system_prompt_file is not None  # the config's validator requires it
+        sources |= {"research_data": config.research_data, "research_data_sha256": file_sha256(config.research_data),
+                    "research_system_prompt_file": config.research_system_prompt_file,
+                    "research_system_prompt_sha256": file_sha256(config.research_system_prompt_file)}  # fmt: skip
+    return sources
 
 
 def tool_model_fingerprint(base_dir: Path) -> dict[str, Any]:

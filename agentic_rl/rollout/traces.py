@@ -186,23 +186,48 @@ def gsm8k_traces(
     return chosen
 
 
+def _well_formed(row: Any) -> bool:
+    """A HotpotQA row this module can read: a non-empty string question and answer, `context` as
+    `[[title, [sentence, ...]], ...]` with one `context_doc_ids` string per paragraph, and `supporting_facts` as
+    `[[title, sentence index], ...]` naming titles of the context."""
+    if not isinstance(row, Mapping):
+        return False
+    question, answer = row.get("question"), row.get("answer")
+    context, ids, facts = row.get("context"), row.get("context_doc_ids"), row.get("supporting_facts")
+    if not (isinstance(question, str) and question.strip() and isinstance(answer, str) and answer.strip()):
+        return False
+    if not (isinstance(context, list) and isinstance(ids, list) and len(ids) == len(context) and ids):
+        return False
+    if not all(isinstance(i, str) for i in ids):
+        return False
+    for paragraph in context:
+        if not (isinstance(paragraph, list) and len(paragraph) == 2 and isinstance(paragraph[0], str)
+                and isinstance(paragraph[1], list) and all(isinstance(x, str) for x in paragraph[1])):  # fmt: skip
+            return False
+    titles = {paragraph[0] for paragraph in context}
+    if not (isinstance(facts, list) and facts):
+        return False
+    return all(isinstance(f, list) and len(f) == 2 and f[0] in titles and isinstance(f[1], int)
+               and not isinstance(f[1], bool) for f in facts)  # fmt: skip
+
+
 def _supporting_documents(row: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(corpus id, title) of each distinct supporting-fact title, in order of first mention."""
-    ids = dict(zip((str(title) for title, _ in row["context"]), row["context_doc_ids"], strict=False))
+    ids = dict(zip((title for title, _ in row["context"]), row["context_doc_ids"], strict=True))
     documents: dict[str, str] = {}
     for title, _ in row["supporting_facts"]:
-        if str(title) in ids:
-            documents.setdefault(str(ids[str(title)]), str(title))
+        documents.setdefault(ids[title], title)
     return list(documents.items())
 
 
 def _supporting_sentences(row: Mapping[str, Any]) -> list[str]:
-    sentences = {str(title): list(lines) for title, lines in row["context"]}
-    picked = []
+    sentences = dict(row["context"])
+    picked: list[str] = []
     for title, index in row["supporting_facts"]:
-        lines = sentences.get(str(title), [])
-        if isinstance(index, int) and 0 <= index < len(lines) and lines[index].strip():
-            picked.append(f"{title}: {lines[index].strip()}")
+        lines = sentences[title]
+        line = f"{title}: {lines[index].strip()}" if 0 <= index < len(lines) and lines[index].strip() else None
+        if line is not None and line not in picked:
+            picked.append(line)
     return picked
 
 
@@ -210,7 +235,8 @@ def hotpotqa_trace(
     row: Mapping[str, Any], index: int, *, search: Tool, visit: Tool, top_k: int | None = 3
 ) -> Trace | None:
     """A research trace from one HotpotQA row (`question`, `answer`, `supporting_facts`, `context`,
-    `context_doc_ids`, as in the shared data), or None when a supporting document cannot be found by searching.
+    `context_doc_ids`, as in the shared data), or None for a row of another shape (see `_well_formed`) or when a
+    supporting document cannot be found by searching.
 
     Turns: `search` the question (asking for `top_k` hits; None: the tool's default); per supporting document (those
     the question's results name first, in rank order), `visit` it by id, after a `search` for its title when no
@@ -218,10 +244,10 @@ def hotpotqa_trace(
     `<answer>answer</answer>`. `search` and `visit` run here, synchronously, to
     choose the turns and to fix the tool results the replay must read (`expected_observations`).
     """
-    documents = _supporting_documents(row)
-    if not documents or not str(row.get("answer", "")).strip():
+    if not _well_formed(row):
         return None
-    question = str(row["question"])
+    documents = _supporting_documents(row)
+    question = row["question"]
     turns: list[str] = []
     observations: list[str] = []
 
@@ -240,7 +266,7 @@ def hotpotqa_trace(
         if not any(f"[{doc_id}]" in seen for seen in observations) and f"[{doc_id}]" not in call(search, query(title)):
             return None
         call(visit, {"id": doc_id})
-    answer = str(row["answer"]).strip()
+    answer = row["answer"].strip()
     facts = "\n".join(f"- {line}" for line in _supporting_sentences(row))
     turns.append(f"The documents say:\n{facts}\n<answer>{answer}</answer>" if facts else f"<answer>{answer}</answer>")
     task = {"id": row.get("id", index), "question": question, "ground_truth": answer}
@@ -251,7 +277,7 @@ def hotpotqa_traces(
     rows: Sequence[Mapping[str, Any]], *, count: int, seed: int = 0, search: Tool, visit: Tool, top_k: int | None = 3
 ) -> list[Trace]:
     """Up to `count` research traces (`hotpotqa_trace`) from `rows`, drawn in a seeded order; rows without a trace
-    (a supporting document no search finds) are skipped.
+    (another shape, or a supporting document no search finds) are skipped, and their number is logged.
 
     Raises:
         ValueError: if `count` < 1.
@@ -261,12 +287,18 @@ def hotpotqa_traces(
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     traces: list[Trace] = []
+    skipped = 0
     for i in order:
         if len(traces) == count:
             break
         trace = hotpotqa_trace(rows[i], i, search=search, visit=visit, top_k=top_k)
-        if trace is not None:
+        if trace is None:
+            skipped += 1
+        else:
             traces.append(trace)
+    if skipped or len(traces) < count:
+        logger.warning("research traces: %d of %d asked for; %d rows skipped (not HotpotQA-shaped, or a supporting "
+                       "document no search finds)", len(traces), count, skipped)  # fmt: skip
     return traces
 
 

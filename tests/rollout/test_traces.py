@@ -162,4 +162,20 @@ def test_a_hotpotqa_row_without_a_findable_document_or_an_answer_gives_no_trace(
     assert hotpotqa_trace(row, 0, search=search, visit=visit) is not None
     missing = {**row, "context_doc_ids": ["hp99999"] * len(row["context"])}  # no search ever lists it
     assert hotpotqa_trace(missing, 0, search=search, visit=visit) is None
-    assert hotpotqa_trace({**row, "answer": " "}, 0, search=search, visit=visit) is None
+    first_title = row["supporting_facts"][0][0]
+    malformed = [
+        {**row, "answer": " "}, {**row, "answer": None}, {**row, "answer": ["a", "b"]}, {**row, "question": None},
+        {k: v for k, v in row.items() if k != "context"}, {**row, "context_doc_ids": row["context_doc_ids"][:-1]},
+        {**row, "context": [[title, " ".join(lines)] for title, lines in row["context"]]},  # sentences as one string
+        {**row, "supporting_facts": [["Not In Context", 0], *row["supporting_facts"]]},
+        {**row, "supporting_facts": "x"}, {**row, "supporting_facts": []}, {**row, "supporting_facts": [[first_title, True]]},
+        [row["question"], row["answer"]],
+    ]  # fmt: skip
+    for bad in malformed:
+        assert hotpotqa_trace(bad, 0, search=search, visit=visit) is None, bad if isinstance(bad, list) else set(bad)
+    from agentic_rl.rollout.traces import hotpotqa_traces
+
+    assert [t.task["id"] for t in hotpotqa_traces([*malformed, row], count=3, search=search, visit=visit)] == [row["id"]]
+    quoted = hotpotqa_trace({**row, "supporting_facts": [*row["supporting_facts"], row["supporting_facts"][0]]}, 0,
+                            search=search, visit=visit)  # fmt: skip
+    assert quoted is not None and quoted.turns[-1] == hotpotqa_trace(row, 0, search=search, visit=visit).turns[-1]
