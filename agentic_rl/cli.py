@@ -372,7 +372,7 @@ def _run_sft(args: argparse.Namespace) -> int:
 
 def _held_out_text(manifest: dict[str, Any]) -> str:
     if not manifest["held_out_traces"]:
-        return "no held-out NLL (fewer than 4 traces)"
+        return "no held-out NLL (fewer than 3 traces)"
     return (f"held-out NLL {manifest['held_out_nll_before']:.3f} -> {manifest['held_out_nll_after']:.3f} "
             f"({manifest['held_out_traces']} traces)")  # fmt: skip
 

@@ -229,7 +229,7 @@ def test_sft_command_trains_research_and_calculator_traces_and_writes_the_manife
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["traces"]["kept"] == 2 and manifest["traces"]["research"]["kept"] == 2
     assert manifest["config"]["research_traces"] == 2 and (out / "config.json").is_file()
-    assert manifest["trained_traces"] == 3 and manifest["held_out_traces"] == 1  # a quarter of 4 traces held out
+    assert manifest["trained_traces"] == 3 and manifest["held_out_traces"] == 1  # a third of 4 traces held out
     assert manifest["data"].endswith("gsm8k_train.jsonl") and len(manifest["research_data_sha256"]) == 64
     assert manifest["research_system_prompt_file"] == str(prompt)
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
