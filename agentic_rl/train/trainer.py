@@ -168,8 +168,8 @@ class GRPOTrainer:
             rows whose forward was skipped: advantage 0 and no KL term add exactly nothing to the gradient),
             `response_length` (mean sampled tokens per valid trajectory, all runs), `tokens` (= `tokens_trained`),
             the token accounting of `TokenCounts` (`tokens_sampled` == `tokens_trained` + `tokens_excluded`, and
-            `tokens_excluded_failed`, `tokens_excluded_aborted`, `tokens_excluded_over_length`), `logprob_diff` (mean |trainer - engine|
-            logprob before the update, over the rows computed, nats), `step_skipped` (1 if the optimizer step was
+            `tokens_excluded_failed`, `tokens_excluded_aborted`, `tokens_excluded_over_length`), `logprob_diff`
+            (mean |trainer - engine| logprob before the update, over the rows computed, nats), `step_skipped` (1 if the optimizer step was
             skipped), `skipped_steps` (so far) and `train_seconds`.
 
         Raises:
