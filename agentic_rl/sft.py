@@ -58,6 +58,9 @@ class SFTConfig(Config):
             in `<answer></answer>`) to synthesize (0: none).
         research_system_prompt_file: the system prompt the research rollout will use (its `--system-prompt-file`);
             required with research traces, so that the trained tokens are the ones that rollout sees.
+        corpus: `{id, title, text}` JSON Lines file of the `search`/`visit` tools the research traces call (the
+            rollout's `--corpus`; default: the shared HotpotQA corpus). Paths are relative to the working
+            directory, as in every config.
         steps: optimizer steps; each takes `batch_size` traces, cycling through them in a seeded order.
         batch_size: traces per optimizer step.
         micro_batch_size: traces per forward/backward.
@@ -78,6 +81,7 @@ class SFTConfig(Config):
     research_data: str = str(SHARED_DATA / "hotpotqa_dev_distractor_500.jsonl")
     research_traces: Annotated[int, Field(ge=0)] = 0
     research_system_prompt_file: str | None = None
+    corpus: str | None = None
     steps: Annotated[int, Field(ge=1)] = 24
     batch_size: Annotated[int, Field(ge=1)] = 8
     micro_batch_size: Annotated[int, Field(ge=1)] = 8
@@ -187,7 +191,7 @@ def _research_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[
     half = len(rows) // 2
     # a row without an id is named by its line number, never by a number a held-out row could have
     second = [{"id": half + i, **row} if isinstance(row, dict) else row for i, row in enumerate(rows[half:])]
-    tools = build_tools(["search", "visit"])  # the order `--tools search,visit` gives
+    tools = build_tools(["search", "visit"], corpus=config.corpus)  # the order `--tools search,visit` gives
     traces = hotpotqa_traces(second, count=config.research_traces, seed=config.seed, search=tools[0],
                              visit=tools[1])  # fmt: skip
     environment = ToolEnvironment(
@@ -218,10 +222,10 @@ def run_sft(
 
     t0 = time.perf_counter()
     out = Path(output_dir or config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     base_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     trajectories, counts = synthesize_traces(config, tokenizer)
+    out.mkdir(parents=True, exist_ok=True)  # only once the inputs proved usable
     n_held = min(HELD_OUT_TRACES, len(trajectories) // 3)
     held_out, train = trajectories[:n_held], trajectories[n_held:]
     torch.manual_seed(config.seed)
@@ -265,10 +269,14 @@ def _sources(config: SFTConfig) -> dict[str, Any]:
     if config.traces:
         sources |= {"data": config.data, "data_sha256": file_sha256(config.data)}
     if config.research_traces:
+        from agentic_rl.tools.corpus import DEFAULT_CORPUS_PATH
+
         assert config.research_system_prompt_file is not None  # the config's validator requires it
+        corpus = DEFAULT_CORPUS_PATH if config.corpus is None else config.corpus
         sources |= {"research_data": config.research_data, "research_data_sha256": file_sha256(config.research_data),
                     "research_system_prompt_file": config.research_system_prompt_file,
-                    "research_system_prompt_sha256": file_sha256(config.research_system_prompt_file)}  # fmt: skip
+                    "research_system_prompt_sha256": file_sha256(config.research_system_prompt_file),
+                    "corpus": str(corpus), "corpus_sha256": file_sha256(corpus)}  # fmt: skip
     return sources
 
 
@@ -280,7 +288,7 @@ def tool_model_fingerprint(base_dir: Path) -> dict[str, Any]:
         "base": marker.read_text().strip() if marker.is_file() else str(base_dir),
         "data_sha256": file_sha256(config.data),
         "config": config.model_dump(
-            exclude={"output_dir", "data", "research_data", "research_traces", "research_system_prompt_file"}
+            exclude={"output_dir", "data", "research_data", "research_traces", "research_system_prompt_file", "corpus"}
         ),  # fmt: skip
         "recipe_version": RECIPE_VERSION,
     }

@@ -232,4 +232,17 @@ def test_sft_command_trains_research_and_calculator_traces_and_writes_the_manife
     assert manifest["trained_traces"] == 3 and manifest["held_out_traces"] == 1  # a third of 4 traces held out
     assert manifest["data"].endswith("gsm8k_train.jsonl") and len(manifest["research_data_sha256"]) == 64
     assert manifest["research_system_prompt_file"] == str(prompt)
+    assert manifest["corpus"].endswith("corpus.jsonl") and len(manifest["corpus_sha256"]) == 64
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_sft_command_with_unusable_inputs_exits_2_and_writes_nothing(tmp_path, capsys):
+    from agentic_rl.cli import main
+
+    out = tmp_path / "sft"
+    argv = ["sft", "--no-progress", "--set", "model=tiny-random-smollm2", "--set", "traces=0", "--set",
+            "research_traces=2", "--set", f"research_system_prompt_file={tmp_path / 'missing.txt'}", "--set",
+            f"output_dir={out}"]  # fmt: skip
+    assert main(argv) == 2
+    assert "research_system_prompt_file" in capsys.readouterr().err
+    assert not out.exists()  # the output folder is made only once the inputs proved usable

@@ -112,6 +112,10 @@ def test_research_traces_come_from_the_second_half_and_need_the_rollouts_system_
     with pytest.raises(ConfigError, match="research_system_prompt_file"):
         synthesize_traces(config.model_copy(update={"research_system_prompt_file": str(tmp_path / "none.txt")}),
                           tokenizer)  # fmt: skip
+    # the research tools read `corpus`: one with a single unrelated document leaves no research trace to keep
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "x", "title": "Unrelated", "text": "Nothing about the questions."}) + "\n")
+    assert synthesize_traces(config.model_copy(update={"corpus": str(corpus)}), tokenizer)[1]["research"]["kept"] == 0
     # the registry model's recipe has no research traces, and its fingerprint does not name the research options
-    assert not {"research_data", "research_traces", "research_system_prompt_file"} & set(
+    assert not {"research_data", "research_traces", "research_system_prompt_file", "corpus"} & set(
         tool_model_fingerprint(tmp_path)["config"])
