@@ -161,7 +161,7 @@ def _replayed(
 
 
 def _calculator_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[str, Any]]:
-    from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
+    from agentic_rl.environments.tool_env import ToolEnvironment
     from agentic_rl.rollout.rewards import gsm8k_reward
     from agentic_rl.rollout.traces import gsm8k_traces
     from agentic_rl.tools.calculator import CalculatorTool
@@ -170,9 +170,7 @@ def _calculator_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dic
     traces = gsm8k_traces(
         rows, count=config.traces, max_calls=config.max_calls, seed=config.seed, call_weights=config.call_weights
     )
-    environment = ToolEnvironment(
-        [CalculatorTool()], system_prompt=DEFAULT_SYSTEM_PROMPT, tools_in_system_prompt=not renderer.supports_tools
-    )  # the environment ToolAgentEngineWrapper builds for the same tools
+    environment = ToolEnvironment.for_renderer([CalculatorTool()], renderer)  # as the rollout builds it
     return _replayed(traces, renderer, environment, config.max_calls + 1, gsm8k_reward)
 
 
@@ -194,9 +192,7 @@ def _research_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[
     tools = build_tools(["search", "visit"], corpus=config.corpus)  # the order `--tools search,visit` gives
     traces = hotpotqa_traces(second, count=config.research_traces, seed=config.seed, search=tools[0],
                              visit=tools[1])  # fmt: skip
-    environment = ToolEnvironment(
-        tools, system_prompt=system_prompt, tools_in_system_prompt=not renderer.supports_tools
-    )
+    environment = ToolEnvironment.for_renderer(tools, renderer, system_prompt)
     return _replayed(traces, renderer, environment, 8, hotpotqa_f1_reward)
 
 

@@ -76,6 +76,20 @@ class ToolEnvironment(Environment):
         self._sessions: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_renderer(cls, tools: Sequence[Tool], renderer: Any, system_prompt: str | None = None) -> ToolEnvironment:
+        """The environment a rollout builds for `tools` under `renderer` (a `chat.ChatRenderer`): the tools are
+        described in the system prompt only when the chat template ignores its `tools` argument.
+
+        Synthesized SFT traces use this too, so that their tokens are the ones the rollout will see.
+        `system_prompt` None is `DEFAULT_SYSTEM_PROMPT`.
+        """
+        return cls(
+            tools,
+            system_prompt=DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt,
+            tools_in_system_prompt=not renderer.supports_tools,
+        )
+
     @property
     def schemas(self) -> list[dict[str, Any]]:
         return [tool.schema for tool in self.tools.values()]

@@ -306,14 +306,10 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
     def initialize(self) -> None:
         """Build the chat renderer, the tool environment and (unless given) the vLLM engine; blocks until ready."""
         from agentic_rl.chat import ChatRenderer
-        from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
+        from agentic_rl.environments.tool_env import ToolEnvironment
 
         self.renderer = ChatRenderer(self.tokenizer, template_kwargs=self.chat_template_kwargs)
-        self.environment = ToolEnvironment(
-            self.tools,
-            system_prompt=DEFAULT_SYSTEM_PROMPT if self.system_prompt is None else self.system_prompt,
-            tools_in_system_prompt=not self.renderer.supports_tools,
-        )
+        self.environment = ToolEnvironment.for_renderer(self.tools, self.renderer, self.system_prompt)
         if self.engine is None:
             from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 

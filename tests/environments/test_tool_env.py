@@ -250,6 +250,17 @@ async def test_reset_leaves_tools_out_of_system_prompt_when_disabled():
     assert sample.tools == [CalculatorTool().schema]
 
 
+def test_for_renderer_describes_tools_in_the_system_prompt_only_when_the_template_ignores_them():
+    from types import SimpleNamespace
+
+    with_tools, without = SimpleNamespace(supports_tools=True), SimpleNamespace(supports_tools=False)
+    env = ToolEnvironment.for_renderer([CalculatorTool()], with_tools)
+    assert not env.tools_in_system_prompt and env.system_prompt == DEFAULT_SYSTEM_PROMPT
+    env = ToolEnvironment.for_renderer([CalculatorTool()], without, "Be terse.")
+    assert env.tools_in_system_prompt and env.system_prompt == "Be terse."
+    assert ToolEnvironment.for_renderer([], without, "").system_prompt == ""  # an empty prompt stays empty
+
+
 async def test_reset_uses_custom_system_prompt():
     env = ToolEnvironment([], system_prompt="Be terse.")
     sample = await new_sample(env)
