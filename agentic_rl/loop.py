@@ -101,6 +101,7 @@ class TrainConfig(Config):
     eval_data: str | None = Field(
         default=None, description="held-out tasks (a data spec as for data, e.g. 'arithmetic:heldout:64'), rolled out greedily"
     )
+    eval_limit: int | None = Field(default=None, ge=1, description="evaluate the first N held-out tasks (None: all)")
     eval_every: int = Field(default=0, ge=0, description="evaluate every K steps (0: before the first and after the last)")
     loggers: list[LoggerName] = Field(
         default_factory=lambda: ["jsonl"],
@@ -317,7 +318,9 @@ async def train(
         history = list(state["history"])
     elif dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers (a resumed run's
         await engine.update_weights(trainer.named_weights())  # engines all load the same checkpoint)
-    eval_tasks = load_tasks(config.eval_data, columns=config.data_columns) if config.eval_data else []
+    eval_tasks = (
+        load_tasks(config.eval_data, limit=config.eval_limit, columns=config.data_columns) if config.eval_data else []
+    )
     sinks: list[Any] = []
     try:
         if dist.is_main:

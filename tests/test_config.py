@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import Field
 
@@ -106,3 +108,19 @@ def test_a_training_run_sets_the_weight_of_the_tool_call_reward():
     for bad in (-0.1, float("inf")):
         with pytest.raises(ConfigError, match=r"TrainConfig\.rollout\.toolcall_weight"):
             TrainConfig.model_validate({"rollout": {"toolcall_weight": bad}})
+
+
+@pytest.mark.parametrize("name", ["train_arithmetic.yaml", "train_gsm8k.yaml", "sft_tools.yaml", "sft_research.yaml"])
+def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
+    from agentic_rl.data import SHARED_DATA
+    from agentic_rl.sft import SFTConfig
+
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)  # example paths are relative to the repository root, where their commands run
+    config = (TrainConfig if name.startswith("train_") else SFTConfig).from_yaml(root / "examples" / name)
+    for field in ("data", "eval_data", "research_system_prompt_file"):
+        value = getattr(config, field, None)
+        if value and ":" not in value:  # a file, not a generated family such as arithmetic:heldout:64
+            assert Path(value).exists(), f"{name}: {field}={value} does not exist"

@@ -40,7 +40,8 @@ def test_config_overrides_and_validation(tmp_path):
 
 @pytest.mark.slow
 def test_single_process_training_logs_metrics_advances_weight_versions_and_checkpoints(tmp_path):
-    path = write_train_config(tmp_path, loggers=["jsonl", "tensorboard", "wandb"], eval_data="arithmetic:heldout:4")
+    path = write_train_config(tmp_path, loggers=["jsonl", "tensorboard", "wandb"], eval_data="arithmetic:heldout:6",
+                              eval_limit=4)  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "train", "--config", str(path), "--no-progress"],
                           capture_output=True, text=True, timeout=600, env=cli_env(), cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -51,7 +52,7 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
                                                    "heldout_mean_turns"}  # fmt: skip
     assert 0.0 <= before["heldout_accuracy"] <= 1.0 and before["heldout_mean_turns"] >= 1.0
     assert "heldout_accuracy" not in rows[0] and 0.0 <= rows[-1]["heldout_accuracy"] <= 1.0  # and after the last
-    assert len((run / "rollouts/eval_step_0.jsonl").read_text().splitlines()) == 4
+    assert len((run / "rollouts/eval_step_0.jsonl").read_text().splitlines()) == 4  # eval_limit of 6 tasks
     assert (run / "rollouts/eval_step_2.jsonl").is_file()
     assert [r["step"] for r in rows] == [1, 2] and [r["weight_version"] for r in rows] == [1, 2]
     for key in ("reward_mean", "reward_std", "accuracy", "loss", "kl", "grad_norm", "clip_fraction",
