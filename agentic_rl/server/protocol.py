@@ -265,6 +265,10 @@ class ChatMessage(_Strict):
     refusal: None = None
     function_call: None = None
     audio: None = None
+    # Reasoning text that clients echo with an assistant message (verifiers always sends `reasoning_content`): this
+    # server never returns reasoning, so only null is accepted.
+    reasoning_content: None = None
+    reasoning: None = None
     # Output fields that clients echo back with an assistant message they received: ignored.
     annotations: list[Any] | None = Field(default=None, exclude=True)
     parsed: Any = Field(default=None, exclude=True)

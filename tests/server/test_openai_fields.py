@@ -132,7 +132,8 @@ def test_empty_and_null_contents_are_accepted_where_openai_accepts_them(base_url
         {"role": "user", "content": "What is 2 + 2?", "name": "alice"},
         {"role": "assistant", "content": "", "tool_calls": [CALL]},
         {"role": "tool", "tool_call_id": "call_1", "content": ""},
-        {"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": "call_2"}], "refusal": None},
+        {"role": "assistant", "content": None, "tool_calls": [{**CALL, "id": "call_2"}], "refusal": None,
+         "reasoning_content": None, "reasoning": None},  # verifiers sends `reasoning_content` on every message
         {"role": "tool", "tool_call_id": "call_2", "content": None},
         {"role": "user", "content": ""},
     ]
@@ -174,6 +175,8 @@ _SURROGATE = b'{"messages": [{"role": "user", "content": "a\\udc80b"}]}'
         (b'{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}',
          "messages.0.content"),
         (b'{"messages": [{"role": "function", "content": "x"}]}', "messages.0.role"),
+        (b'{"messages": [{"role": "assistant", "content": "x", "reasoning_content": "hmm"}]}',
+         "messages.0.reasoning_content"),
         (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', None),
         (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}', None),
         (b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 1e999}', "top_p"),
