@@ -18,6 +18,9 @@ the engine, with their logprobs.
 | `required`               | only tool calls (one or more; exactly one when parallel calls are off)            |
 | `{"type": "function"}`   | exactly one call of that function                                                 |
 
+`tool_choice_outputs` gives the same constraint for an engine request made outside the server (a rollout's
+`SamplingConfig.structured_outputs`), so that both paths can force tool calls with one grammar.
+
 With `response_format` `json_object` / `json_schema`, the text is that JSON (under `auto`: that JSON, or tool
 calls). Constrained JSON allows at most `MAX_JSON_WHITESPACE` whitespace characters in a row, so a model cannot spend
 its whole budget on blanks.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,9 +44,10 @@ from agentic_rl.server.protocol import (
     NamedToolChoice,
     RequestError,
     SamplingFields,
+    parse_request,
 )
 
-__all__ = ["Constraint", "output_constraint", "tool_call_tag"]
+__all__ = ["Constraint", "output_constraint", "tool_call_tag", "tool_choice_outputs"]
 
 # Most whitespace characters in a row inside constrained JSON: enough for indented JSON, and a small model cannot
 # fill its whole budget with blanks.
@@ -196,3 +201,30 @@ def output_constraint(request: SamplingFields) -> Constraint:
         param = "tools"
     tag = json.dumps({"type": "structural_tag", "format": tool_format}, ensure_ascii=False)
     return Constraint(StructuredOutputsParams(structural_tag=tag), param, parse_tools)
+
+
+def tool_choice_outputs(
+    tools: Sequence[Mapping[str, Any]], tool_choice: Any = "required", *, parallel_tool_calls: bool = True
+) -> Any:
+    """The structured-outputs constraint of a chat request with `tools`, `tool_choice` and `parallel_tool_calls`.
+
+    The same `vllm.sampling_params.StructuredOutputsParams` the server builds for such a request (no
+    `response_format`), for engine requests made outside the server, e.g. a rollout's
+    `SamplingConfig(structured_outputs=tool_choice_outputs(tools))`: every turn is then one or more schema-valid
+    calls (exactly one with `parallel_tool_calls=False`), as `tool_choice="required"` makes them on the server.
+
+    Args:
+        tools: tool schemas in OpenAI's shape (`{"type": "function", "function": {"name", "parameters", ...}}`).
+        tool_choice: `"none"`, `"auto"`, `"required"` or an OpenAI tool-choice object, as in a chat request.
+        parallel_tool_calls: whether a turn may hold more than one call.
+
+    Returns:
+        The constraint, or None where the request would leave the output free (`"auto"` with parallel calls).
+
+    Raises:
+        RequestError: for malformed tools or `tool_choice` (e.g. naming a tool not among `tools`), or a parameter
+            schema the engine cannot build a grammar from.
+    """
+    body = {"messages": [{"role": "user", "content": ""}], "tools": [dict(t) for t in tools],
+            "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls}  # fmt: skip
+    return output_constraint(parse_request(ChatCompletionRequest, body)).params

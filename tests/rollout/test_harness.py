@@ -212,6 +212,27 @@ async def test_max_steps_stops_a_model_that_keeps_calling_tools(engine, tokenize
     assert traj.metrics["alignment_mismatches"] == 0
 
 
+async def test_tool_choice_required_constraint_makes_every_turn_one_call_until_max_steps(engine, tokenizer, make_task):
+    """The server's `tool_choice="required"` grammar in the rollout's sampling: the real model writes a call every turn."""
+    from agentic_rl.server.constraints import tool_choice_outputs
+
+    calculator = CalculatorTool()
+    calculator.parameters = {"type": "object", "required": ["expression"],
+                             "properties": {"expression": {"type": "string", "maxLength": 16}}}  # every call closes
+    outputs = tool_choice_outputs([calculator.schema], "required", parallel_tool_calls=False)
+    config = _config(max_steps=3, max_response_length=1024,
+                     sampling={"temperature": 1.0, "max_tokens": 160, "seed": 3, "structured_outputs": outputs})  # fmt: skip
+    traj = await _run(engine, tokenizer, make_task(), tools=[calculator], config=config)
+
+    assert not traj.failed, traj.error
+    assert traj.termination_reason == TerminationReason.MAX_STEPS
+    assert traj.metrics["steps"] == 3 and traj.metrics["tool_calls"] == 3
+    for step in traj.steps:
+        assert step.model_response.startswith('<tool_call>\n{"name": "calculator", "arguments": ')
+        assert step.model_response.count("<tool_call>") == 1
+    assert traj.metrics["alignment_mismatches"] == 0
+
+
 async def test_prompt_longer_than_max_prompt_length_fails_that_trajectory(engine, tokenizer, make_task):
     traj = await _run(engine, tokenizer, make_task(question="word " * 300), config=_config(max_prompt_length=64))
 

@@ -199,3 +199,23 @@ def test_a_recursive_schema_with_no_finite_value_is_a_400_not_an_error_finish(ba
         "messages": ASK, "max_tokens": 8, "stream": stream, "response_format": _schema_format(schema)})  # fmt: skip
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "response_format"
+
+
+def test_tool_choice_outputs_is_the_constraint_the_server_builds_for_that_request():
+    from agentic_rl.server.constraints import output_constraint, tool_choice_outputs
+    from agentic_rl.server.protocol import ChatCompletionRequest, RequestError, parse_request
+
+    for choice, parallel in (("required", False), ("required", True), ({"type": "function", "function": {
+            "name": "get_weather"}}, True), ("none", True), ("auto", False)):  # fmt: skip
+        body = {"messages": ASK, "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel}
+        server = output_constraint(parse_request(ChatCompletionRequest, body)).params
+        ours = tool_choice_outputs(TOOLS, choice, parallel_tool_calls=parallel)
+        assert ours is not None and ours.structural_tag == server.structural_tag
+    one = json.loads(tool_choice_outputs(TOOLS, parallel_tool_calls=False).structural_tag)["format"]
+    assert one["type"] == "tags_with_separator" and one["at_least_one"] and one["stop_after_first"]
+    assert tool_choice_outputs(TOOLS, "auto") is None  # free text, as the server leaves it
+    with pytest.raises(RequestError) as raised:
+        tool_choice_outputs(TOOLS, {"type": "function", "function": {"name": "search"}})
+    assert raised.value.param == "tool_choice"
+    with pytest.raises(RequestError, match="needs tools"):
+        tool_choice_outputs([])
