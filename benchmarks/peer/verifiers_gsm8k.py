@@ -6,7 +6,8 @@ Runs in the peer virtual environment (`benchmarks/setup_peer.sh`), never in the 
 and environment construction are not timed).
 
     $PEER_VENV/bin/python benchmarks/peer/verifiers_gsm8k.py --base-url http://127.0.0.1:PORT/v1 --model NAME \
-        --data ../shared/data/gsm8k_test.jsonl --tasks 16 --concurrency 16 --max-turns 3 --max-tokens 256
+        --data ../shared/data/gsm8k_test.jsonl --tasks 16 --concurrency 16 --max-turns 3 --max-tokens 256 \
+        [--tool-choice required --no-parallel-tool-calls]
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--system-prompt", required=True)
     parser.add_argument("--tool-schema", default=None, help="JSON {name, description, parameters} to offer instead")
+    parser.add_argument("--tool-choice", default=None, help="OpenAI tool_choice of every request, e.g. required")
+    parser.add_argument("--no-parallel-tool-calls", action="store_true", help="send parallel_tool_calls=false")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
 
@@ -113,6 +116,12 @@ def main() -> None:
     # verifiers renames `max_tokens` to OpenAI's `max_completion_tokens`, which our server does not read (it would
     # fall back to its default of 128): `extra_body` sends `max_tokens` as it is.
     sampling = {"temperature": args.temperature, "logprobs": True, "extra_body": {"max_tokens": args.max_tokens}}
+    # verifiers sends sampling args as they are: `tool_choice="required"` makes our server constrain every turn to
+    # tool calls (one per turn with `parallel_tool_calls=false`), so the loop runs to `max_turns`.
+    if args.tool_choice:
+        sampling["tool_choice"] = args.tool_choice
+    if args.no_parallel_tool_calls:
+        sampling["parallel_tool_calls"] = False
     t0 = time.perf_counter()
     results = asyncio.run(env.evaluate(
         client=client, model=args.model, sampling_args=sampling, num_examples=len(rows), rollouts_per_example=1,
@@ -129,8 +138,10 @@ def main() -> None:
         "verifiers_version": vf.__version__,
         "tasks": len(rows),
         "completed": sum(1 for out in outputs if out.get("is_completed") and not out.get("error")),
-        "errors": sorted({str(out["error"].get("error", out["error"]))[:200] for out in outputs if out.get("error")}),
+        "errors": sorted({str(out["error"].get("error_chain_repr", out["error"]))[:300] for out in outputs
+                          if out.get("error")}),
         "turns": len(steps),
+        "turn_counts": sorted(len(out.get("trajectory") or []) for out in outputs),
         "tool_calls": sum(len(m.get("tool_calls") or []) for out in outputs for m in (out.get("completion") or [])
                           if isinstance(m, dict) and m.get("role") == "assistant"),
         "generated_tokens": sum(len(s["tokens"]["completion_ids"]) for s in with_ids) if with_ids else usage_tokens,
