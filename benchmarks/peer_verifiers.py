@@ -153,12 +153,11 @@ def main() -> None:
     if args.force_tool_calls:  # the constraint our server builds for tool_choice="required", parallel_tool_calls=false
         sampling["structured_outputs"] = tool_choice_outputs([t.schema for t in tools], "required",
                                                              parallel_tool_calls=False)  # fmt: skip
-    response_budget = max(2048, args.max_turns * (args.max_tokens + 512))
     wrapper = ToolAgentEngineWrapper(
         "smollm2", AutoTokenizer.from_pretrained(str(model)), sampling,
-        max_prompt_length=2048, max_response_length=response_budget, n_parallel_agents=args.concurrency,
+        max_prompt_length=2048, max_response_length=2048, n_parallel_agents=args.concurrency,
         max_steps=args.max_turns, model=model, tools=tools, system_prompt=DEFAULT_SYSTEM_PROMPT,
-        engine_options={"dtype": "bfloat16", "kv_cache_gib": 1.0, "max_model_len": 2048 + response_budget}, serve=True,
+        engine_options={"dtype": "bfloat16", "kv_cache_gib": 1.0, "max_model_len": 4096}, serve=True,
     )  # fmt: skip
     wrapper.initialize()
     address = wrapper.server_addresses[0]
