@@ -7,7 +7,11 @@ accuracy up by at least `--min-gain` (absolute), or, if it starts above 0.5, its
 evaluation within `--max-wall-s` seconds of the run's start (`time_to_gain_s`; `wall_s` is the whole run).
 
     .venv/bin/python benchmarks/learning.py [--config examples/train_arithmetic.yaml] [--seeds 0 1]
-        [--set KEY=VALUE ...] [--min-gain 0.25] [--max-wall-s 1800] [--out FILE] [--read-only]
+        [--set KEY=VALUE ...] [--min-gain 0.25] [--max-wall-s 1800] [--name learning] [--out FILE] [--read-only]
+
+`--name` names the run folders (`runs/NAME-seedS`), the plots and the results file (`benchmarks/results/NAME.json`),
+so that another config's runs (e.g. `--config examples/train_gsm8k.yaml --name learning_gsm8k`) keep the arithmetic
+results.
 """
 
 from __future__ import annotations
@@ -26,9 +30,9 @@ from common import RESULTS, Goal, save, table, verdict
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_seed(config: str, seed: int, overrides: list[str], runs_dir: Path) -> dict[str, Any]:
+def run_seed(config: str, seed: int, overrides: list[str], runs_dir: Path, name: str) -> dict[str, Any]:
     """Train with `seed`, then `read_run`."""
-    out = runs_dir / f"learning-seed{seed}"
+    out = runs_dir / f"{name}-seed{seed}"
     if out.exists():
         shutil.rmtree(out)
     command = [sys.executable, "-m", "agentic_rl.cli", "train", "--config", config, "--set", f"seed={seed}",
@@ -36,10 +40,10 @@ def run_seed(config: str, seed: int, overrides: list[str], runs_dir: Path) -> di
     t0 = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)
     wall = time.perf_counter() - t0
-    return read_run(out, seed, wall)
+    return read_run(out, seed, name, wall)
 
 
-def read_run(out: Path, seed: int, wall: float | None = None) -> dict[str, Any]:
+def read_run(out: Path, seed: int, name: str, wall: float | None = None) -> dict[str, Any]:
     """The held-out accuracy before/after, steps, wall seconds, the curve and the run folder of a finished run.
 
     Each evaluation's `elapsed_s` is the time from the run's start (its `config.json`, written before the engine
@@ -56,7 +60,7 @@ def read_run(out: Path, seed: int, wall: float | None = None) -> dict[str, Any]:
               "elapsed_s": round((out / "rollouts" / f"eval_step_{r['step']}.jsonl").stat().st_mtime - start, 1)}
              for r in evals]  # fmt: skip
     wall = wall if wall is not None else curve[-1]["elapsed_s"]
-    plot = RESULTS / f"learning_seed{seed}.png"
+    plot = RESULTS / f"{name}_seed{seed}.png"
     if (out / "metrics.png").is_file():
         shutil.copyfile(out / "metrics.png", plot)
     return {
@@ -75,7 +79,7 @@ def improved(before: float, after: float, min_gain: float) -> float:
     return after - before
 
 
-def draw_curves(runs: list[dict[str, Any]], path: Path) -> None:
+def draw_curves(runs: list[dict[str, Any]], path: Path, title: str) -> None:
     """Held-out accuracy per evaluation, by step and by minutes from the run's start, one line per seed."""
     import matplotlib
 
@@ -95,7 +99,7 @@ def draw_curves(runs: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("GRPO on one-step arithmetic, smollm2-135m-tools, 2-core CPU")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -109,12 +113,13 @@ def main() -> None:
     parser.add_argument("--min-gain", type=float, default=0.25)
     parser.add_argument("--max-wall-s", type=float, default=1800.0)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
+    parser.add_argument("--name", default="learning", help="run folders, plots and results file are named after it")
     parser.add_argument("--out", default=None)
     parser.add_argument("--read-only", action="store_true", help="summarize the runs already in --runs-dir")
     args = parser.parse_args()
     runs_dir = Path(args.runs_dir)
-    runs = [read_run(runs_dir / f"learning-seed{seed}", seed) if args.read_only
-            else run_seed(args.config, seed, args.set, runs_dir) for seed in args.seeds]  # fmt: skip
+    runs = [read_run(runs_dir / f"{args.name}-seed{seed}", seed, args.name) if args.read_only
+            else run_seed(args.config, seed, args.set, runs_dir, args.name) for seed in args.seeds]  # fmt: skip
     for r in runs:
         gains = [c["elapsed_s"] for c in r["curve"]
                  if improved(r["heldout_accuracy_before"], c["heldout_accuracy"], args.min_gain) >= args.min_gain]
@@ -132,10 +137,10 @@ def main() -> None:
     results = {"config": args.config, "overrides": args.set, **{k: first[k] for k in (
         "heldout_accuracy_before", "heldout_accuracy_after", "steps", "wall_s", "seed", "time_to_gain_s")},
         "runs": runs}  # fmt: skip
-    curve = RESULTS / "learning_curve.png"
-    draw_curves(runs, curve)
+    curve = RESULTS / f"{args.name}_curve.png"
+    draw_curves(runs, curve, f"GRPO, {Path(args.config).stem}, 2-core CPU")
     results["curve_plot"] = str(curve.relative_to(ROOT))
-    save("learning", results, out=args.out, goal=verdict(*goals))
+    save(args.name, results, out=args.out, goal=verdict(*goals))
 
 
 if __name__ == "__main__":
