@@ -1,6 +1,6 @@
 """Peer: the `verifiers` multi-turn tool environment through our OpenAI server vs our own rollout, in one run.
 
-One in-process vLLM engine (SmolLM2-135M-Instruct, bf16) is wrapped by `ToolAgentEngineWrapper(serve=True)`, which
+One in-process vLLM engine (SmolLM2-135M-Instruct, the platform's dtype: fp32 on CPUs without native bf16) is wrapped by `ToolAgentEngineWrapper(serve=True)`, which
 also serves it over HTTP (OpenAI API) on 127.0.0.1. The same GSM8K questions then run both ways, back to back,
 reversing the order in every other repeat:
 
@@ -157,9 +157,10 @@ def main() -> None:
         "smollm2", AutoTokenizer.from_pretrained(str(model)), sampling,
         max_prompt_length=2048, max_response_length=2048, n_parallel_agents=args.concurrency,
         max_steps=args.max_turns, model=model, tools=tools, system_prompt=DEFAULT_SYSTEM_PROMPT,
-        engine_options={"dtype": "bfloat16", "kv_cache_gib": 1.0, "max_model_len": 4096}, serve=True,
+        engine_options={"kv_cache_gib": 1.0, "max_model_len": 4096}, serve=True,  # the platform's dtype
     )  # fmt: skip
     wrapper.initialize()
+    dtype = wrapper.engines[0].config.dtype
     address = wrapper.server_addresses[0]
     tool = wrapper.tools[0].schema["function"]
     runs: list[dict[str, Any]] = []
@@ -194,7 +195,7 @@ def main() -> None:
     forced = "every turn one forced calculator call (tool_choice=required), " if args.force_tool_calls else ""
     print(f"peer: verifiers {runs[0]['verifiers']['verifiers_version']} ToolEnv over our server vs our rollout; "
           f"{args.tasks} GSM8K tasks, {args.concurrency} in flight, {forced}<= {args.max_turns} turns of "
-          f"<= {args.max_tokens} tokens, greedy, {args.model} bf16")  # fmt: skip
+          f"<= {args.max_tokens} tokens, greedy, {args.model} {dtype}")  # fmt: skip
     print(table(headers, rows))
     ratios = {side: [r[f"ratio_{side}"] for r in runs] for side in SIDES[1:]}
     for side, values in ratios.items():
@@ -211,7 +212,7 @@ def main() -> None:
         goals.append(Goal(f"trajectories not of exactly {args.max_turns} turns", off_limit, "==", 0, digits=0))
     save("peer_verifiers", {
         "tasks": args.tasks, "concurrency": args.concurrency, "max_turns": args.max_turns, "max_tokens": args.max_tokens,
-        "sampling": {"temperature": 0.0}, "force_tool_calls": args.force_tool_calls, "model": args.model, "runs": runs,
+        "sampling": {"temperature": 0.0}, "dtype": dtype, "force_tool_calls": args.force_tool_calls, "model": args.model, "runs": runs,
         "ratio_tokens_per_s": sum(ratios["ours"]) / len(runs), "ratio_tokens_per_s_min": min(ratios["ours"]),
         "ratio_no_alignment_check_tokens_per_s": sum(ratios["ours_no_check"]) / len(runs),
         "turns_per_trajectory": turns_per_trajectory, "same_turn_counts": same_turns,

@@ -119,6 +119,31 @@ async def test_engine_call_runs_between_steps_and_wraps_errors(engine):
         await engine.call(boom)
 
 
+async def test_a_turn_continuation_recomputes_less_than_one_kv_block(engine, tokenizer):
+    # A continuation re-sends the history (prompt + sampled tokens) plus the observation. The prefix cache holds whole
+    # blocks only: the history's last, partial block is prefilled again. On the CPU that block is 32 tokens (vLLM's
+    # own CPU default, 128, recomputed ~80 tokens per turn).
+    from vllm import SamplingParams
+
+    from ascend.device import current_platform
+
+    block = await engine.call(lambda llm: llm.llm_engine.vllm_config.cache_config.block_size)
+    if not current_platform().is_accelerator:
+        assert block == 32
+    await engine.call(lambda llm: llm.reset_prefix_cache())
+    first = _prompt(tokenizer, "List the planets of the solar system, one per line, with one fact about each.")
+    turn = await engine.generate(first, {"max_tokens": 70, "min_tokens": 70, "temperature": 0.0})
+    history = first + turn.token_ids
+    continuation = history + tokenizer.encode("<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n", add_special_tokens=False)
+
+    def cached_tokens(llm):
+        (out,) = llm.generate([{"prompt_token_ids": continuation}], SamplingParams(max_tokens=1), use_tqdm=False)
+        return out.num_cached_tokens
+
+    cached = await engine.call(cached_tokens)
+    # The last sampled token was never fed back, so its KV (and its block, if that is the last one) is not cached.
+    assert cached % block == 0 and len(history) - 1 - block < cached <= len(history) - 1
+
 async def test_engine_used_before_start_or_after_close_raises(model_dir):
     eng = VLLMEngine(VLLMEngineConfig(model=model_dir))
     with pytest.raises(EngineError, match="not started"):
