@@ -24,11 +24,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     Returns:
         (B, T) float32 log-probabilities in nats.
     """
-    out = torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
-    for i in range(logits.shape[0]):  # a (T, V) float32 copy at a time instead of (B, T, V)
-        row = logits[i].float()
-        out[i] = row.gather(-1, targets[i].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1)
-    return out
+    # A (T, V) float32 copy at a time instead of (B, T, V). Rows come from `unbind`, whose backward stacks the B row
+    # gradients once; indexing `logits[i]` instead made every row's backward a zero-filled (B, T, V) tensor, summed
+    # B times (12% of a SmolLM2-135M SFT step on the CPU).
+    rows = [
+        row.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1)
+        for row, target in zip((r.float() for r in logits.unbind(0)), targets.unbind(0), strict=True)
+    ]
+    return torch.stack(rows) if rows else torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
 
 
 def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = True) -> torch.Tensor:  # noqa: ANN001
@@ -60,8 +63,11 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
             cache.batch_repeat_interleave(batch.input_ids.shape[0])
             inputs = {**suffix_inputs(batch.input_ids, batch.attention_mask, batch.position_ids, p, k),
                       "past_key_values": cache, "use_cache": True}  # fmt: skip
-    logits = model(**inputs, logits_to_keep=r + 1).logits[:, :r]  # columns P - 1 ... P + R - 1, less the last
-    return token_logprobs(logits, batch.responses)
+    # Exactly the R columns that predict response tokens (P - 1 ... P + R - 2 of the full row): naming them, rather
+    # than keeping R + 1 and slicing the last off, spares the backward a zero-filled copy of the (B, R + 1, V) logits.
+    width = inputs["input_ids"].shape[1]
+    keep = torch.arange(width - r - 1, width - 1, device=batch.input_ids.device)
+    return token_logprobs(model(**inputs, logits_to_keep=keep).logits, batch.responses)
 
 
 def _forward_takes(model: torch.nn.Module, argument: str) -> bool:

@@ -17,6 +17,7 @@ import torch
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.train.loss import response_logprobs
+from agentic_rl.train.optim import adamw
 from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.types import Trajectory
 
@@ -65,8 +66,7 @@ class SFTTrainer:
         self.micro_batch_size = micro_batch_size
         self.max_grad_norm = max_grad_norm
         self.bf16_autocast = bf16_autocast
-        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr,
-                                           weight_decay=weight_decay)  # fmt: skip
+        self.optimizer = adamw(model.parameters(), lr=lr, weight_decay=weight_decay)
         self.steps_done = 0
 
     def _autocast(self, device: torch.device) -> Any:

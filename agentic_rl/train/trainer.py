@@ -17,6 +17,7 @@ from agentic_rl.errors import TrainingError
 from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.loss import grpo_loss, response_logprobs
+from agentic_rl.train.optim import adamw
 from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.types import Trajectory
 
@@ -110,10 +111,7 @@ class GRPOTrainer:
             dist.broadcast_params_(model)  # identical start on every rank
         self.config = config or GRPOConfig()
         self.pad_token_id = pad_token_id
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=self.config.lr,
-            weight_decay=self.config.weight_decay,
-        )  # fmt: skip
+        self.optimizer = adamw(model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay)
         if self.config.kl_coef > 0 and reference is None:
             import copy
 

@@ -56,6 +56,22 @@ def test_token_logprobs_match_log_softmax():
     assert torch.allclose(token_logprobs(logits, targets), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprobs_gradient_matches_log_softmax(dtype):
+    logits = torch.randn(3, 5, 17).to(dtype).requires_grad_(True)
+    reference = logits.detach().clone().requires_grad_(True)
+    targets = torch.randint(0, 17, (3, 5))
+    weights = torch.randn(3, 5)
+    (token_logprobs(logits, targets) * weights).sum().backward()
+    (torch.log_softmax(reference.float(), -1).gather(-1, targets[..., None])[..., 0] * weights).sum().backward()
+    assert logits.grad.dtype == dtype
+    assert torch.allclose(logits.grad.float(), reference.grad.float(), atol=1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_token_logprobs_of_an_empty_batch_is_empty():
+    assert token_logprobs(torch.zeros(0, 4, 7), torch.zeros(0, 4, dtype=torch.long)).shape == (0, 4)
+
+
 def test_loss_equals_negative_advantage_weighted_ratio_on_policy():
     new = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
     old = new.detach().clone()
