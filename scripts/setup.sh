@@ -23,12 +23,17 @@ python_bin="${PYTHON:-python3.11}"
 command -v "$python_bin" >/dev/null || python_bin=python3
 [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
 stamp_file=.venv/.agentic_rl_installed
-digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+# What an install is for: the extras, pyproject.toml and the venv's Python (a venv rebuilt over a missing
+# interpreter keeps the stamp but not the packages).
+digest="$(sha256sum pyproject.toml | cut -d' ' -f1) $(.venv/bin/python -c 'import sys; print(sys.version.split()[0])')"
 stamp="$extras $digest"
+installed=0
 # A run without --test after one with it finds everything it needs already there.
 if [ -f "$stamp_file" ] && grep -qxF -e "$stamp" -e "$extra,test $digest" "$stamp_file"; then
     echo "agentic_rl: .venv already holds [$extras] for this pyproject.toml; install skipped"
 else
+    rm -f "$stamp_file"  # until this install has finished and imports
+    installed=1
     # pip byte-compiles on one core; compileall below does the same work on all of them (~40 s less on 2 cores).
     # Compiling up front matters where PYTHONDONTWRITEBYTECODE is set: nothing would ever be cached otherwise.
     .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e ".[${extras}]"
@@ -39,7 +44,6 @@ else
     fi
     # Files that do not compile (templates, other Python versions' code) are skipped, as pip skips them.
     .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
-    echo "$stamp" > "$stamp_file"
 fi
 # The viewer's browser test drives Debian's chromium through playwright (no browser download). Installed when
 # running as root with apt; elsewhere that test skips and says why.
@@ -55,3 +59,4 @@ fi
 import transformers, vllm, agentic_rl  # noqa: F401  (fails here, not later, if the install is broken)
 print(f"agentic_rl ready: vllm {vllm.__version__}, transformers {transformers.__version__}")
 PY
+if [ "$installed" = 1 ]; then echo "$stamp" > "$stamp_file"; fi

@@ -69,7 +69,7 @@ class VLLMEngineConfig(Config):
         block_size: KV-cache block size in tokens (None: the platform's; 32 on the CPU). Prefix caching reuses whole
             blocks only, so each turn's continuation recomputes the history's last, partial block: with vLLM's CPU
             default of 128 that was ~80 tokens per continuation (a multi-turn rollout prefilled 31% more tokens
-            than the same work in one request); 32 is the smallest block the CPU attention kernel takes.
+            than the same work in one request); 32 is the smallest block vLLM's CPU backend took here.
         logprobs_mode: vLLM's `logprobs_mode`: `raw_logprobs` (before temperature / top-p) or
             `processed_logprobs` (of the distribution actually sampled from).
         enable_sleep_mode: let `sleep()` free engine memory while training (GPU/NPU only; ignored on the CPU).
@@ -98,8 +98,9 @@ class VLLMEngineConfig(Config):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
-#: KV block size on the CPU: the smallest the CPU attention kernel accepts (a multiple of 32), so that a turn's
-#: continuation recomputes at most 31 tokens of history the prefix cache cannot hold (vLLM's CPU default is 128).
+#: KV block size on the CPU, so that a turn's continuation recomputes at most 31 tokens of history the prefix cache
+#: cannot hold (vLLM's CPU default is 128). vLLM 0.32's CPU attention backend wants a multiple of 32 for its default
+#: kernel and refused 16 here ("No common block size for 16").
 _CPU_BLOCK_SIZE = 32
 
 

@@ -17,7 +17,7 @@ from agentic_rl.errors import TrainingError
 from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.loss import grpo_loss, response_logprobs
-from agentic_rl.train.optim import adamw
+from agentic_rl.train.optim import adamw, load_optimizer_state
 from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.types import Trajectory
 
@@ -137,7 +137,7 @@ class GRPOTrainer:
         Raises:
             ValueError: from the optimizer, if its saved parameter groups do not fit this model's.
         """
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.steps_done = int(state["steps_done"])
         self.skipped_steps = int(state["skipped_steps"])
         self.consecutive_skips = int(state["consecutive_skips"])

@@ -67,6 +67,8 @@ def test_engine_arguments_follow_the_platform(fake_npu, model_dir):
     npu_kwargs = _llm_kwargs(VLLMEngineConfig(model=model_dir, enable_sleep_mode=True))
     assert npu_kwargs["enable_sleep_mode"] is True and "gpu_memory_utilization" in npu_kwargs
     assert "kv_cache_memory_bytes" not in npu_kwargs
+    assert "block_size" not in npu_kwargs  # vLLM's own on accelerators
+    assert _llm_kwargs(VLLMEngineConfig(model=model_dir, block_size=64))["block_size"] == 64
 
 
 def test_engine_arguments_on_the_cpu(model_dir):
@@ -74,6 +76,9 @@ def test_engine_arguments_on_the_cpu(model_dir):
 
     kwargs = _llm_kwargs(VLLMEngineConfig(model=model_dir, kv_cache_gib=0.5, enable_sleep_mode=True))
     assert kwargs["kv_cache_memory_bytes"] == 1 << 29 and "enable_sleep_mode" not in kwargs
+    assert kwargs["block_size"] == 32
+    assert _llm_kwargs(VLLMEngineConfig(model=model_dir, block_size=128))["block_size"] == 128
+    assert _llm_kwargs(VLLMEngineConfig(model=model_dir, block_size=64, engine_kwargs={"block_size": 96}))["block_size"] == 96
 
 
 @pytest.mark.parametrize(("device", "backend"), [("cpu", "gloo"), ("cuda:0", "nccl"), ("npu:1", "hccl")])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentic_rl.train.optim import adamw
+from agentic_rl.train.optim import adamw, load_optimizer_state
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -36,3 +36,25 @@ def test_adamw_updates_match_the_reference_implementation():
     for a, b in zip(fused.parameters(), reference.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
     assert not torch.equal(fused[2].weight, _model(1)[2].weight)  # it did move
+
+
+def test_a_state_saved_by_an_unfused_optimizer_resumes_fused_with_the_same_updates():
+    data = torch.randn(16, 6, generator=torch.Generator().manual_seed(3))
+
+    def steps(model, optimizer, n):
+        for _ in range(n):
+            optimizer.zero_grad()
+            model(data).square().mean().backward()
+            optimizer.step()
+
+    old, reference = _model(4), _model(4)
+    opt_old = torch.optim.AdamW([p for p in old.parameters() if p.requires_grad], lr=1e-2, fused=False)
+    opt_reference = torch.optim.AdamW([p for p in reference.parameters() if p.requires_grad], lr=1e-2, fused=False)
+    steps(old, opt_old, 2)
+    steps(reference, opt_reference, 4)
+    resumed = adamw(old.parameters(), lr=1e-2, weight_decay=0.01)
+    load_optimizer_state(resumed, opt_old.state_dict())
+    assert resumed.param_groups[0]["fused"] is True
+    steps(old, resumed, 2)
+    for a, b in zip(old.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
