@@ -30,9 +30,14 @@ from common import RESULTS, Goal, save, table, verdict
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run_dir(runs_dir: Path, name: str, seed: int) -> Path:
+    """The folder of one seed's training run."""
+    return runs_dir / f"{name}-seed{seed}"
+
+
 def run_seed(config: str, seed: int, overrides: list[str], runs_dir: Path, name: str) -> dict[str, Any]:
     """Train with `seed`, then `read_run`."""
-    out = runs_dir / f"{name}-seed{seed}"
+    out = run_dir(runs_dir, name, seed)
     if out.exists():
         shutil.rmtree(out)
     command = [sys.executable, "-m", "agentic_rl.cli", "train", "--config", config, "--set", f"seed={seed}",
@@ -118,7 +123,7 @@ def main() -> None:
     parser.add_argument("--read-only", action="store_true", help="summarize the runs already in --runs-dir")
     args = parser.parse_args()
     runs_dir = Path(args.runs_dir)
-    runs = [read_run(runs_dir / f"{args.name}-seed{seed}", seed, args.name) if args.read_only
+    runs = [read_run(run_dir(runs_dir, args.name, seed), seed, args.name) if args.read_only
             else run_seed(args.config, seed, args.set, runs_dir, args.name) for seed in args.seeds]  # fmt: skip
     for r in runs:
         gains = [c["elapsed_s"] for c in r["curve"]
