@@ -9,6 +9,7 @@ from typing import Literal
 import torch
 
 from agentic_rl.errors import ConfigError, TrajectoryError
+from agentic_rl.train.buckets import length_buckets
 from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length, suffix_inputs
 
 __all__ = ["LOG_RATIO_MAX", "LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
@@ -34,37 +35,76 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows) if rows else torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
 
 
-def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = True) -> torch.Tensor:  # noqa: ANN001
+def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = True,  # noqa: ANN001
+                      bucket: bool = True) -> torch.Tensor:  # fmt: skip
     """Log-probabilities the model gives each response token of a packed batch (`PackedBatch`).
 
-    Only the R + 1 last columns go through the output head when the model takes `logits_to_keep` (transformers'
-    causal LMs do): the prompt columns' logits are never used, and the head (vocabulary x hidden) is a large share
-    of a small model's compute (21% of SmolLM2-135M's forward per token). With `share_prefix`, the tokens every
-    row opens with (at least `MIN_SHARED_PREFIX`: the system prompt and tool schema, a GRPO group's question) run
-    once and reach the rows through a key/value cache (`train.shared_prefix`). The values and gradients are the
-    same either way, up to float summation order.
+    Only the columns that predict response tokens go through the output head when the model takes
+    `logits_to_keep` (transformers' causal LMs do): the prompt columns' logits are never used, and the head
+    (vocabulary x hidden) is a large share of a small model's compute (21% of SmolLM2-135M's forward per token).
+    Two more savings, both giving the same values and gradients up to float summation order:
+
+    - `share_prefix`: the tokens every row opens with (at least `MIN_SHARED_PREFIX`: the system prompt and tool
+      schema, a GRPO group's question) run once and reach the rows through a key/value cache
+      (`train.shared_prefix`).
+    - `bucket`: rows of similar length run as separate forward passes, each padded only to its own rows
+      (`train.buckets.length_buckets`), and their logprobs are put back in row order.
 
     Returns:
-        (B, R) float32; the logits predicting response token j come from column P - 1 + j.
+        (B, R) float32; the logits predicting response token j come from column P - 1 + j. Columns past a row's
+        last real response token hold 0 or the logprob of a pad token (masked by `response_mask` either way).
     """
     p = batch.prompt_width
     r = batch.responses.shape[1]
-    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
     if not _forward_takes(model, "logits_to_keep"):
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                  "position_ids": batch.position_ids}  # fmt: skip
         return token_logprobs(model(**inputs).logits[:, p - 1 : p - 1 + r], batch.responses)
     k = shared_prefix_length(batch.input_ids, batch.attention_mask, p) if share_prefix else 0
-    if k >= MIN_SHARED_PREFIX and _forward_takes(model, "past_key_values"):
-        start = p - int(batch.attention_mask[0, :p].sum())
-        prefix = batch.input_ids[:1, start : start + k]
-        positions = torch.arange(k, device=prefix.device).unsqueeze(0)
-        cache = getattr(model(input_ids=prefix, position_ids=positions, use_cache=True, logits_to_keep=1),
-                        "past_key_values", None)  # fmt: skip
-        if hasattr(cache, "batch_repeat_interleave"):  # else (a model without a transformers cache): the full forward
-            cache.batch_repeat_interleave(batch.input_ids.shape[0])
-            inputs = {**suffix_inputs(batch.input_ids, batch.attention_mask, batch.position_ids, p, k),
-                      "past_key_values": cache, "use_cache": True}  # fmt: skip
+    cache = _prefix_cache(model, batch, k) if k >= MIN_SHARED_PREFIX else None
+    k = k if cache is not None else 0
+    groups = length_buckets(batch.attention_mask, p, skip=k) if bucket else []
+    if len(groups) < 2:
+        return _logprobs(model, batch, cache, k)
+    parts = []
+    for rows in groups:
+        part = _logprobs(model, batch.select(rows, trim=True), cache, k)
+        parts.append(torch.nn.functional.pad(part, (0, r - part.shape[1])))
+    order = torch.cat(groups)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return torch.cat(parts)[inverse]
+
+
+def _prefix_cache(model: torch.nn.Module, batch, k: int):  # noqa: ANN001, ANN202
+    """The key/value cache of the first k real tokens of row 0 (batch 1), or None where the model has none that
+    `_logprobs` can reuse (it then runs the full rows)."""
+    if not _forward_takes(model, "past_key_values"):
+        return None
+    p = batch.prompt_width
+    start = p - int(batch.attention_mask[0, :p].sum())
+    prefix = batch.input_ids[:1, start : start + k]
+    positions = torch.arange(k, device=prefix.device).unsqueeze(0)
+    cache = getattr(model(input_ids=prefix, position_ids=positions, use_cache=True, logits_to_keep=1),
+                    "past_key_values", None)  # fmt: skip
+    reusable = all(hasattr(cache, name) for name in ("batch_select_indices", "crop", "get_seq_length"))
+    return cache if reusable else None
+
+
+def _logprobs(model: torch.nn.Module, batch, cache, k: int) -> torch.Tensor:  # noqa: ANN001
+    """(B, R) response logprobs of one forward pass; rows read their first k tokens from `cache` when k > 0."""
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
+    if k:
+        grown = cache.get_seq_length() - k  # what an earlier group's pass appended to the prefix
+        if grown:
+            cache.crop(-grown)  # a negative count removes that many tokens, in every transformers version
+        cache.batch_select_indices(torch.zeros(batch.input_ids.shape[0], dtype=torch.int64,
+                                               device=batch.input_ids.device))  # fmt: skip
+        inputs = {**suffix_inputs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_width, k),
+                  "past_key_values": cache, "use_cache": True}  # fmt: skip
     # Exactly the R columns that predict response tokens (P - 1 ... P + R - 2 of the full row): naming them, rather
     # than keeping R + 1 and slicing the last off, spares the backward a zero-filled copy of the (B, R + 1, V) logits.
+    r = batch.responses.shape[1]
     width = inputs["input_ids"].shape[1]
     keep = torch.arange(width - r - 1, width - 1, device=batch.input_ids.device)
     return token_logprobs(model(**inputs, logits_to_keep=keep).logits, batch.responses)

@@ -1,14 +1,17 @@
-"""The shared-prefix forward: the same logprobs and gradients as the full forward, for fewer token passes."""
+"""The shared-prefix and length-bucketed forwards: the same logprobs and gradients as the full forward, for fewer
+token passes."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentic_rl.train.buckets import length_buckets
 from agentic_rl.train.loss import response_logprobs
 from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length
@@ -94,3 +97,54 @@ def test_shared_prefix_length_is_the_common_opening_less_one_token_of_the_shorte
         common += 1
     expected = common if len(prompts) > 1 else 0
     assert shared_prefix_length(ids, mask, width) == expected
+
+
+def test_length_buckets_give_the_full_forwards_logprobs_and_gradients(tiny):
+    """Rows of very different lengths run as separate passes (with and without the shared prefix): same result."""
+    system = _ids(0, 40)
+    lengths = [(3, 4), (150, 90), (5, 2), (140, 100), (1, 6)]  # (prompt tail, response) tokens
+    rows = [_trajectory(system + _ids(20 + i, a), _ids(30 + i, b), [1, 0] * (b // 2) + [1] * (b % 2), i)
+            for i, (a, b) in enumerate(lengths)]  # fmt: skip
+    batch = pack_trajectories(rows, pad_token_id=PAD)
+    assert len(length_buckets(batch.attention_mask, batch.prompt_width)) >= 2
+    model = copy.deepcopy(tiny).train()
+
+    def run(share: bool, bucket: bool):
+        model.zero_grad()
+        logprobs = response_logprobs(model, batch, share_prefix=share, bucket=bucket)
+        assert logprobs.shape == batch.responses.shape
+        (logprobs * batch.response_mask).sum().backward()
+        return logprobs.detach(), [p.grad.clone() for p in model.parameters()]
+
+    full, full_grads = run(share=False, bucket=False)
+    on = batch.response_mask.bool()
+    for share in (False, True):
+        got, grads = run(share=share, bucket=True)
+        torch.testing.assert_close(got[on], full[on], rtol=0, atol=1e-5)
+        for a, b in zip(grads, full_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _cost(prompts, responses, group, skip, overhead):
+    return len(group) * (max(prompts[i] for i in group) + max(responses[i] for i in group) - skip) + overhead
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(0, 60)), min_size=1, max_size=7),
+       st.sampled_from([0, 8, 64]))  # fmt: skip
+def test_length_buckets_cover_every_row_once_at_the_least_cost_of_any_split_of_the_length_order(rows, overhead):
+    prompts = [p for p, _ in rows]
+    responses = [r for _, r in rows]
+    width = max(prompts)
+    mask = torch.tensor([[0] * (width - p) + [1] * p + [1] * r + [0] * (max(responses) - r) for p, r in rows])
+    skip = min(prompts) - 1
+    groups = [g.tolist() for g in length_buckets(mask, width, skip=skip, overhead=overhead)]
+    assert sorted(i for g in groups for i in g) == list(range(len(rows)))
+    got = sum(_cost(prompts, responses, g, skip, overhead) for g in groups)
+    order = sorted(range(len(rows)), key=lambda i: (prompts[i] + responses[i], i))
+    cheapest = min(
+        sum(_cost(prompts, responses, order[a:b], skip, overhead) for a, b in itertools.pairwise((0, *cuts, len(rows))))
+        for n in range(len(rows)) for cuts in itertools.combinations(range(1, len(rows)), n)
+    )  # fmt: skip
+    assert got == cheapest
+    assert got <= _cost(prompts, responses, list(range(len(rows))), skip, overhead)
