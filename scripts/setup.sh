@@ -37,11 +37,10 @@ else
     # Neither installer byte-compiles here; compileall below does it on all cores (pip does it on one: ~40 s more).
     # Compiling up front matters where PYTHONDONTWRITEBYTECODE is set: nothing would ever be cached otherwise.
     # uv installs the same packages ~5x faster than pip (75 s -> 14 s for the CPU engine here). It does not read
-    # pip's configuration, so pip's indexes, find-links and constraints are passed on (scripts/pip_config_for_uv.py),
-    # with pip's rule of taking the best version from any index. Any failure falls back to pip itself.
-    if .venv/bin/python -m pip install -q --disable-pip-version-check uv >/dev/null 2>&1 \
-        && mapfile -t uv_args < <(.venv/bin/python scripts/pip_config_for_uv.py) \
-        && .venv/bin/uv pip install -q --python .venv/bin/python "${uv_args[@]}" -e ".[${extras}]"; then
+    # pip's configuration; scripts/install_with_uv.py passes on what pip would use (indexes, find-links,
+    # constraints, ...) and refuses settings it cannot carry over. Any failure falls back to pip itself.
+    if .venv/bin/python -m pip install -q --disable-pip-version-check uv \
+        && .venv/bin/python scripts/install_with_uv.py -q -e ".[${extras}]"; then
         :
     else
         echo "agentic_rl: installing with pip (uv was not available or failed)" >&2

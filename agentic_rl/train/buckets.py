@@ -3,7 +3,9 @@
 A packed batch pads every row to the longest prompt plus the longest response. Rows of a tool-use batch differ
 a lot in length (one tool call or three, a short or a long answer), so a third or more of a padded forward can be
 padding. `length_buckets` splits the rows into groups of similar length, each run as its own forward pass (after
-`PackedBatch.select(..., trim=True)`), choosing the split that minimizes padded tokens plus a fixed cost per pass.
+`PackedBatch.select(..., trim=True)`): of the splits of the rows ordered by length into consecutive runs, the one
+with the fewest padded token passes plus a fixed cost per pass. (A split outside that order can be cheaper when
+rows of one length differ in how it divides between prompt and response; the length order is the usual case.)
 """
 
 from __future__ import annotations

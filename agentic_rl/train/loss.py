@@ -78,7 +78,7 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
 
 def _prefix_cache(model: torch.nn.Module, batch, k: int):  # noqa: ANN001, ANN202
     """The key/value cache of the first k real tokens of row 0 (batch 1), or None where the model has none that
-    `_logprobs` can reuse (it then runs the full rows)."""
+    `_logprobs` can reuse (no `past_key_values`, or a cache other than plain full attention): rows then run whole."""
     if not _forward_takes(model, "past_key_values"):
         return None
     p = batch.prompt_width
@@ -87,8 +87,22 @@ def _prefix_cache(model: torch.nn.Module, batch, k: int):  # noqa: ANN001, ANN20
     positions = torch.arange(k, device=prefix.device).unsqueeze(0)
     cache = getattr(model(input_ids=prefix, position_ids=positions, use_cache=True, logits_to_keep=1),
                     "past_key_values", None)  # fmt: skip
-    reusable = all(hasattr(cache, name) for name in ("batch_select_indices", "crop", "get_seq_length"))
-    return cache if reusable else None
+    return cache if _plain_full_attention(cache) else None
+
+
+def _plain_full_attention(cache: object) -> bool:
+    """Whether every layer of a transformers cache keeps all past keys and values (`DynamicLayer` itself).
+
+    Only such a cache can be cropped back to the prefix for the next group, and only full attention sees the
+    prefix through the left padding `suffix_inputs` leaves between it and a row's own tokens: a sliding window
+    counts those pad columns, and sliding-window and linear-attention layers refuse `crop`.
+    """
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return False
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _logprobs(model: torch.nn.Module, batch, cache, k: int) -> torch.Tensor:  # noqa: ANN001

@@ -148,3 +148,26 @@ def test_length_buckets_cover_every_row_once_at_the_least_cost_of_any_split_of_t
     )  # fmt: skip
     assert got == cheapest
     assert got <= _cost(prompts, responses, list(range(len(rows))), skip, overhead)
+
+
+def test_a_sliding_window_model_gets_each_rows_own_logprobs():
+    """Sliding-window layers neither crop nor see the prefix across pad columns: such a model runs rows whole."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=4096, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=48,
+                           max_position_embeddings=1024)  # fmt: skip
+    model = MistralForCausalLM(config).eval()
+    system = _ids(0, 40)
+    lengths = [(3, 4), (150, 90), (5, 2), (140, 100), (1, 6)]
+    rows = [_trajectory(system + _ids(20 + i, a), _ids(30 + i, b), [1] * b, i) for i, (a, b) in enumerate(lengths)]
+    batch = pack_trajectories(rows, pad_token_id=PAD)
+    with torch.no_grad():
+        got = response_logprobs(model, batch)
+        for i in range(len(rows)):  # each row alone: no padding, no prefix sharing, no grouping
+            one = batch.select(torch.tensor([i]), trim=True)
+            alone = response_logprobs(model, one, share_prefix=False, bucket=False)[0]
+            width = one.responses.shape[1]
+            on = one.response_mask[0].bool()
+            torch.testing.assert_close(got[i, :width][on], alone[on], rtol=0, atol=1e-5)
