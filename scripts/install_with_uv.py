@@ -6,12 +6,16 @@ constraints, `no-index`, pre-releases, trusted hosts and the certificate bundle 
 `--index-strategy unsafe-best-match` (pip takes the best version from any index; uv by default only from the first
 index that has the package). uv does not byte-compile here; `scripts/setup.sh` does that on all cores.
 
-Exit status: uv's; 3 when pip's configuration holds a setting uv cannot honour the same way (proxy, client
+`--show-arguments` prints the uv arguments and environment as JSON (`{"args": [...], "env": {...}}`) and installs
+nothing.
+
+Exit status: uv's (0 for `--show-arguments`); 3 when pip's configuration holds a setting uv cannot honour the same way (proxy, client
 certificate, binary/source-only choices, prefer-binary), so that the caller installs with pip itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -69,6 +73,9 @@ def main(argv: list[str]) -> int:
     except Unmapped as exc:
         sys.stderr.write(f"install_with_uv: pip's configuration sets {exc}, which uv would not apply alike\n")
         return 3
+    if argv == ["--show-arguments"]:
+        sys.stdout.write(json.dumps({"args": args, "env": env}) + "\n")
+        return 0
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     if uv is None:
         sys.stderr.write("install_with_uv: uv is not installed\n")
