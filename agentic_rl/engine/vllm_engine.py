@@ -31,6 +31,7 @@ from pydantic import Field
 from agentic_rl.config import Config
 from agentic_rl.engine import weight_copy
 from agentic_rl.engine.base import Generation
+from agentic_rl.engine.load_log import counted_casts
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.engine.weight_copy import ScratchPool
 from agentic_rl.errors import EngineError
@@ -389,14 +390,15 @@ class VLLMEngine:
             tied = getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
             weights = [(n, t) for n, t in tensors if not (tied and n.endswith("lm_head.weight"))]
             why_not = "weight_sync is 'reload'" if self.config.weight_sync == "reload" else weight_copy.unavailable(llm)
-            if why_not is None:
-                stats = weight_copy.copy_weights(llm, weights, self._scratch)
-                path = f"in-place copy of {stats.tensors} tensors, {stats.repacked} layers re-packed"
-            else:
-                llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-                if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
-                    llm.apply_model(_refresh_tied_lm_head)
-                path = f"vLLM reload_weights (in-place copy not used: {why_not})"
+            with counted_casts(f"weight sync to version {self._weight_version + 1}"):
+                if why_not is None:
+                    stats = weight_copy.copy_weights(llm, weights, self._scratch)
+                    path = f"in-place copy of {stats.tensors} tensors, {stats.repacked} layers re-packed"
+                else:
+                    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+                    if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
+                        llm.apply_model(_refresh_tied_lm_head)
+                    path = f"vLLM reload_weights (in-place copy not used: {why_not})"
             # Set on the engine thread before it takes any further request from the inbox.
             self._stale_cache = not _drop_old_kv(llm)
             return time.perf_counter() - t0, path
@@ -462,7 +464,8 @@ class VLLMEngine:
         try:
             from vllm import LLM
 
-            llm = LLM(**_llm_kwargs(self.config))
+            with counted_casts(f"engine start ({self.config.model})"):
+                llm = LLM(**_llm_kwargs(self.config))
         except BaseException as exc:  # surfaces in start(); the thread ends
             self._ready.set_exception(exc)
             return

@@ -145,3 +145,31 @@ async def test_a_packed_layer_given_only_some_of_its_shards_is_rejected_and_keep
     with pytest.raises(EngineError, match=r"only some shards of the packed layers \['model.layers.0.self_attn.qkv"):
         await tiny_engine.update_weights([("model.layers.0.self_attn.q_proj.weight", q)])
     assert [g.logprobs for g in await _outputs(tiny_engine)] == [g.logprobs for g in before]
+
+
+@pytest.mark.parametrize("path", ["in_place", "reload"])
+async def test_fp32_weights_synced_into_a_bf16_engine_log_one_counted_line(tiny_bf16_engine, path, caplog):
+    """vLLM warns per tensor whose dtype differs from the engine's; the engine counts them in one line instead."""
+    import logging
+
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.engine.load_log import VLLM_LOADER_LOGGER
+    from agentic_rl.models import resolve_model
+
+    model = AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")), dtype=torch.float32)
+    reached: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = reached.append  # sees what passes the loader logger's filters (vLLM's loggers do not propagate)
+    loader_log = logging.getLogger(VLLM_LOADER_LOGGER)
+    loader_log.addHandler(handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="agentic_rl.engine.load_log"):
+            await _sync(tiny_bf16_engine, model, path)
+    finally:
+        loader_log.removeHandler(handler)
+    assert not [r for r in reached if r.getMessage().startswith("Attempted to load weight")]
+    lines = [r.getMessage() for r in caplog.records if r.name == "agentic_rl.engine.load_log"]
+    assert len(lines) == 1, lines
+    assert "weight tensors stored as torch.float32 served as torch.bfloat16" in lines[0]
+    assert int(lines[0].split(": ")[1].split()[0]) > 0
