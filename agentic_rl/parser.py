@@ -14,7 +14,12 @@ Some models write several calls as one JSON array in a single block::
 
 Each element of such an array is one call. Pure functions: no engine, no I/O. Malformed calls are returned as
 `ToolCallError` items so the environment can answer them with error text; nothing here raises on model output
-(JSON the decoder refuses, nested too deep or holding an integer too long to convert, is a `ToolCallError` too).
+(JSON the decoder refuses, nested more than `MAX_JSON_DEPTH` levels deep or holding an integer too long to convert,
+is a `ToolCallError` too).
+
+Nesting is bounded before decoding, by `json_nesting_exceeds`, not by the decoder running into the interpreter's
+recursion limit: that limit is process-wide state that libraries raise (then 1,000 nested brackets decoded in one
+process and failed in another), and past it the C decoder's recursion can overflow the thread's stack.
 """
 
 from __future__ import annotations
@@ -25,11 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
     "ParsedToolCall",
     "ToolCall",
     "ToolCallError",
+    "json_nesting_exceeds",
     "parse_tool_calls",
     "split_thought",
 ]
@@ -37,11 +44,60 @@ __all__ = [
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
 
+MAX_JSON_DEPTH = 64
+"""Arrays and objects nested deeper than this are refused unread (a tool call's JSON here, a request body in the
+server). Tool arguments nest a few levels; 64 leaves room for any real schema, far below the recursion limit."""
+
 _DECODER = json.JSONDecoder()
 _JSON_SPACE = " \t\n\r"
 # Everything the JSON decoder raises on bad input: `JSONDecodeError` (a `ValueError`), `ValueError` for an integer
-# literal past Python's digit limit, `RecursionError` for arrays or objects nested past the interpreter's depth.
+# literal past Python's digit limit, `RecursionError` should the stack already be deep when it decodes.
 _JSON_ERRORS = (ValueError, RecursionError)
+_TOO_DEEP = f"nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+# JSON text as consecutive tokens: a run of other characters, a string (its closing quote optional, so that an
+# unterminated one is a single token and nothing is scanned twice), or one bracket. Linear in the text.
+_NESTING_TOKENS = re.compile(r'[^"\[\]{}]+|"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
+
+
+class _TooDeep(ValueError):
+    pass
+
+
+def json_nesting_exceeds(text: str, start: int = 0, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON value at `text[start]` (after any whitespace) nests arrays/objects more than `limit` deep.
+
+    Brackets inside strings do not count. Only the first value is scanned: the scan stops where its outermost
+    bracket closes. Text that is not valid JSON is scanned the same way (the decoder then says what is wrong).
+    Iterative, linear in the text: safe on any input.
+    """
+    depth = 0
+    for match in _NESTING_TOKENS.finditer(text, start):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif token in ("]", "}"):
+            depth -= 1
+            if depth <= 0:
+                return False
+        elif depth == 0 and not token.isspace():
+            return False  # a scalar, or not JSON: no nesting
+    return False
+
+
+def _decode(text: str, pos: int) -> tuple[Any, int]:
+    """`raw_decode` of the value at `text[pos]`, refusing nesting past `MAX_JSON_DEPTH` before it decodes."""
+    if json_nesting_exceeds(text, pos):
+        raise _TooDeep(_TOO_DEEP)
+    return _DECODER.raw_decode(text, pos)
+
+
+def _loads(text: str) -> Any:
+    """`json.loads`, refusing nesting past `MAX_JSON_DEPTH` before it decodes."""
+    if json_nesting_exceeds(text):
+        raise _TooDeep(_TOO_DEEP)
+    return json.loads(text)
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 
 
@@ -74,7 +130,7 @@ def _to_call(obj: Any, raw: str) -> ParsedToolCall:
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):  # OpenAI style: arguments as a JSON-encoded string
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = _loads(arguments) if arguments.strip() else {}
         except _JSON_ERRORS as exc:
             return ToolCallError(f'"arguments" of {name!r} is a string that is not valid JSON: {_reason(exc)}', raw)
     if arguments is None:
@@ -87,8 +143,8 @@ def _to_call(obj: Any, raw: str) -> ParsedToolCall:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, json.JSONDecodeError):
         return exc.msg
-    if isinstance(exc, RecursionError):
-        return "nested too deeply"
+    if isinstance(exc, (RecursionError, _TooDeep)):
+        return _TOO_DEEP
     return str(exc).split(";")[0]  # e.g. an integer past Python's digit limit, without the advice for programmers
 
 
@@ -106,8 +162,8 @@ def _array_calls(text: str, start: int) -> list[ParsedToolCall]:
         return [ToolCallError("empty array of tool calls", text[start : pos + 1])]
     while True:
         try:
-            obj, end = _DECODER.raw_decode(text, pos)
-        except _JSON_ERRORS as exc:  # only if this deeper call stack meets the depth limit the whole array did not
+            obj, end = _DECODER.raw_decode(text, pos)  # an element of an array that passed the depth check
+        except _JSON_ERRORS as exc:  # only if this deeper call stack meets the recursion limit the array did not
             return [*calls, ToolCallError(f"invalid JSON in tool call: {_reason(exc)}", text[pos:].strip())]
         calls.append(_to_call(obj, text[pos:end]))
         pos = _skip_space(text, end)
@@ -139,7 +195,7 @@ def parse_tool_calls(text: str) -> list[ParsedToolCall]:
         while start < len(text) and text[start].isspace():
             start += 1
         try:
-            obj, end = _DECODER.raw_decode(text, start)
+            obj, end = _decode(text, start)
         except _JSON_ERRORS as exc:
             # The bad call ends at its closing tag, or at the next opening tag if that comes first.
             ends = [i for i in (text.find(TOOL_CALL_CLOSE, body_start), text.find(TOOL_CALL_OPEN, body_start)) if i != -1]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
 from agentic_rl.parser import (
+    MAX_JSON_DEPTH,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     ToolCall,
     ToolCallError,
+    json_nesting_exceeds,
     parse_tool_calls,
     split_thought,
 )
@@ -407,18 +410,44 @@ def test_parser_reports_an_array_that_is_not_valid_json_once():
 # --------------------------------------------------------------------------------------------------- hostile JSON
 
 
-@pytest.mark.parametrize("depth", [1_000, 100_000])
-def test_parser_reports_json_nested_past_the_interpreter_depth(depth):
-    calls = parse_tool_calls(call_text("[" * depth + "]" * depth) + call_text({"name": "after"}))
-    assert len(calls) == 2
-    assert calls[0] == ToolCallError("invalid JSON in tool call: nested too deeply", "[" * depth + "]" * depth)
-    assert calls[1] == ToolCall(name="after", arguments={}, raw='{"name": "after"}')
+TOO_DEEP = f"invalid JSON in tool call: nested too deeply (more than {MAX_JSON_DEPTH} levels)"
+
+
+@pytest.mark.parametrize("recursion_limit", [None, 200_000])  # libraries raise it; the outcome must not change
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 1_000, 100_000])
+def test_parser_refuses_json_nested_past_the_limit_whatever_the_recursion_limit(depth, recursion_limit):
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(recursion_limit or before)
+    try:
+        calls = parse_tool_calls(call_text("[" * depth + "]" * depth) + call_text({"name": "after"}))
+    finally:
+        sys.setrecursionlimit(before)
+    assert calls == [ToolCallError(TOO_DEEP, "[" * depth + "]" * depth), ToolCall("after", {}, '{"name": "after"}')]
+
+
+def test_parser_decodes_json_nested_exactly_to_the_limit():
+    args = "[" * (MAX_JSON_DEPTH - 2) + "]" * (MAX_JSON_DEPTH - 2)  # + the call object and its arguments object
+    body = '{"name": "f", "arguments": {"x": ' + args + "}}"
+    calls = parse_tool_calls(call_text(body))
+    assert len(calls) == 1 and isinstance(calls[0], ToolCall) and calls[0].arguments == {"x": json.loads(args)}
+    deeper = '{"name": "f", "arguments": {"x": [' + args + "]}}"
+    assert parse_tool_calls(call_text(deeper)) == [ToolCallError(TOO_DEEP, deeper)]
 
 
 def test_parser_reports_deep_nesting_inside_the_call_object():
     body = '{"name": "f", "arguments": {"x": ' + "[" * 5_000 + "]" * 5_000 + "}}"
     calls = parse_tool_calls(call_text(body))
-    assert calls == [ToolCallError("invalid JSON in tool call: nested too deeply", body)]
+    assert calls == [ToolCallError(TOO_DEEP, body)]
+
+
+@pytest.mark.parametrize(
+    ("text", "exceeds"),
+    [('{"a": "[[[[[[[[[["}', False), ('{"a": "\\"}' + "[" * 10, False), ('"[[[[[[[[[[' , False),
+     ("  [[[[[[[[[[", True), ('{"a": "\\\"[[[[[[[[[["}', False), ("[1, [2, [3]]]", False), ("3 [[[[[[[[[[", False),
+     ("[[[[[]]]]] [[[[[[[[[[", False)],
+)  # fmt: skip
+def test_nesting_scan_ignores_brackets_in_strings_and_after_the_first_value(text, exceeds):
+    assert json_nesting_exceeds(text, 0, limit=9) is exceeds
 
 
 def test_parser_reports_an_integer_past_the_digit_limit():

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from agentic_rl.errors import AgenticRLError
+from agentic_rl.parser import MAX_JSON_DEPTH, json_nesting_exceeds
 
 __all__ = [
     "IGNORED_FIELDS",
@@ -52,7 +53,6 @@ __all__ = [
 
 MAX_TOKENS_LIMIT = 64000
 MAX_LOGPROBS = 20
-MAX_JSON_DEPTH = 64
 TRAJECTORY_HEADER = "X-Trajectory-Id"
 
 # Real OpenAI request fields that do not change what is sampled: accepted, and ignored.
@@ -103,13 +103,22 @@ def _no_constant(name: str) -> Any:
 
 
 def parse_json(raw: bytes) -> Any:
-    """Decode a request body: standard JSON only (no NaN/Infinity), within Python's integer and nesting limits.
+    """Decode a request body: standard JSON only (no NaN/Infinity), within Python's integer limit and nested at
+    most `MAX_JSON_DEPTH` levels deep.
 
     Raises:
         RequestError: 400 saying why the body is not acceptable JSON.
     """
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")  # as json.loads decodes bytes
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    # Refused unread past a few times the limit (decoding recurses once per level); up to there `check_json` names
+    # the place that nests too deep.
+    if json_nesting_exceeds(text, limit=4 * MAX_JSON_DEPTH):
+        raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, a too-long integer, NaN, bad UTF-8

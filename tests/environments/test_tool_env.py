@@ -431,7 +431,7 @@ async def test_step_answers_hostile_json_with_error_text():
     env = ToolEnvironment([CalculatorTool()])
     content = "<tool_call>" + "[" * 2_000 + "</tool_call>" + call("calculator", {"expression": "1+1"})
     observation, done, info = await env.step(with_reply(await new_sample(env), content))
-    assert [m["content"] for m in observation] == ["Error: invalid JSON in tool call: nested too deeply", "2"]
+    assert [m["content"] for m in observation] == ["Error: invalid JSON in tool call: nested too deeply (more than 64 levels)", "2"]
     assert info == {"tool_calls": 2, "tool_errors": 1, "well_formed_calls": 1}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import uuid
 
 import httpx
@@ -349,3 +350,17 @@ def test_the_rollout_renders_with_chat_template_kwargs_too(engine, thinking_toke
     wrapper.initialize()
     text = wrapper.renderer.render(USER, add_generation_prompt=True)
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_a_deep_body_is_refused_unread_whatever_the_recursion_limit():
+    """Libraries raise the process's recursion limit; past it the C decoder would overflow the thread's stack."""
+    from agentic_rl.server.protocol import MAX_JSON_DEPTH, RequestError, parse_json
+
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(1_000_000)
+    try:
+        with pytest.raises(RequestError, match=f"the request body nests deeper than {MAX_JSON_DEPTH} levels"):
+            parse_json(_DEEP)
+    finally:
+        sys.setrecursionlimit(before)
+    assert parse_json(b'{"a": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}")["a"]
