@@ -89,7 +89,8 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
     add("--tools", default="calculator",
         help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none")  # fmt: skip
     add("--reward", default="gsm8k",
-        help="gsm8k, hotpotqa_f1, hotpotqa_em, has_number, llm_judge (asks the served model) or module:function")  # fmt: skip
+        help="gsm8k (last number), math (LaTeX answers, e.g. MATH-500), hotpotqa_f1, hotpotqa_em, has_number, "
+             "llm_judge (asks the served model) or module:function")  # fmt: skip
     add("--system-prompt-file", default=None, help="a text file with the system prompt")
     add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
     add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
@@ -192,6 +193,36 @@ def _resumed_rollout_args(args: argparse.Namespace, typed: dict[str, Any]) -> ar
                                  "no_progress": args.no_progress, "verbose": args.verbose})  # fmt: skip
 
 
+def _read_system_prompt(path: str | None) -> str | None:
+    """The text of `--system-prompt-file` (None without one).
+
+    Raises:
+        FileNotFoundError / OSError: naming the option.
+    """
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise type(exc)(f"--system-prompt-file {path}: {exc.strerror or exc}") from None
+
+
+def _check_fresh_rollout_dir(out_dir: Path) -> None:
+    """A new rollout never writes over an earlier one (`--resume` continues that).
+
+    Raises:
+        ConfigError: if `out_dir` is a file or holds a rollout's `args.json` or `trajectories.jsonl`.
+    """
+    from agentic_rl.errors import ConfigError
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--output-dir {out_dir} is a file, not a folder")
+    earlier = [name for name in (ROLLOUT_ARGS, "trajectories.jsonl") if (out_dir / name).exists()]
+    if earlier:
+        raise ConfigError(f"--output-dir {out_dir} already holds a rollout ({', '.join(earlier)}): continue it with "
+                          f"'agentic-rl rollout --resume {out_dir}', or choose another --output-dir")  # fmt: skip
+
+
 def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     import anyio
     from rich.console import Console
@@ -211,16 +242,23 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     resuming = args.resume is not None
     if resuming:
         args = _resumed_rollout_args(args, typed)
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.rollout.rewards import resolve_reward
+
+    # Everything a user can get wrong is checked before the output folder is made or the engine starts.
     tool_names = [n.strip() for n in args.tools.split(",") if n.strip()]
     unknown = [n for n in tool_names if n not in TOOL_NAMES]
     if unknown:
-        console.print(f"[red]unknown tool(s): {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
-        return 2
+        raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
     tasks = load_tasks(args.data, args.limit, columns=args.data_columns)
     if not tasks:
-        console.print(f"[red]no tasks in {args.data}")
-        return 2
+        raise ConfigError(f"--data {args.data}: no tasks")
+    judge = args.reward == "llm_judge"  # needs the engine's own server: set up after initialize()
+    reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"])
+    system_prompt = _read_system_prompt(args.system_prompt_file)
     out_dir = Path(args.output_dir or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
+    if not resuming:
+        _check_fresh_rollout_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records_path = out_dir / "trajectories.jsonl"
     done = finished_records(records_path, tasks) if resuming else {}  # drops a half-written last line
@@ -232,11 +270,6 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                 "max_tokens": args.max_tokens, "seed": args.seed}  # fmt: skip
-    from agentic_rl.rollout.rewards import resolve_reward
-
-    judge = args.reward == "llm_judge"  # needs the engine's own server: set up after initialize()
-    reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward)
-    system_prompt = Path(args.system_prompt_file).read_text() if args.system_prompt_file else None
     wrapper = ToolAgentEngineWrapper(
         "cli_agent", tokenizer, sampling, args.max_prompt_length, args.max_response_length, args.n_parallel,
         args.max_steps, model=model_dir, tools=build_tools(tool_names, corpus=args.corpus), reward_fn=reward_fn,
@@ -341,9 +374,15 @@ def _run_train(args: argparse.Namespace) -> int:
 
         history = run_training(config, on_step=on_step, resume=args.resume is not None)
     last = history[-1]
-    print(f"trained {len(history)} steps into {config.output_dir}: reward {last['reward_mean']:.3f}, "
+    before = start.step if start is not None else 0
+    ran = f"trained {_count(len(history) - before, 'step')}" + (f" after {before} done before" if before else "")
+    print(f"{ran} into {config.output_dir} ({_count(len(history), 'step')} in all): reward {last['reward_mean']:.3f}, "
           f"weight version {last['weight_version']}, logprob gap {last['logprob_diff']:.2e}")  # fmt: skip
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _run_sft(args: argparse.Namespace) -> int:
@@ -364,7 +403,8 @@ def _run_sft(args: argparse.Namespace) -> int:
         manifest = run_sft(config, on_step=on_step)
     families = [manifest["traces"], manifest["traces"].get("research", {})]  # calculator counts, research counts
     kept, dropped = (sum(f.get(key, 0) for f in families) for key in ("kept", "dropped_observation_mismatch"))
-    print(f"fine-tuned {config.model} on {kept} traces ({dropped} dropped: a tool result disagreed) into "
+    print(f"fine-tuned {config.model} for {_count(config.steps, 'step')} of {config.batch_size} traces, drawn from "
+          f"{manifest['trained_traces']} of the {kept} traces built ({dropped} dropped: a tool result disagreed) into "
           f"{config.output_dir}: loss {manifest['first_loss']:.3f} -> {manifest['last_loss']:.3f}, "
           f"{_held_out_text(manifest)} in {manifest['seconds']:.0f} s")  # fmt: skip
     return 0
@@ -436,7 +476,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     except (AgenticRLError, OSError, ValueError) as exc:
         hint = ""
-        if isinstance(exc, FileNotFoundError) and getattr(args, "data", None) == DEFAULT_DATA and not getattr(args, "resume", None):
+        missing = getattr(exc, "filename", None)
+        if isinstance(exc, FileNotFoundError) and missing is not None and str(missing) == DEFAULT_DATA \
+                and getattr(args, "data", None) == DEFAULT_DATA and not getattr(args, "resume", None):
             hint = " (the default data path is relative: run from the repository root, or pass --data)"
         print(f"agentic-rl {args.command}: error: {exc}{hint}", file=sys.stderr)
         return 2 if isinstance(exc, usage_errors) else 1

@@ -53,7 +53,10 @@ class RolloutSection(Config):
     """Rollout settings of a training run (`tasks_per_step` tasks per rank, `group_size` samples each)."""
 
     tasks_per_step: int = Field(default=4, ge=1)
-    group_size: int = Field(default=4, ge=1)
+    group_size: int = Field(
+        default=4, ge=2, description="samples per task: GRPO's baseline is the group's mean reward, so a group of one "
+        "has advantage 0 and trains nothing",
+    )  # fmt: skip
     n_parallel_agents: int = Field(default=16, ge=1, le=64)
     max_steps: int = Field(default=2, ge=1, le=10)
     max_prompt_length: int = Field(default=1024, ge=1, le=128 * 1024)
@@ -240,19 +243,20 @@ async def train(
             over): the model, optimizer, step, RNG states, task order, weight version and metrics rows come back,
             the engine starts from the checkpoint's weights, `metrics.jsonl` keeps the rows of the steps up to it,
             TensorBoard purges later events, wandb continues the same run id. Without it, `output_dir` must not
-            hold an earlier run's `metrics.jsonl` or `checkpoints/`.
+            hold an earlier run's `metrics.jsonl` or `checkpoints/`. A run resumed after its last step returns its
+            rows and starts no engine.
 
     Returns:
         The metrics of every step (rank 0's view, aggregated over ranks), those before a resume included.
 
     Raises:
-        ConfigError: when starting a new run over an earlier one, or resuming a checkpoint of another world size.
+        ConfigError: when starting a new run over an earlier one, resuming a checkpoint of another world size, or
+            `data` / `eval_data` gives no tasks (checked before the engine starts).
         TrainingError: when `optimizer.max_consecutive_skips` optimizer steps in a row were skipped.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentic_rl.data import load_tasks
     from agentic_rl.models import resolve_model
     from agentic_rl.rollout.rewards import resolve_reward
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
@@ -267,6 +271,11 @@ async def train(
     out = Path(config.output_dir)
     start, state = _starting_point(config, dist, resume=resume)
     done = state["step"] if state is not None else 0
+    if state is not None and done >= config.steps:  # a finished run resumed: nothing to redo, no engine to start
+        logger.info("%s finished all %d steps already (%s)", out, config.steps, start.path)
+        return list(state["history"])
+    tasks = _load_config_tasks(config, "data")
+    eval_tasks = _load_config_tasks(config, "eval_data", limit=config.eval_limit) if config.eval_data else []
     device = config.device
     if device in ("cuda", "npu"):  # one accelerator per local rank
         from ascend.device import Platform
@@ -284,7 +293,6 @@ async def train(
     keep_steps_before(task_ids, done + 1 if state is not None else 0)  # a resumed run redoes the later steps
     model_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    tasks = load_tasks(config.data, columns=config.data_columns)
     task_order = _TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
     r = config.rollout
     engine_options: dict[str, Any] = {"dtype": config.engine.dtype, "kv_cache_gib": config.engine.kv_cache_gib,
@@ -318,9 +326,6 @@ async def train(
         history = list(state["history"])
     elif dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers (a resumed run's
         await engine.update_weights(trainer.named_weights())  # engines all load the same checkpoint)
-    eval_tasks = (
-        load_tasks(config.eval_data, limit=config.eval_limit, columns=config.data_columns) if config.eval_data else []
-    )
     sinks: list[Any] = []
     try:
         if dist.is_main:
@@ -427,6 +432,24 @@ async def _evaluate(wrapper: Any, tasks: list[dict[str, Any]], dist: Any, record
             for t in trajectories:
                 f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
     return {"heldout_accuracy": totals[0] / n, "heldout_tool_call_rate": totals[1] / n, "heldout_mean_turns": totals[2] / n}
+
+
+def _load_config_tasks(config: TrainConfig, field: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The tasks of `config.<field>` (`data` or `eval_data`), read before any engine starts.
+
+    Raises:
+        ConfigError: naming the field and its value, for a spec or file that gives no tasks.
+    """
+    from agentic_rl.data import load_tasks
+
+    spec = getattr(config, field)
+    try:
+        tasks = load_tasks(spec, limit=limit, columns=config.data_columns)
+    except (ConfigError, OSError, ValueError) as exc:
+        raise ConfigError(f"TrainConfig.{field}={spec!r}: {exc}") from exc
+    if not tasks:
+        raise ConfigError(f"TrainConfig.{field}={spec!r} holds no tasks")
+    return tasks
 
 
 def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Checkpoint | None, dict[str, Any] | None]:

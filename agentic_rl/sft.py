@@ -209,6 +209,10 @@ def run_sft(
 
     Returns:
         The manifest.
+
+    Raises:
+        ConfigError: before any work, when `output_dir` is a file or holds an earlier run (`manifest.json` or
+            `metrics.jsonl`); for unusable inputs, before the folder is created.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -218,6 +222,7 @@ def run_sft(
 
     t0 = time.perf_counter()
     out = Path(output_dir or config.output_dir)
+    _check_output_dir(out)
     base_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     trajectories, counts = synthesize_traces(config, tokenizer)
@@ -254,9 +259,20 @@ def run_sft(
         "seconds": time.perf_counter() - t0,
     }  # fmt: skip
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    logger.info("SFT done in %.0f s: loss %.3f -> %.3f, held-out NLL %s -> %s", manifest["seconds"],
-                manifest["first_loss"], manifest["last_loss"], held_out_before, held_out_after)  # fmt: skip
+    held = f"held-out NLL {held_out_before:.3f} -> {held_out_after:.3f}" if held_out else "no held-out traces"
+    logger.info("SFT done in %.0f s: loss %.3f -> %.3f, %s", manifest["seconds"], manifest["first_loss"],
+                manifest["last_loss"], held)  # fmt: skip
     return manifest
+
+
+def _check_output_dir(out: Path) -> None:
+    """Refuse a folder a run cannot write, or one that holds an earlier run (it would be overwritten in part)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir {out} is a file, not a folder")
+    earlier = [name for name in ("manifest.json", "metrics.jsonl") if (out / name).exists()]
+    if earlier:
+        raise ConfigError(f"output_dir {out} already holds a fine-tuning run ({', '.join(earlier)}): choose another "
+                          "output_dir, or remove that folder")  # fmt: skip
 
 
 def _sources(config: SFTConfig) -> dict[str, Any]:

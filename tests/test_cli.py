@@ -119,6 +119,36 @@ def test_input_errors_are_one_line_messages_with_exit_code_2(tmp_path, capsys):
     assert main(["rollout", "--data", str(bad), "--tools", "nope"]) == 2
 
 
+def test_rollout_usage_errors_go_to_stderr_name_their_option_and_leave_no_folder(tmp_path, capsys):
+    from agentic_rl.cli import ROLLOUT_ARGS, main
+
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"question": "q", "answer": "#### 1"}\n')
+    out = tmp_path / "run"
+    base = ["rollout", "--data", str(data), "--output-dir", str(out)]
+    cases = [
+        (["--tools", "calculator,nope"], "--tools: unknown tool(s) nope; available: calculator"),
+        (["--reward", "nope"], "'llm_judge'"),
+        (["--system-prompt-file", str(tmp_path / "none.txt")], "--system-prompt-file"),
+    ]
+    for extra, message in cases:
+        assert main([*base, *extra]) == 2
+        captured = capsys.readouterr()
+        assert message in captured.err and not captured.out, captured
+        assert "default data path" not in captured.err  # that hint is for a missing default --data only
+        assert not out.exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["rollout", "--data", str(empty), "--output-dir", str(out)]) == 2
+    assert f"--data {empty}: no tasks" in capsys.readouterr().err
+    # a folder that holds an earlier rollout is never written over
+    out.mkdir()
+    (out / "trajectories.jsonl").write_text('{"idx": 0}\n')
+    assert main(base) == 2
+    assert f"continue it with 'agentic-rl rollout --resume {out}'" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["trajectories.jsonl"] and not (out / ROLLOUT_ARGS).exists()
+
+
 def test_rollout_data_options_read_parquet_and_name_missing_columns(tmp_path, capsys, verl_parquet):
     from agentic_rl.cli import main
 
@@ -225,7 +255,8 @@ def test_sft_command_trains_research_and_calculator_traces_and_writes_the_manife
            "--set", "steps=1", "--set", "batch_size=4", "--set", "micro_batch_size=2", "--set", f"output_dir={out}"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert re.search(r"fine-tuned tiny-random-smollm2 on 4 traces \(0 dropped", proc.stdout), proc.stdout
+    assert re.search(r"fine-tuned tiny-random-smollm2 for 1 step of 4 traces, drawn from 3 of the 4 traces built "
+                     r"\(0 dropped", proc.stdout), proc.stdout  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["traces"]["kept"] == 2 and manifest["traces"]["research"]["kept"] == 2
     assert manifest["config"]["research_traces"] == 2 and (out / "config.json").is_file()
@@ -246,3 +277,13 @@ def test_sft_command_with_unusable_inputs_exits_2_and_writes_nothing(tmp_path, c
     assert main(argv) == 2
     assert "research_system_prompt_file" in capsys.readouterr().err
     assert not out.exists()  # the output folder is made only once the inputs proved usable
+    # a file, or a folder holding an earlier run, as output_dir: refused before any trace is built
+    out.write_text("not a folder")
+    assert main([*argv[:-1], f"output_dir={out}"]) == 2
+    assert f"output_dir {out} is a file" in capsys.readouterr().err
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "manifest.json").write_text("{}")
+    assert main([*argv[:-1], f"output_dir={earlier}"]) == 2
+    assert "already holds a fine-tuning run (manifest.json)" in capsys.readouterr().err
+    assert [p.name for p in earlier.iterdir()] == ["manifest.json"]

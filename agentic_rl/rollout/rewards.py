@@ -26,6 +26,7 @@ __all__ = [
     "has_number_reward",
     "hotpotqa_em_reward",
     "hotpotqa_f1_reward",
+    "math_reward",
     "math_verify_reward",
     "normalize_answer",
     "resolve_reward",
@@ -81,17 +82,22 @@ def final_answer_text(messages: Sequence[dict[str, str]]) -> str:
     return ""
 
 
-def math_verify_reward(prediction: str, gold: str) -> float:
+def math_verify_reward(prediction: str, gold: str | Sequence[str]) -> float:
     """1.0 when `math-verify` finds the last answer of `prediction` equal to `gold`, else 0.0.
 
     Uses Hugging Face `math-verify` (`parse` + `verify`) without its signal-based timeout, so it can run in
-    worker threads; inputs are length-capped instead.
+    worker threads; inputs are length-capped instead. `gold` may be several spellings of the ground truth, tried in
+    order until one parses.
+
+    Raises:
+        RewardError: if no spelling of the ground truth parses.
     """
     from math_verify import parse, verify
 
-    gold_parsed = parse(gold, parsing_timeout=None)
+    spellings = [gold] if isinstance(gold, str) else list(gold)
+    gold_parsed = next((parsed for text in spellings if (parsed := parse(text, parsing_timeout=None))), None)
     if not gold_parsed:
-        raise RewardError(f"cannot parse the ground truth {gold!r}")
+        raise RewardError(f"cannot parse the ground truth {spellings[0]!r}")
     predicted = parse(prediction, parsing_timeout=None)
     if not predicted:
         return 0.0
@@ -115,6 +121,30 @@ def gsm8k_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> fl
     truth = str(truth)
     gold = extract_gsm8k_answer(truth) if "####" in truth else truth.replace(",", "").strip()
     value = math_verify_reward(final_answer_text(messages).replace(",", ""), gold)
+    if not math.isfinite(value):
+        raise RewardError(f"reward is not finite: {value}")
+    return value
+
+
+def math_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+    """MATH-style answer reward: the final assistant message's last answer (`\\boxed{}` or a LaTeX/plain
+    expression) vs a LaTeX ground truth (`\\frac{14}{3}`, `p - q`, `(3, \\frac{\\pi}{2})`), via `math-verify`
+    (Hugging Face; symbolic equality, so `14/3` matches `\\frac{14}{3}`).
+
+    The ground truth is read as LaTeX math (`$...$`) first, then as written: `math-verify` reads every MATH-500
+    answer so (51 of them are not parsed as plain text).
+
+    Returns:
+        1.0 or 0.0.
+
+    Raises:
+        RewardError: if the ground truth is missing or unparsable.
+    """
+    truth = task.get("ground_truth")
+    if truth is None:
+        raise RewardError("task has no 'ground_truth'")
+    truth = str(truth).strip()
+    value = math_verify_reward(final_answer_text(messages), [f"${truth}$", truth])
     if not math.isfinite(value):
         raise RewardError(f"reward is not finite: {value}")
     return value
@@ -225,13 +255,19 @@ class LLMJudgeReward:
 REWARDS = {
     "gsm8k": gsm8k_reward,
     "has_number": has_number_reward,
+    "math": math_reward,
     "hotpotqa_f1": hotpotqa_f1_reward,
     "hotpotqa_em": hotpotqa_em_reward,
 }
 
 
-def resolve_reward(name: str) -> Callable[[dict[str, Any], Sequence[dict[str, str]]], float]:
+def resolve_reward(name: str, *, also: Sequence[str] = ()) -> Callable[[dict[str, Any], Sequence[dict[str, str]]],
+                                                                          float]:  # fmt: skip
     """A reward function by name: a key of `REWARDS`, or `package.module:function`.
+
+    Args:
+        name: the reward's name.
+        also: other names the caller accepts itself (e.g. the CLI's `llm_judge`), listed in the error.
 
     Raises:
         ConfigError: if the name is unknown or the import fails.
@@ -240,7 +276,8 @@ def resolve_reward(name: str) -> Callable[[dict[str, Any], Sequence[dict[str, st
         return REWARDS[name]
     module_name, sep, attr = name.partition(":")
     if not sep:
-        raise ConfigError(f"unknown reward {name!r}: use one of {sorted(REWARDS)} or 'package.module:function'")
+        names = sorted([*REWARDS, *also])
+        raise ConfigError(f"unknown reward {name!r}: use one of {names} or 'package.module:function'")
     try:
         import importlib
 

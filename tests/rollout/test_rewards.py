@@ -1,6 +1,9 @@
-"""Reward functions: GSM8K with math-verify, HotpotQA EM/F1, resolution by name or import path."""
+"""Reward functions: GSM8K and MATH with math-verify, HotpotQA EM/F1, resolution by name or import path."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +15,7 @@ from agentic_rl.rollout.rewards import (
     gsm8k_reward,
     hotpotqa_em_reward,
     hotpotqa_f1_reward,
+    math_reward,
     normalize_answer,
     resolve_reward,
 )
@@ -56,3 +60,20 @@ def test_rewards_resolve_by_name_or_import_path():
         resolve_reward("nope")
     with pytest.raises(ConfigError, match="cannot import"):
         resolve_reward("no_such_module:fn")
+
+
+def test_math_reward_reads_every_math500_answer_and_compares_symbolically():
+    rows = [json.loads(line) for line in (Path(__file__).resolve().parents[2].parent / "shared" / "data" /
+                                          "math500.jsonl").read_text().splitlines()]  # fmt: skip
+    assert len(rows) == 500
+    for row in rows:  # each LaTeX answer (fractions, intervals, `p - q`, `\\$32,\\!348`) matches itself, boxed
+        assert math_reward({"ground_truth": row["answer"]}, _chat(f"So $\\boxed{{{row['answer']}}}$.")) == 1.0, row
+    assert math_reward({"ground_truth": "\\frac{14}{3}"}, _chat("It is $\\frac{28}{6}$, or 14/3")) == 1.0
+    assert math_reward({"ground_truth": "p - q"}, _chat("The answer is $-q + p$.")) == 1.0
+    assert math_reward({"ground_truth": "p - q"}, _chat("The answer is $p + q$.")) == 0.0
+    assert math_reward({"ground_truth": "p - q"}, _chat("I do not know.")) == 0.0
+    with pytest.raises(RewardError, match="ground_truth"):
+        math_reward({}, _chat("1"))
+    assert resolve_reward("math") is math_reward
+    with pytest.raises(ConfigError, match="'llm_judge'"):
+        resolve_reward("nope", also=["llm_judge"])

@@ -222,3 +222,15 @@ def test_training_killed_while_saving_a_checkpoint_resumes_from_the_previous_one
     run(cli_command("train", "--resume", str(broken), "--no-progress"))
     assert not partial.exists()
     _assert_same_as_reference(broken, reference)
+
+
+@pytest.mark.slow
+def test_a_finished_run_resumed_reports_its_steps_and_starts_no_engine(runs, tmp_path):
+    reference, _ = runs
+    finished = tmp_path / "finished"
+    shutil.copytree(reference, finished)
+    before = (finished / "metrics.jsonl").read_text()
+    proc = run(cli_command("train", "--resume", str(finished), "--no-progress"))
+    assert f"trained 0 steps after {STEPS} done before into {finished} ({STEPS} steps in all)" in proc.stdout
+    assert "vLLM engine ready" not in proc.stderr
+    assert (finished / "metrics.jsonl").read_text() == before

@@ -26,8 +26,9 @@ def test_config_overrides_and_validation(tmp_path):
     path = write_train_config(tmp_path)
     config = load_train_config(path, ["steps=5", "rollout.group_size=8", "optimizer.lr=2e-6"])
     assert (config.steps, config.rollout.group_size, config.optimizer.lr) == (5, 8, 2e-6)
-    with pytest.raises(ConfigError, match="rollout.group_size"):
-        load_train_config(path, ["rollout.group_size=0"])
+    for size in (0, 1):  # a group of one has advantage 0: it would train nothing
+        with pytest.raises(ConfigError, match="rollout.group_size"):
+            load_train_config(path, [f"rollout.group_size={size}"])
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         load_train_config(path, ["steps"])
     with pytest.raises(ConfigError, match="bogus"):
@@ -36,6 +37,23 @@ def test_config_overrides_and_validation(tmp_path):
     assert load_train_config(path, []).loggers == ["jsonl"]
     with pytest.raises(ConfigError, match="loggers"):
         load_train_config(path, ["loggers=[mlflow]"])
+
+
+@pytest.mark.parametrize(("field", "value", "reason"), [
+    ("eval_data", "arithmetic:heldout:0:1", "count must be >= 1"),
+    ("eval_data", "{tmp}/missing.jsonl", "No such file"),
+    ("data", "{tmp}/empty.jsonl", "holds no tasks"),
+])  # fmt: skip
+def test_unusable_task_data_is_refused_by_field_before_the_engine_or_any_folder(tmp_path, field, value, reason):
+    from agentic_rl.loop import run_training
+
+    (tmp_path / "empty.jsonl").write_text("")
+    out = tmp_path / "run"
+    config = load_train_config(write_train_config(tmp_path), [f"{field}={value.format(tmp=tmp_path)}",
+                                                              f"output_dir={out}"])  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"TrainConfig\.{field}=.*{reason}"):
+        run_training(config)
+    assert not out.exists()
 
 
 @pytest.mark.slow
