@@ -459,6 +459,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
+    if getattr(args, "no_progress", False):  # the libraries' own bars too (loading and saving weights)
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     try:
         if args.command == "rollout":
             typed = vars(_parser(typed_only=True).parse_args(argv)) if args.resume else {}

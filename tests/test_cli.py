@@ -255,6 +255,7 @@ def test_sft_command_trains_research_and_calculator_traces_and_writes_the_manife
            "--set", "steps=1", "--set", "batch_size=4", "--set", "micro_batch_size=2", "--set", f"output_dir={out}"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Loading weights" not in proc.stderr and "it/s]" not in proc.stderr  # --no-progress: no library bars
     assert re.search(r"fine-tuned tiny-random-smollm2 for 1 step of 4 traces, drawn from 3 of the 4 traces built "
                      r"\(0 dropped", proc.stdout), proc.stdout  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())

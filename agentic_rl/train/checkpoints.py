@@ -77,6 +77,7 @@ def write_atomically(folder: str | os.PathLike[str], write: Callable[[Path], Non
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
     try:
         write(tmp)
+        _permissions_as_umask_allows(tmp)
         for root, _dirs, files in os.walk(tmp):
             for name in files:
                 _fsync(Path(root) / name)
@@ -89,6 +90,29 @@ def write_atomically(folder: str | os.PathLike[str], write: Callable[[Path], Non
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+def _permissions_as_umask_allows(tmp: Path) -> None:
+    """Give the folder and its files the modes a plain `mkdir` / `open` would (mkdtemp makes the folder 0700, and
+    writers that go through a temporary file leave it 0600), so that a shared run folder stays readable."""
+    umask = _umask()
+    tmp.chmod(0o777 & ~umask)
+    for root, dirs, files in os.walk(tmp):
+        for name in dirs:
+            (Path(root) / name).chmod(0o777 & ~umask)
+        for name in files:
+            (Path(root) / name).chmod(0o666 & ~umask)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (`os.umask` sets it, for every thread, while it reads)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 def _remove(folder: Path) -> None:

@@ -234,3 +234,20 @@ def test_a_finished_run_resumed_reports_its_steps_and_starts_no_engine(runs, tmp
     assert f"trained 0 steps after {STEPS} done before into {finished} ({STEPS} steps in all)" in proc.stdout
     assert "vLLM engine ready" not in proc.stderr
     assert (finished / "metrics.jsonl").read_text() == before
+
+
+def test_a_checkpoint_folder_and_its_files_get_the_modes_the_umask_gives(tmp_path):
+    import os
+    import stat
+
+    def write(folder: Path) -> None:
+        fd = os.open(folder / "private.bin", os.O_WRONLY | os.O_CREAT, 0o600)  # as a temporary-file writer leaves it
+        os.close(fd)
+        (folder / "sub").mkdir(mode=0o700)
+
+    done = write_atomically(tmp_path / "step_1", write)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(done.stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((done / "sub").stat().st_mode) == 0o777 & ~umask
+    assert stat.S_IMODE((done / "private.bin").stat().st_mode) == 0o666 & ~umask
