@@ -87,6 +87,7 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
     if "accuracy" in rows[0]:
         ax.plot(steps, [r["accuracy"] for r in rows], marker="s", label="accuracy")
     ax.set_xlabel("step")
+    _integer_steps(ax)
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -94,6 +95,13 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
     fig.savefig(png_path)
     plt.close(fig)
     return Path(png_path)
+
+
+def _integer_steps(ax) -> None:  # noqa: ANN001
+    """Steps are whole numbers: no tick at step 1.2."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def plot_metrics(
@@ -127,6 +135,7 @@ def plot_metrics(
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=key)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
+        _integer_steps(ax)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(present) :]:
