@@ -377,8 +377,12 @@ def _run_train(args: argparse.Namespace) -> int:
     before = start.step if start is not None else 0
     ran = f"trained {_count(len(history) - before, 'step')}" + (f" after {before} done before" if before else "")
     print(f"{ran} into {config.output_dir} ({_count(len(history), 'step')} in all): reward {last['reward_mean']:.3f}, "
-          f"weight version {last['weight_version']}, logprob gap {last['logprob_diff']:.2e}")  # fmt: skip
+          f"weight version {last['weight_version']}, logprob gap {_gap(last['logprob_diff'])}")  # fmt: skip
     return 0
+
+
+def _gap(value: float | None) -> str:
+    return "not measured (no row was trained)" if value is None else f"{value:.2e}"
 
 
 def _count(n: int, noun: str) -> str:

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -363,19 +364,21 @@ async def train(
                 stats["reward_mean"], stats["reward_std"],
                 sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
                 sum(t.failed for t in trajectories), stats["response_length"], generated / max(rollout_s, 1e-9),
-                rollout_s, stats["train_seconds"], sync_s, stats["logprob_diff"],
+                rollout_s, stats["train_seconds"], sync_s,
+                math.nan if stats["logprob_diff"] is None else stats["logprob_diff"],  # NaN: this rank computed no row
                 *(stats[key] for key in _TOKEN_KEYS),
             ]  # fmt: skip
             ranks = dist.gather_floats(local)
             mean = [sum(col) / len(col) for col in zip(*ranks, strict=False)]
             tokens = {key: int(sum(rk[10 + k] for rk in ranks)) for k, key in enumerate(_TOKEN_KEYS)}
+            gaps = [rk[9] for rk in ranks if not math.isnan(rk[9])]
             row = {
                 "step": step + 1, "reward_mean": mean[0], "reward_std": mean[1], "accuracy": mean[2],
                 "failed": int(sum(rk[3] for rk in ranks)), "loss": stats["loss"], "pg_loss": stats["pg_loss"],
                 "kl": stats["kl"], "grad_norm": stats["grad_norm"], "clip_fraction": stats["clip_fraction"],
                 "dual_clip_fraction": stats["dual_clip_fraction"], "kl_clamp_fraction": stats["kl_clamp_fraction"],
                 "response_length": mean[4], "tokens_per_s": sum(rk[5] for rk in ranks), "rollout_seconds": mean[6],
-                "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": mean[9], **tokens,
+                "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": sum(gaps) / len(gaps) if gaps else None, **tokens,
                 "step_skipped": stats["step_skipped"], "skipped_steps": stats["skipped_steps"],
                 "zero_advantage_rows": stats["zero_advantage_rows"], "weight_version": engine.weight_version,
                 "trajectories": len(trajectories) * dist.world_size,

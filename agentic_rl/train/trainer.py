@@ -167,8 +167,9 @@ class GRPOTrainer:
             `response_length` (mean sampled tokens per valid trajectory, all runs), `tokens` (= `tokens_trained`),
             the token accounting of `TokenCounts` (`tokens_sampled` == `tokens_trained` + `tokens_excluded`, and
             `tokens_excluded_failed`, `tokens_excluded_aborted`, `tokens_excluded_over_length`), `logprob_diff`
-            (mean |trainer - engine| logprob before the update, over the rows computed, nats), `step_skipped` (1 if the optimizer step was
-            skipped), `skipped_steps` (so far) and `train_seconds`.
+            (mean |trainer - engine| logprob before the update, over the rows computed, nats; None when no row was
+            computed, e.g. every group's rewards were equal), `step_skipped` (1 if the optimizer step was skipped),
+            `skipped_steps` (so far) and `train_seconds`.
 
         Raises:
             TrainingError: when `max_consecutive_skips` optimizer steps in a row were skipped (the weights no longer
@@ -258,7 +259,7 @@ class GRPOTrainer:
             "response_length": float(valid_lengths.mean()) if valid_lengths.numel() else 0.0,
             "tokens": int(total_tokens),
             **batch.tokens.as_metrics(),
-            "logprob_diff": sums["diff"] / computed_tokens if computed_tokens else 0.0,
+            "logprob_diff": sums["diff"] / computed_tokens if computed_tokens else None,
             "step_skipped": int(skipped),
             "skipped_steps": self.skipped_steps,
             "train_seconds": time.perf_counter() - t0,

@@ -202,4 +202,5 @@ def test_a_batch_of_zero_advantage_rows_still_takes_its_optimizer_step(tiny):
     seen = _recorded_step_grads(trainer)
     stats = trainer.train_step([_rewritten(0, 1.0), _rewritten(1, 1.0)])
     assert stats["zero_advantage_rows"] == stats["valid_rows"] == 4 and stats["grad_norm"] == 0.0
+    assert stats["logprob_diff"] is None  # no row computed: the gap was not measured (0.0 would claim a match)
     assert len(seen) == 1 and all(not g.any() for g in seen[0])  # a zero gradient, as computing the rows gives
