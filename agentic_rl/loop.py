@@ -371,14 +371,15 @@ async def train(
             ranks = dist.gather_floats(local)
             mean = [sum(col) / len(col) for col in zip(*ranks, strict=False)]
             tokens = {key: int(sum(rk[10 + k] for rk in ranks)) for k, key in enumerate(_TOKEN_KEYS)}
-            gaps = [rk[9] for rk in ranks if not math.isnan(rk[9])]
+            gaps = [rk[9] for rk in ranks if not math.isnan(rk[9])]  # the ranks that measured it
             row = {
                 "step": step + 1, "reward_mean": mean[0], "reward_std": mean[1], "accuracy": mean[2],
                 "failed": int(sum(rk[3] for rk in ranks)), "loss": stats["loss"], "pg_loss": stats["pg_loss"],
                 "kl": stats["kl"], "grad_norm": stats["grad_norm"], "clip_fraction": stats["clip_fraction"],
                 "dual_clip_fraction": stats["dual_clip_fraction"], "kl_clamp_fraction": stats["kl_clamp_fraction"],
                 "response_length": mean[4], "tokens_per_s": sum(rk[5] for rk in ranks), "rollout_seconds": mean[6],
-                "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": sum(gaps) / len(gaps) if gaps else None, **tokens,
+                "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": sum(gaps) / len(gaps) if gaps else None,
+                **tokens,
                 "step_skipped": stats["step_skipped"], "skipped_steps": stats["skipped_steps"],
                 "zero_advantage_rows": stats["zero_advantage_rows"], "weight_version": engine.weight_version,
                 "trajectories": len(trajectories) * dist.world_size,
