@@ -115,10 +115,7 @@ def gsm8k_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> fl
     Raises:
         RewardError: if the ground truth is missing or unparsable.
     """
-    truth = task.get("ground_truth")
-    if truth is None:
-        raise RewardError("task has no 'ground_truth'")
-    truth = str(truth)
+    truth = _ground_truth(task)
     gold = extract_gsm8k_answer(truth) if "####" in truth else truth.replace(",", "").strip()
     value = math_verify_reward(final_answer_text(messages).replace(",", ""), gold)
     if not math.isfinite(value):
@@ -129,7 +126,7 @@ def gsm8k_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> fl
 def math_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
     """MATH-style answer reward: the final assistant message's last answer (`\\boxed{}` or a LaTeX/plain
     expression) vs a LaTeX ground truth (`\\frac{14}{3}`, `p - q`, `(3, \\frac{\\pi}{2})`), via `math-verify`
-    (Hugging Face; symbolic equality, so `14/3` matches `\\frac{14}{3}`).
+    (Hugging Face; symbolic equality, so `\\frac{28}{6}` matches `\\frac{14}{3}` and `-q + p` matches `p - q`).
 
     The ground truth is read as LaTeX math (`$...$`) first, then as written: `math-verify` reads every MATH-500
     answer so (51 of them are not parsed as plain text).
@@ -140,14 +137,15 @@ def math_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> flo
     Raises:
         RewardError: if the ground truth is missing or unparsable.
     """
+    truth = _ground_truth(task).strip()
+    return math_verify_reward(final_answer_text(messages), [f"${truth}$", truth])
+
+
+def _ground_truth(task: dict[str, Any]) -> str:
     truth = task.get("ground_truth")
     if truth is None:
         raise RewardError("task has no 'ground_truth'")
-    truth = str(truth).strip()
-    value = math_verify_reward(final_answer_text(messages), [f"${truth}$", truth])
-    if not math.isfinite(value):
-        raise RewardError(f"reward is not finite: {value}")
-    return value
+    return str(truth)
 
 
 def has_number_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
