@@ -197,7 +197,7 @@ def _read_system_prompt(path: str | None) -> str | None:
     """The text of `--system-prompt-file` (None without one).
 
     Raises:
-        FileNotFoundError / OSError: naming the option.
+        FileNotFoundError / OSError: naming the option; ConfigError: for a file that is not UTF-8 text.
     """
     if path is None:
         return None
@@ -205,6 +205,10 @@ def _read_system_prompt(path: str | None) -> str | None:
         return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise type(exc)(f"--system-prompt-file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        from agentic_rl.errors import ConfigError
+
+        raise ConfigError(f"--system-prompt-file {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _check_fresh_rollout_dir(out_dir: Path) -> None:

@@ -272,7 +272,7 @@ async def train(
     out = Path(config.output_dir)
     start, state = _starting_point(config, dist, resume=resume)
     done = state["step"] if state is not None else 0
-    if state is not None and done >= config.steps:  # a finished run resumed: nothing to redo, no engine to start
+    if _finished(out, start, dist.world_size):  # nothing to redo: no engine to start
         logger.info("%s finished all %d steps already (%s)", out, config.steps, start.path)
         return list(state["history"])
     tasks = _load_config_tasks(config, "data")
@@ -436,6 +436,14 @@ async def _evaluate(wrapper: Any, tasks: list[dict[str, Any]], dist: Any, record
             for t in trajectories:
                 f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
     return {"heldout_accuracy": totals[0] / n, "heldout_tool_call_rate": totals[1] / n, "heldout_mean_turns": totals[2] / n}
+
+
+def _finished(out: Path, start: Checkpoint | None, world_size: int) -> bool:
+    """Whether a resumed run wrote everything its end writes: the final checkpoint, then (rank 0) the plots, then
+    every rank's weights digest. A run killed before that (say after `step_K` of its last step, before `final/`)
+    takes the usual path, which runs no step and writes what is missing. Every rank decides alike."""
+    return (start is not None and start.path.name == checkpoints.FINAL
+            and all((out / f"weights_rank{rank}.sha256").is_file() for rank in range(world_size)))  # fmt: skip
 
 
 def _load_config_tasks(config: TrainConfig, field: str, limit: int | None = None) -> list[dict[str, Any]]:

@@ -55,8 +55,12 @@ _JSON_SPACE = " \t\n\r"
 _JSON_ERRORS = (ValueError, RecursionError)
 _TOO_DEEP = f"nested too deeply (more than {MAX_JSON_DEPTH} levels)"
 # JSON text as consecutive tokens: a run of other characters, a string (its closing quote optional, so that an
-# unterminated one is a single token and nothing is scanned twice), or one bracket. Linear in the text.
-_NESTING_TOKENS = re.compile(r'[^"\[\]{}]+|"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
+# unterminated one is a single token and nothing is scanned twice; possessive, so the regex engine keeps no
+# backtracking state per escape), or one bracket. Linear in the text, constant memory.
+_NESTING_TOKENS = re.compile(r'[^"\[\]{}]+|"(?:[^"\\]+|\\.)*+"?|[\[\]{}]', re.DOTALL)
+# A character JSON allows outside strings in no value: the value ends there (the decoder then fails), so the scan
+# can stop. Keeps the scan of a tool call in prose short.
+_NOT_JSON = re.compile(r"[^ \t\n\r0-9+\-.eE,:truefalsn]")
 
 
 class _TooDeep(ValueError):
@@ -81,8 +85,8 @@ def json_nesting_exceeds(text: str, start: int = 0, limit: int = MAX_JSON_DEPTH)
             depth -= 1
             if depth <= 0:
                 return False
-        elif depth == 0 and not token.isspace():
-            return False  # a scalar, or not JSON: no nesting
+        elif (depth == 0 and not token.isspace()) or (token[0] != '"' and _NOT_JSON.search(token)):
+            return False  # a scalar, or where the JSON ends: nothing nests deeper from here
     return False
 
 

@@ -211,8 +211,9 @@ def run_sft(
         The manifest.
 
     Raises:
-        ConfigError: before any work, when `output_dir` is a file or holds an earlier run (`manifest.json` or
-            `metrics.jsonl`); for unusable inputs, before the folder is created.
+        ConfigError: before any work, when `output_dir` is a file or holds an earlier run or model
+            (`manifest.json`, `metrics.jsonl`, `config.json`, `model.safetensors`); for unusable inputs, before the
+            folder is created.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -269,10 +270,11 @@ def _check_output_dir(out: Path) -> None:
     """Refuse a folder a run cannot write, or one that holds an earlier run (it would be overwritten in part)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir {out} is a file, not a folder")
-    earlier = [name for name in ("manifest.json", "metrics.jsonl") if (out / name).exists()]
+    earlier = [name for name in ("manifest.json", "metrics.jsonl", "config.json", "model.safetensors")
+               if (out / name).exists()]  # fmt: skip
     if earlier:
-        raise ConfigError(f"output_dir {out} already holds a fine-tuning run ({', '.join(earlier)}): choose another "
-                          "output_dir, or remove that folder")  # fmt: skip
+        raise ConfigError(f"output_dir {out} already holds an earlier run or model ({', '.join(earlier)}): choose "
+                          "another output_dir, or remove that folder")  # fmt: skip
 
 
 def _sources(config: SFTConfig) -> dict[str, Any]:

@@ -130,7 +130,9 @@ def test_rollout_usage_errors_go_to_stderr_name_their_option_and_leave_no_folder
         (["--tools", "calculator,nope"], "--tools: unknown tool(s) nope; available: calculator"),
         (["--reward", "nope"], "'llm_judge'"),
         (["--system-prompt-file", str(tmp_path / "none.txt")], "--system-prompt-file"),
+        (["--system-prompt-file", str(tmp_path / "latin1.txt")], "not UTF-8 text"),
     ]
+    (tmp_path / "latin1.txt").write_bytes("Réponds en français.".encode("latin-1"))
     for extra, message in cases:
         assert main([*base, *extra]) == 2
         captured = capsys.readouterr()
@@ -286,5 +288,5 @@ def test_sft_command_with_unusable_inputs_exits_2_and_writes_nothing(tmp_path, c
     earlier.mkdir()
     (earlier / "manifest.json").write_text("{}")
     assert main([*argv[:-1], f"output_dir={earlier}"]) == 2
-    assert "already holds a fine-tuning run (manifest.json)" in capsys.readouterr().err
+    assert "already holds an earlier run or model (manifest.json)" in capsys.readouterr().err
     assert [p.name for p in earlier.iterdir()] == ["manifest.json"]

@@ -537,3 +537,27 @@ def test_well_formed_calls_round_trip_exactly(calls, data):
         text += TOOL_CALL_OPEN + space + body + space + TOOL_CALL_CLOSE + data.draw(_PROSE)
         i += group
     assert parse_tool_calls(text) == expected
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.recursive(st.none() | st.integers() | st.text(alphabet='ab"\\[]{}\n'),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet='k"\\[{'), inner,
+                                                                                max_size=3),
+                    max_leaves=20),
+       st.integers(0, 8), st.sampled_from([None, 0, 2]), st.sampled_from(["", " [[[[[[[[[[", "\n<tool_call>"]))  # fmt: skip
+def test_nesting_scan_agrees_with_the_depth_of_the_decoded_value(value, limit, indent, after):
+    text = json.dumps(value, indent=indent) + after  # strings full of brackets, quotes and backslashes
+    assert json_nesting_exceeds(text, 0, limit) is (_depth(value) > limit)
+
+
+def test_nesting_scan_stops_where_the_json_ends():
+    assert json_nesting_exceeds("[" * 10 + " so the answer " + "[" * 100, 0, limit=64) is False
+    assert json_nesting_exceeds("[" * 10 + " true, false, null, -1.5e3, " + "[" * 100, 0, limit=64) is True

@@ -10,6 +10,7 @@ bf16 engine. Serving in another dtype than the stored one is this project's choi
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,12 +24,16 @@ logger = logging.getLogger(__name__)
 
 
 class _CastCounter(logging.Filter):
+    """Counts the cast records of one thread (the one loading); records of other threads pass to the next filter."""
+
     def __init__(self) -> None:
         super().__init__()
         self.casts: Counter[tuple[str, str]] = Counter()
+        self.thread = threading.get_ident()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == _CAST_MESSAGE and isinstance(record.args, tuple) and len(record.args) == 3:
+        if (record.thread == self.thread and record.msg == _CAST_MESSAGE and isinstance(record.args, tuple)
+                and len(record.args) == 3):  # fmt: skip
             self.casts[(str(record.args[1]), str(record.args[2]))] += 1
             return False
         return True
@@ -36,8 +41,9 @@ class _CastCounter(logging.Filter):
 
 @contextmanager
 def counted_casts(what: str) -> Iterator[Counter[tuple[str, str]]]:
-    """Within the block, vLLM's per-tensor dtype-cast warnings are counted instead of logged; on exit one INFO line
-    per (stored dtype, engine dtype) pair says how many tensors `what` cast. Other records pass unchanged.
+    """Within the block, vLLM's per-tensor dtype-cast warnings of the calling thread are counted instead of logged;
+    on exit one INFO line per (stored dtype, engine dtype) pair says how many tensors `what` cast. Other records
+    (and other threads' loads) pass unchanged.
 
     Yields:
         The counter, keyed by (stored dtype, engine dtype) as vLLM names them (`torch.float32`, ...).

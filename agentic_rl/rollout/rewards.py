@@ -87,7 +87,7 @@ def math_verify_reward(prediction: str, gold: str | Sequence[str]) -> float:
 
     Uses Hugging Face `math-verify` (`parse` + `verify`) without its signal-based timeout, so it can run in
     worker threads; inputs are length-capped instead. `gold` may be several spellings of the ground truth, tried in
-    order until one parses.
+    order until one parses (the error quotes the last one: the text as written, after any added delimiters).
 
     Raises:
         RewardError: if no spelling of the ground truth parses.
@@ -97,7 +97,7 @@ def math_verify_reward(prediction: str, gold: str | Sequence[str]) -> float:
     spellings = [gold] if isinstance(gold, str) else list(gold)
     gold_parsed = next((parsed for text in spellings if (parsed := parse(text, parsing_timeout=None))), None)
     if not gold_parsed:
-        raise RewardError(f"cannot parse the ground truth {spellings[0]!r}")
+        raise RewardError(f"cannot parse the ground truth {spellings[-1]!r}")
     predicted = parse(prediction, parsing_timeout=None)
     if not predicted:
         return 0.0

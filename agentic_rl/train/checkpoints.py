@@ -96,23 +96,26 @@ def _permissions_as_umask_allows(tmp: Path) -> None:
     """Give the folder and its files the modes a plain `mkdir` / `open` would (mkdtemp makes the folder 0700, and
     writers that go through a temporary file leave it 0600), so that a shared run folder stays readable."""
     umask = _umask()
+    if umask is None:  # unknown: keep the modes as they are rather than guess looser ones
+        return
     tmp.chmod(0o777 & ~umask)
     for root, dirs, files in os.walk(tmp):
-        for name in dirs:
-            (Path(root) / name).chmod(0o777 & ~umask)
-        for name in files:
-            (Path(root) / name).chmod(0o666 & ~umask)
+        for name, mode in [(d, 0o777) for d in dirs] + [(f, 0o666) for f in files]:
+            path = Path(root) / name
+            if not path.is_symlink():  # a link's target may lie outside the folder
+                path.chmod(mode & ~umask)
 
 
-def _umask() -> int:
-    """The process's umask, read without changing it (`os.umask` sets it, for every thread, while it reads)."""
+def _umask() -> int | None:
+    """The process's umask, read without changing it (`os.umask` sets it, for every thread, while it reads); None
+    where the system does not show it (Linux does, in /proc/self/status)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except OSError:
+    except (OSError, ValueError):
         pass
-    return 0o022
+    return None
 
 
 def _remove(folder: Path) -> None:

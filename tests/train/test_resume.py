@@ -225,6 +225,23 @@ def test_training_killed_while_saving_a_checkpoint_resumes_from_the_previous_one
 
 
 @pytest.mark.slow
+def test_a_run_killed_after_its_last_step_checkpoint_but_before_final_writes_the_rest(runs, tmp_path):
+    """Its last step's checkpoint is there, `final/` and the digest are not: resumed, it runs no step and writes
+    them (a finished run would start no engine)."""
+    reference, _ = runs
+    cut = tmp_path / "cut"
+    shutil.copytree(reference, cut)
+    shutil.rmtree(cut / "checkpoints" / "final")
+    (cut / "weights_rank0.sha256").unlink()
+    before = (cut / "metrics.jsonl").read_text()
+    proc = run(cli_command("train", "--resume", str(cut), "--no-progress"))
+    assert f"trained 0 steps after {STEPS} done before" in proc.stdout
+    assert (cut / "checkpoints" / "final" / STATE_FILE).is_file()
+    assert (cut / "weights_rank0.sha256").read_text() == (reference / "weights_rank0.sha256").read_text()
+    assert (cut / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.slow
 def test_a_finished_run_resumed_reports_its_steps_and_starts_no_engine(runs, tmp_path):
     reference, _ = runs
     finished = tmp_path / "finished"
@@ -244,10 +261,15 @@ def test_a_checkpoint_folder_and_its_files_get_the_modes_the_umask_gives(tmp_pat
         fd = os.open(folder / "private.bin", os.O_WRONLY | os.O_CREAT, 0o600)  # as a temporary-file writer leaves it
         os.close(fd)
         (folder / "sub").mkdir(mode=0o700)
+        (folder / "link").symlink_to(outside)  # a link's target is not the folder's to change
 
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x")
+    outside.chmod(0o600)
     done = write_atomically(tmp_path / "step_1", write)
     umask = os.umask(0o022)
     os.umask(umask)
     assert stat.S_IMODE(done.stat().st_mode) == 0o777 & ~umask
     assert stat.S_IMODE((done / "sub").stat().st_mode) == 0o777 & ~umask
     assert stat.S_IMODE((done / "private.bin").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o600
