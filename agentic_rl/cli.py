@@ -235,8 +235,10 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     from transformers import AutoTokenizer
 
     from agentic_rl.data import load_tasks
+    from agentic_rl.errors import ConfigError
     from agentic_rl.models import resolve_model
     from agentic_rl.rollout.records import finished_records
+    from agentic_rl.rollout.rewards import resolve_reward
     from agentic_rl.rollout.summary import summarize
     from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
     from agentic_rl.tools.registry import TOOL_NAMES, build_tools
@@ -246,9 +248,6 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     resuming = args.resume is not None
     if resuming:
         args = _resumed_rollout_args(args, typed)
-    from agentic_rl.errors import ConfigError
-    from agentic_rl.rollout.rewards import resolve_reward
-
     # Everything a user can get wrong is checked before the output folder is made or the engine starts.
     tool_names = [n.strip() for n in args.tools.split(",") if n.strip()]
     unknown = [n for n in tool_names if n not in TOOL_NAMES]

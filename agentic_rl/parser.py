@@ -61,6 +61,7 @@ _NESTING_TOKENS = re.compile(r'[^"\[\]{}]+|"(?:[^"\\]+|\\.)*+"?|[\[\]{}]', re.DO
 # A character JSON allows outside strings in no value: the value ends there (the decoder then fails), so the scan
 # can stop. Keeps the scan of a tool call in prose short.
 _NOT_JSON = re.compile(r"[^ \t\n\r0-9+\-.eE,:truefalsn]")
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 
 
 class _TooDeep(ValueError):
@@ -102,7 +103,6 @@ def _loads(text: str) -> Any:
     if json_nesting_exceeds(text):
         raise _TooDeep(_TOO_DEEP)
     return json.loads(text)
-_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True, slots=True)
