@@ -9,11 +9,13 @@ Hierarchy::
     ├── TemplateError                       a chat template cannot be used for exact token bookkeeping
     ├── EngineError                         the inference engine failed, or was used before start / after close
     │   ├── EngineTimeoutError              one generate call did not return within the per-turn limit
-    │   └── EngineAbortedError              the engine ended a request without a turn (finish_reason `abort`)
+    │   ├── EngineAbortedError              the engine ended a request without a turn (finish_reason `abort`)
+    │   └── EngineRejectedError             the engine refused one request (bad sampling options, prompt too long)
     ├── ToolError                           a tool failed while executing (turned into error text for the model)
     ├── EnvStepError                        an environment's reset/step failed (fails that trajectory only)
     ├── RewardError                         a reward function failed or returned a non-finite value
-    └── TrainingError                       training cannot go on (e.g. optimizer steps skipped too often in a row)
+    ├── TrainingError                       training cannot go on (e.g. optimizer steps skipped too often in a row)
+    └── RequestError (also ValueError)      the OpenAI-compatible server refuses a request (`status` 400/404/413)
 
 A `ConfigError` (and a `ModelError`) is the caller's input: the command line exits with 2 for them. The others
 happen while running: the command line exits with 1.
@@ -29,9 +31,11 @@ __all__ = [
     "ConfigError",
     "EngineAbortedError",
     "EngineError",
+    "EngineRejectedError",
     "EngineTimeoutError",
     "EnvStepError",
     "ModelError",
+    "RequestError",
     "RewardError",
     "TemplateError",
     "ToolError",
@@ -82,6 +86,11 @@ class EngineAbortedError(EngineError):
     """Raised when the engine ended a request as aborted (or with an error) instead of a turn; it is never trained."""
 
 
+class EngineRejectedError(EngineError):
+    """Raised by `generate` / `stream` when the engine refuses one request (e.g. sampling options it cannot honour);
+    the other requests go on."""
+
+
 class ToolError(AgenticRLError):
     """Raised inside a tool when it cannot complete; the environment turns it into error text."""
 
@@ -97,3 +106,21 @@ class RewardError(AgenticRLError):
 class TrainingError(AgenticRLError):
     """Raised when training cannot go on: e.g. `GRPOConfig.max_consecutive_skips` optimizer steps in a row were
     skipped for a non-finite gradient norm."""
+
+
+class RequestError(AgenticRLError, ValueError):
+    """Raised when the OpenAI-compatible server refuses a request; the server answers with OpenAI's error body.
+
+    Attributes:
+        status: the HTTP status (400 bad input, 404 unknown model or trajectory, 413 body too large).
+        param: the offending request field, or None.
+        kind: OpenAI's error `type` (`invalid_request_error`, `not_found_error`).
+    """
+
+    def __init__(
+        self, message: str, *, status: int = 400, param: str | None = None, kind: str = "invalid_request_error"
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+        self.kind = kind

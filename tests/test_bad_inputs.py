@@ -21,10 +21,13 @@ from engines import ScriptedEngine  # noqa: E402
 from agentic_rl.chat import ChatRenderer  # noqa: E402
 from agentic_rl.engine.base import Generation  # noqa: E402
 from agentic_rl.environments.tool_env import ToolEnvironment  # noqa: E402
-from agentic_rl.errors import ConfigError, TrajectoryError  # noqa: E402
+from agentic_rl.errors import (  # noqa: E402
+    ConfigError,
+    RequestError,  # noqa: E402
+    TrajectoryError,
+)
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory  # noqa: E402
 from agentic_rl.rollout.runner import run_tasks  # noqa: E402
-from agentic_rl.server.protocol import RequestError  # noqa: E402
 from agentic_rl.server.serving import OpenAIServing  # noqa: E402
 from agentic_rl.tools.calculator import CalculatorTool  # noqa: E402
 from agentic_rl.train.loss import grpo_loss  # noqa: E402

@@ -34,7 +34,7 @@ from agentic_rl.engine.base import Generation
 from agentic_rl.engine.load_log import counted_casts
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.engine.weight_copy import ScratchPool
-from agentic_rl.errors import EngineError
+from agentic_rl.errors import EngineError, EngineRejectedError
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig"]
 
@@ -496,7 +496,7 @@ class VLLMEngine:
                 engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
             except Exception as exc:  # a bad request fails alone
                 del pending[request_id]
-                result.set_exception(EngineError(f"request rejected by vLLM: {exc}"))
+                result.set_exception(EngineRejectedError(f"request rejected by vLLM: {exc}"))
                 return
             if sampling["logprobs"]:
                 top_k[request_id] = sampling["logprobs"]

@@ -12,7 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.sse import format_sse_event
 
-from agentic_rl.server.protocol import TRAJECTORY_HEADER, RequestError, error_body, parse_json
+from agentic_rl.errors import RequestError
+from agentic_rl.server.protocol import TRAJECTORY_HEADER, error_body, parse_json
 from agentic_rl.server.serving import ChunkStream, OpenAIServing, finite_logprobs
 
 __all__ = ["create_app", "error_response"]

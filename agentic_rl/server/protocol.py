@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from agentic_rl.errors import AgenticRLError
+from agentic_rl.errors import RequestError
 from agentic_rl.parser import MAX_JSON_DEPTH, json_nesting_exceeds
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "JSONObjectFormat",
     "JSONSchemaFormat",
     "NamedToolChoice",
-    "RequestError",
     "SamplingFields",
     "check_json",
     "error_body",
@@ -76,18 +75,6 @@ _TEMPLATE_ARGUMENTS = frozenset({
     "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
     "return_assistant_tokens_mask", "tokenizer_kwargs",
 })  # fmt: skip
-
-
-class RequestError(AgenticRLError, ValueError):
-    """A request the server rejects; `status` is the HTTP status, `param` the offending field."""
-
-    def __init__(
-        self, message: str, *, status: int = 400, param: str | None = None, kind: str = "invalid_request_error"
-    ):
-        super().__init__(message)
-        self.status = status
-        self.param = param
-        self.kind = kind
 
 
 def error_body(exc: RequestError) -> dict[str, Any]:

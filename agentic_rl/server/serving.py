@@ -24,7 +24,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine, Generation, StreamingEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.engine.turns import read_turn
-from agentic_rl.errors import EngineError
+from agentic_rl.errors import EngineError, EngineRejectedError
 from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, parse_tool_calls
 from agentic_rl.server.capture import CapturedTurn, TrajectoryRecorder
 from agentic_rl.server.constraints import Constraint, output_constraint
@@ -339,7 +339,7 @@ class OpenAIServing:
         return call.sampling
 
     def _engine_error(self, call: PreparedCall, exc: EngineError) -> Exception:
-        if "rejected" in str(exc):
+        if isinstance(exc, EngineRejectedError):
             return RequestError(str(exc), param=call.constraint.param)
         return exc
 

@@ -346,7 +346,7 @@ async def test_the_server_returns_each_call_of_a_json_array_as_a_tool_call(engin
 
 
 async def test_the_server_names_the_model_window_when_a_prompt_fills_it(engine, tokenizer):
-    from agentic_rl.server.protocol import RequestError
+    from agentic_rl.errors import RequestError
 
     with pytest.raises(RequestError) as caught:
         await _serving(engine, tokenizer).chat_completion(_chat("word " * 2100))

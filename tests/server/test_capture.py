@@ -10,7 +10,7 @@ import pytest
 from conftest import MODEL_NAME
 from exact import assert_captured_exactly
 
-from agentic_rl.server.protocol import RequestError
+from agentic_rl.errors import RequestError
 
 CALL = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "2 \+ 2"\}\}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "math",

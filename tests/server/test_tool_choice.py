@@ -202,8 +202,9 @@ def test_a_recursive_schema_with_no_finite_value_is_a_400_not_an_error_finish(ba
 
 
 def test_tool_choice_outputs_is_the_constraint_the_server_builds_for_that_request():
+    from agentic_rl.errors import RequestError
     from agentic_rl.server.constraints import output_constraint, tool_choice_outputs
-    from agentic_rl.server.protocol import ChatCompletionRequest, RequestError, parse_request
+    from agentic_rl.server.protocol import ChatCompletionRequest, parse_request
 
     for choice, parallel in (("required", False), ("required", True), ({"type": "function", "function": {
             "name": "get_weather"}}, True), ("none", True), ("auto", False)):  # fmt: skip
