@@ -15,21 +15,17 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
-from pydantic import Field
 
-from agentic_rl.config import Config
-from agentic_rl.data import DataColumns
 from agentic_rl.engine.base import TrainableEngine
-from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
+from agentic_rl.loop_config import EngineSection, RolloutSection, TrainConfig, load_run_config, load_train_config
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint
-from agentic_rl.train.loggers import LoggerName
-from agentic_rl.train.trainer import GRPOConfig
 
 __all__ = [
     "EngineSection",
@@ -48,102 +44,6 @@ logger = logging.getLogger(__name__)
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
 _TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
                "tokens_excluded_aborted", "tokens_excluded_over_length")  # fmt: skip
-
-
-class RolloutSection(Config):
-    """Rollout settings of a training run (`tasks_per_step` tasks per rank, `group_size` samples each)."""
-
-    tasks_per_step: int = Field(default=4, ge=1)
-    group_size: int = Field(
-        default=4, ge=2, description="samples per task: GRPO's baseline is the group's mean reward, so a group of one "
-        "has advantage 0 and trains nothing",
-    )  # fmt: skip
-    n_parallel_agents: int = Field(default=16, ge=1, le=64)
-    max_steps: int = Field(default=2, ge=1, le=10)
-    max_prompt_length: int = Field(default=1024, ge=1, le=128 * 1024)
-    max_response_length: int = Field(default=512, ge=1, le=8192)
-    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=1.0, max_tokens=256))
-    toolcall_weight: float = Field(
-        default=0.1, ge=0, allow_inf_nan=False,
-        description="reward per share of well-formed tool calls, added to the answer's reward (0: the answer only)",
-    )  # fmt: skip
-
-
-class EngineSection(Config):
-    """Engine settings; fp32 by default so the engine's logprobs match the fp32 trainer's."""
-
-    dtype: str = "float32"
-    kv_cache_gib: float = Field(default=0.5, gt=0)
-    max_model_len: int | None = Field(default=None, ge=16)
-    sleep_while_training: bool = False
-
-
-class TrainConfig(Config):
-    """A training run, usually read from YAML (`agentic-rl train --config FILE`)."""
-
-    model: str = "smollm2-135m-instruct"
-    data: str = Field(
-        default="../shared/data/gsm8k_train.jsonl",
-        description="training tasks: JSON Lines, parquet (verl's layout), a datasets save_to_disk folder, "
-        "json:/csv:/parquet:FILES, or a generated family such as 'arithmetic:train:4096' (see agentic_rl.data)",
-    )
-    data_columns: DataColumns = Field(
-        default_factory=DataColumns,
-        description="which column holds each task field, for data and eval_data (e.g. {question: problem, "
-        "answer: solution} or 'question=problem,answer=solution'); default: GSM8K and verl column names",
-    )
-    tools: list[str] = Field(default_factory=lambda: ["calculator"])
-    reward: str = Field(default="gsm8k", description="a name in REWARDS, or 'package.module:function'")
-    output_dir: str = "runs/train"
-    steps: int = Field(default=3, ge=1)
-    seed: int = 0
-    device: str = "cpu"
-    checkpoint_every: int = Field(default=0, ge=0, description="0: only the final checkpoint")
-    keep_checkpoints: int = Field(
-        default=2, ge=0, description="step checkpoints kept, the newest (0: all); the final one is always kept"
-    )
-    eval_data: str | None = Field(
-        default=None, description="held-out tasks (a data spec as for data, e.g. 'arithmetic:heldout:64'), rolled out greedily"
-    )
-    eval_limit: int | None = Field(default=None, ge=1, description="evaluate the first N held-out tasks (None: all)")
-    eval_every: int = Field(default=0, ge=0, description="evaluate every K steps (0: before the first and after the last)")
-    loggers: list[LoggerName] = Field(
-        default_factory=lambda: ["jsonl"],
-        description="metric sinks: jsonl (metrics.jsonl), tensorboard (tensorboard/), wandb (offline, wandb/)",
-    )
-    wandb_project: str = "agentic-rl"
-    rollout: RolloutSection = Field(default_factory=RolloutSection)
-    engine: EngineSection = Field(default_factory=EngineSection)
-    optimizer: GRPOConfig = Field(default_factory=GRPOConfig)
-
-
-def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """`TrainConfig.from_yaml(path, overrides)`: a training config from YAML with `KEY=VALUE` overrides.
-
-    Raises:
-        ConfigError: naming the bad override or field.
-    """
-    return TrainConfig.from_yaml(path, overrides)
-
-
-def load_run_config(run_dir: str | Path) -> TrainConfig:
-    """The config a training run recorded (`RUN_DIR/config.json`), with `output_dir` set to `run_dir` (the folder
-    may have moved since): what `train(config, resume=True)` continues.
-
-    Raises:
-        FileNotFoundError: if `run_dir` has no `config.json`.
-        ConfigError: if it is not a valid `TrainConfig`.
-    """
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: --resume takes a folder written by 'agentic-rl train'")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ConfigError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path} is not a training config")
-    return TrainConfig.model_validate({**raw, "output_dir": str(run_dir)})
 
 
 def resume_point(config: TrainConfig) -> Checkpoint | None:
@@ -224,18 +124,9 @@ async def train(
     steps, the newest `keep_checkpoints` kept, and `checkpoints/final/`), `reward_curve.png`, `metrics.png` and
     `response_lengths.png` (`write_run_plots`); and every rank writes `weights_rank{R}.sha256` with its final
     weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it rolled out,
-    `{"step", "task_ids"}`).
-
-    A checkpoint holds the model and tokenizer and `training_state.pt`: the optimizer state and step counters, the
-    steps done, the task order position, the weight version, the RNG states (Python, NumPy, torch; rank 0's, which
-    every rank restores: all ranks seed alike) and the metrics rows so far. It is written atomically
-    (`agentic_rl.train.checkpoints`): a kill at any moment leaves the previous checkpoint intact. Each step's
-    rollout is sampled with a seed fixed by the config, the rank and the step, so a resumed run repeats the
+    `{"step", "task_ids"}`). What a checkpoint holds: `_state`; what a metrics row holds: `_metrics_row`. Each
+    step's rollout is sampled with a seed fixed by the config, the rank and the step, so a resumed run repeats the
     uninterrupted one.
-
-    Each metrics row holds the step's token accounting summed over ranks (`tokens_sampled` = `tokens_trained` +
-    `tokens_excluded`, and `tokens_excluded_failed` / `_aborted` / `_over_length`), the clip fractions, and
-    `step_skipped` / `skipped_steps` (optimizer steps skipped for a non-finite gradient norm).
 
     Args:
         config: the run.
@@ -255,187 +146,370 @@ async def train(
             `data` / `eval_data` gives no tasks (checked before the engine starts).
         TrainingError: when `optimizer.max_consecutive_skips` optimizer steps in a row were skipped.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentic_rl.models import resolve_model
-    from agentic_rl.rollout.rewards import resolve_reward
-    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
-    from agentic_rl.tools.registry import build_tools
-    from agentic_rl.train.distributed import init_from_env, shard
-    from agentic_rl.train.loggers import build_loggers, keep_steps_before
-    from agentic_rl.train.plots import write_run_plots
-    from agentic_rl.train.trainer import GRPOTrainer
-    from agentic_rl.types import trajectory_to_dict
+    from agentic_rl.train.distributed import init_from_env
+    from agentic_rl.train.loggers import build_loggers
 
     dist = init_from_env(config.device)
-    out = Path(config.output_dir)
     start, state = _starting_point(config, dist, resume=resume)
-    done = state["step"] if state is not None else 0
-    if _finished(out, start, dist.world_size):  # nothing to redo: no engine to start
-        logger.info("%s finished all %d steps already (%s)", out, config.steps, start.path)
+    if _finished(Path(config.output_dir), start, dist.world_size):  # nothing to redo: no engine to start
+        logger.info("%s finished all %d steps already (%s)", config.output_dir, config.steps, start.path)
         return list(state["history"])
+    run = await _set_up(config, dist, start, state, resume=resume)
+    try:
+        if dist.is_main:
+            run.sinks.extend(build_loggers(config.loggers, run.out, config=config.model_dump(),
+                                           wandb_project=config.wandb_project,
+                                           resume_from=_first_redone(state) if resume else None))  # fmt: skip
+        if state is not None:  # last, so that nothing set up since draws from the restored generators
+            checkpoints.restore_rng_state(state["rng"])
+        if run.eval_tasks and state is None:
+            _log(run, {"step": 0, **await _evaluate(run, run.out / "rollouts" / "eval_step_0.jsonl")}, step=0)
+        for step in range(run.done, config.steps):
+            result = await _train_step(run, step, _step_tasks(run, step))
+            row = _metrics_row(run, step, result)
+            await _record_step(run, step, row, result.trajectories)
+            if on_step is not None:
+                on_step(row)
+        _finish(run)
+    finally:
+        for sink in run.sinks:
+            sink.close()
+        await run.rollouts.close()
+    return run.history
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What a training run holds from its set-up (`_set_up`) to its end."""
+
+    config: TrainConfig
+    dist: Any  # a DistContext: this process's rank among `world_size`
+    out: Path  # config.output_dir
+    start: Checkpoint | None  # the checkpoint it resumed from (None: from the start)
+    done: int  # steps done before this call (the checkpoint's step; 0 from the start)
+    eval_tasks: list[dict[str, Any]]  # held-out tasks (empty: no evaluation)
+    task_order: _TaskOrder  # the training tasks, in the order the steps take them
+    task_ids: Path  # task_ids_rank{R}.jsonl
+    tokenizer: Any
+    trainer: Any  # a GRPOTrainer
+    engine: TrainableEngine
+    rollouts: Any  # the rollout machinery (`_start_rollouts`), closed when the run ends
+    sinks: list[Any]  # rank 0's metric sinks (`build_loggers`), filled when the run starts
+    history: list[dict[str, Any]]  # the metrics rows so far
+
+
+class _StepResult(NamedTuple):
+    """What one training step leaves for its metrics row (`_train_step`)."""
+
+    trajectories: list[Any]  # this rank's trajectories (`group_size` per task)
+    stats: dict[str, Any]  # `GRPOTrainer.train_step`'s statistics
+    rollout_s: float  # wall-clock seconds of the rollout
+    sync_s: float  # wall-clock seconds of the weight sync (and waking the engine)
+
+
+async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, state: dict[str, Any] | None, *,
+                  resume: bool) -> _Run:  # fmt: skip
+    """Read the tasks (before any folder or engine: `_load_config_tasks`), prepare `output_dir`, start the rollout
+    machinery and the trainer, and bring back a checkpoint's `state` (all but the RNG states, which `train` restores
+    last); without one, on several ranks, every engine starts from rank 0's weights, like the trainers (a resumed
+    run's engines all load the same checkpoint)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from agentic_rl.models import resolve_model
+
     tasks = _load_config_tasks(config, "data")
     eval_tasks = _load_config_tasks(config, "eval_data", limit=config.eval_limit) if config.eval_data else []
-    device = config.device
-    if device in ("cuda", "npu"):  # one accelerator per local rank
-        from ascend.device import Platform
-
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        device = Platform(device).device(local_rank)
-        Platform(config.device).set_device(local_rank)
+    device = _local_device(config.device)
     torch.manual_seed(config.seed)
+    out = Path(config.output_dir)
+    task_ids = _prepare_output(config, dist, _first_redone(state), resume=resume)
+    model_dir = resolve_model(config.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    task_order = _TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
+    rollouts, engine = _start_rollouts(config, dist, tokenizer, model_dir, start, state)
+    trainer = _make_trainer(config, dist, tokenizer, model_dir, device)
+    history: list[dict[str, Any]] = []
+    if state is not None:  # after the trainer copied the initial model as its KL reference
+        _restore(trainer, start.path, state)
+        task_order.position = state["task_position"]
+        history = list(state["history"])
+    elif dist.world_size > 1:
+        await engine.update_weights(trainer.named_weights())
+    return _Run(config=config, dist=dist, out=out, start=start, done=state["step"] if state is not None else 0,
+                eval_tasks=eval_tasks, task_order=task_order, task_ids=task_ids, tokenizer=tokenizer, trainer=trainer,
+                engine=engine, rollouts=rollouts, sinks=[], history=history)  # fmt: skip
+
+
+def _first_redone(state: dict[str, Any] | None) -> int:
+    """The first step (1-based) a run resumed from `state` redoes: rows of it and later ones are dropped from the
+    per-step files (0 without a state: all are)."""
+    return state["step"] + 1 if state is not None else 0
+
+
+def _local_device(device: str) -> Any:
+    """The trainer's device: one accelerator per local rank (`cuda` / `npu`, made the current one), else `device`."""
+    if device not in ("cuda", "npu"):
+        return device
+    from ascend.device import Platform
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    Platform(device).set_device(local_rank)
+    return Platform(device).device(local_rank)
+
+
+def _prepare_output(config: TrainConfig, dist: Any, first_redone: int, *, resume: bool) -> Path:
+    """Make `output_dir` (and, rank 0, `rollouts/` and, for a new run, `config.json`), and cut this rank's task ids
+    file back to the steps before `first_redone` (a resumed run redoes the later steps).
+
+    Returns:
+        The task ids file, `task_ids_rank{R}.jsonl`.
+    """
+    from agentic_rl.train.loggers import keep_steps_before
+
+    out = Path(config.output_dir)
     if dist.is_main:
         (out / "rollouts").mkdir(parents=True, exist_ok=True)
         if not resume:
             (out / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
     out.mkdir(parents=True, exist_ok=True)
     task_ids = out / f"task_ids_rank{dist.rank}.jsonl"
-    keep_steps_before(task_ids, done + 1 if state is not None else 0)  # a resumed run redoes the later steps
-    model_dir = resolve_model(config.model)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    task_order = _TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
-    r = config.rollout
-    engine_options: dict[str, Any] = {"dtype": config.engine.dtype, "kv_cache_gib": config.engine.kv_cache_gib,
-                                      "seed": config.seed + dist.rank,
-                                      "enable_sleep_mode": config.engine.sleep_while_training}  # fmt: skip
-    if config.engine.max_model_len:
-        engine_options["max_model_len"] = config.engine.max_model_len
+    keep_steps_before(task_ids, first_redone)
+    return task_ids
+
+
+def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict[str, Any] | None) -> dict[str, Any]:
+    """The colocated engine's options: the config's dtype, KV cache and window, seeded per rank, able to sleep when
+    `sleep_while_training`; resuming, it starts at the checkpoint's weight version."""
+    engine = config.engine
+    options: dict[str, Any] = {"dtype": engine.dtype, "kv_cache_gib": engine.kv_cache_gib,
+                               "seed": config.seed + dist.rank, "enable_sleep_mode": engine.sleep_while_training}  # fmt: skip
+    if engine.max_model_len:
+        options["max_model_len"] = engine.max_model_len
     if state is not None:  # the engine starts from the checkpoint's weights (fp32), at their version
-        engine_options["weight_version"] = state["weight_version"]
-        if config.engine.dtype == "auto":  # the dtype the model's own folder asks for, as in the first process
+        options["weight_version"] = state["weight_version"]
+        if engine.dtype == "auto":  # the dtype the model's own folder asks for, as in the first process
             from transformers import AutoConfig
 
             wanted = getattr(AutoConfig.from_pretrained(str(model_dir)), "dtype", None)
-            engine_options["dtype"] = str(wanted).removeprefix("torch.") if wanted else "auto"
+            options["dtype"] = str(wanted).removeprefix("torch.") if wanted else "auto"
+    return options
+
+
+def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, start: Checkpoint | None,
+                    state: dict[str, Any] | None) -> tuple[Any, TrainableEngine]:  # fmt: skip
+    """Start the rollout machinery: a `ToolAgentEngineWrapper` with the config's tools, reward and limits over a
+    colocated engine (`_engine_options`) that loads the checkpoint's weights when resuming (`start`), else the
+    model's. `_rollout` makes each step's rollout from it; `train` closes it.
+
+    Returns:
+        The machinery and its engine.
+
+    Raises:
+        ConfigError: if the engine cannot take new weights.
+    """
+    from agentic_rl.rollout.rewards import resolve_reward
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+    from agentic_rl.tools.registry import build_tools
+
+    r = config.rollout
     wrapper = ToolAgentEngineWrapper(
         "trainer", tokenizer, r.sampling, r.max_prompt_length, r.max_response_length, r.n_parallel_agents,
         r.max_steps, model=start.path if start is not None else model_dir, tools=build_tools(config.tools),
-        reward_fn=resolve_reward(config.reward), engine_options=engine_options, serve=False,
-        toolcall_weight=r.toolcall_weight,
+        reward_fn=resolve_reward(config.reward), engine_options=_engine_options(config, dist, model_dir, state),
+        serve=False, toolcall_weight=r.toolcall_weight,
     )  # fmt: skip
     wrapper.initialize()
-    engine = wrapper.engine
-    if not isinstance(engine, TrainableEngine):
-        raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
+    if not isinstance(wrapper.engine, TrainableEngine):
+        raise ConfigError(f"training needs an engine that takes new weights, got {type(wrapper.engine).__name__}")
+    return wrapper, wrapper.engine
+
+
+def _rollout(run: _Run, step: int | None) -> Any:
+    """A `Rollout` over the run's engine, tools and reward: training step `step`'s (0-based: the config's sampling
+    with the step's seed, `_rollout_seed`), or with `step=None` the held-out evaluation's (greedy, unseeded)."""
+    if step is None:
+        update: dict[str, Any] = {"temperature": 0.0, "seed": None}
+    else:
+        update = {"seed": _rollout_seed(run.config, run.dist.rank, step)}
+    return run.rollouts.make_rollout(sampling=run.config.rollout.sampling.model_copy(update=update))
+
+
+def _make_trainer(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, device: Any) -> Any:
+    """A `GRPOTrainer` of the fp32 model on `device` (the trainer copies it as its KL reference)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.train.trainer import GRPOTrainer
+
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-    trainer = GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
-    history: list[dict[str, Any]] = []
-    if state is not None:  # after the trainer copied the initial model as its KL reference
-        _restore(trainer, start.path, state)
-        task_order.position = state["task_position"]
-        history = list(state["history"])
-    elif dist.world_size > 1:  # every engine starts from rank 0's weights, like the trainers (a resumed run's
-        await engine.update_weights(trainer.named_weights())  # engines all load the same checkpoint)
-    sinks: list[Any] = []
-    try:
-        if dist.is_main:
-            sinks = build_loggers(config.loggers, out, config=config.model_dump(), wandb_project=config.wandb_project,
-                                  resume_from=(done + 1 if state is not None else 0) if resume else None)  # fmt: skip
-        if state is not None:  # last, so that nothing set up since draws from the restored generators
-            checkpoints.restore_rng_state(state["rng"])
-        if eval_tasks and state is None:
-            before = {"step": 0, **await _evaluate(wrapper, eval_tasks, dist, out / "rollouts" / "eval_step_0.jsonl")}
-            if dist.is_main:
-                for sink in sinks:
-                    sink.log(before, step=0)
-        for step in range(done, config.steps):
-            mine = shard(task_order.next_batch(), dist)
-            with task_ids.open("a") as f:
-                f.write(json.dumps({"step": step + 1, "task_ids": [_task_id(t) for t in mine]}, default=str) + "\n")
-            expanded = [dict(task) for task in mine for _ in range(r.group_size)]  # a group shares its task id
-            t0 = time.perf_counter()
-            seed = _rollout_seed(config, dist.rank, step)
-            rollout = wrapper.make_rollout(sampling=r.sampling.model_copy(update={"seed": seed}))
-            trajectories = (await rollout.run(expanded)).trajectories
-            rollout_s = time.perf_counter() - t0
-            if config.engine.sleep_while_training:
-                await engine.sleep()
-            stats = await anyio.to_thread.run_sync(trainer.train_step, trajectories)
-            t0 = time.perf_counter()
-            if config.engine.sleep_while_training:
-                await engine.wake_up(["weights"])
-            await engine.update_weights(trainer.named_weights())
-            if config.engine.sleep_while_training:
-                await engine.wake_up(["kv_cache"])
-            sync_s = time.perf_counter() - t0
-            generated = sum(t.num_generated_tokens for t in trajectories)
-            local = [
-                stats["reward_mean"], stats["reward_std"],
-                sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
-                sum(t.failed for t in trajectories), stats["response_length"], generated / max(rollout_s, 1e-9),
-                rollout_s, stats["train_seconds"], sync_s,
-                math.nan if stats["logprob_diff"] is None else stats["logprob_diff"],  # NaN: this rank computed no row
-                *(stats[key] for key in _TOKEN_KEYS),
-            ]  # fmt: skip
-            ranks = dist.gather_floats(local)
-            mean = [sum(col) / len(col) for col in zip(*ranks, strict=False)]
-            tokens = {key: int(sum(rk[10 + k] for rk in ranks)) for k, key in enumerate(_TOKEN_KEYS)}
-            gaps = [rk[9] for rk in ranks if not math.isnan(rk[9])]  # the ranks that measured it
-            row = {
-                "step": step + 1, "reward_mean": mean[0], "reward_std": mean[1], "accuracy": mean[2],
-                "failed": int(sum(rk[3] for rk in ranks)), "loss": stats["loss"], "pg_loss": stats["pg_loss"],
-                "kl": stats["kl"], "grad_norm": stats["grad_norm"], "clip_fraction": stats["clip_fraction"],
-                "dual_clip_fraction": stats["dual_clip_fraction"], "kl_clamp_fraction": stats["kl_clamp_fraction"],
-                "response_length": mean[4], "tokens_per_s": sum(rk[5] for rk in ranks), "rollout_seconds": mean[6],
-                "train_seconds": mean[7], "sync_seconds": mean[8], "logprob_diff": sum(gaps) / len(gaps) if gaps else None,
-                **tokens,
-                "step_skipped": stats["step_skipped"], "skipped_steps": stats["skipped_steps"],
-                "zero_advantage_rows": stats["zero_advantage_rows"], "weight_version": engine.weight_version,
-                "trajectories": len(trajectories) * dist.world_size,
-            }  # fmt: skip
-            last = step + 1 == config.steps
-            if eval_tasks and (last or (config.eval_every and (step + 1) % config.eval_every == 0)):
-                row.update(await _evaluate(wrapper, eval_tasks, dist, out / "rollouts" / f"eval_step_{step + 1}.jsonl"))
-            history.append(row)
-            if dist.is_main:
-                for sink in sinks:
-                    sink.log(row, step=step + 1)
-                with (out / "rollouts" / f"step_{step + 1}.jsonl").open("w") as f:
-                    for t in trajectories:
-                        f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
-                if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0:
-                    checkpoints.save_checkpoint(out / "checkpoints" / f"step_{step + 1}", trainer.module, tokenizer,
-                                                _state(step + 1, trainer, task_order, engine, history, dist))  # fmt: skip
-                    checkpoints.prune_checkpoints(out / "checkpoints", config.keep_checkpoints)
-            if on_step is not None:
-                on_step(row)
-        if dist.is_main:
-            if start is None or start.path.name != checkpoints.FINAL:
-                checkpoints.save_checkpoint(out / "checkpoints" / checkpoints.FINAL, trainer.module, tokenizer,
-                                            _state(config.steps, trainer, task_order, engine, history, dist))  # fmt: skip
-            write_run_plots(out)
-        (out / f"weights_rank{dist.rank}.sha256").write_text(weights_digest(trainer.module) + "\n")
-    finally:
-        for sink in sinks:
-            sink.close()
-        await wrapper.close()
-    return history
+    return GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
 
 
-async def _evaluate(wrapper: Any, tasks: list[dict[str, Any]], dist: Any, records: Path) -> dict[str, float]:
-    """Greedy rollout of the held-out tasks through the same rollout path (this rank's shard; ranks gathered).
+def _step_tasks(run: _Run, step: int) -> list[dict[str, Any]]:
+    """This rank's share of step `step`'s tasks (0-based; their ids appended to the task ids file), each repeated
+    `group_size` times: a group shares its task id."""
+    from agentic_rl.train.distributed import shard
+
+    mine = shard(run.task_order.next_batch(), run.dist)
+    with run.task_ids.open("a") as f:
+        f.write(json.dumps({"step": step + 1, "task_ids": [_task_id(t) for t in mine]}, default=str) + "\n")
+    return [dict(task) for task in mine for _ in range(run.config.rollout.group_size)]
+
+
+async def _train_step(run: _Run, step: int, tasks: list[dict[str, Any]]) -> _StepResult:
+    """Training step `step` (0-based) on this rank: roll out `tasks` (`_rollout`), one GRPO step on the
+    trajectories in a worker thread, then the new weights into the engine (asleep during the GRPO step when
+    `engine.sleep_while_training`)."""
+    sleep = run.config.engine.sleep_while_training
+    t0 = time.perf_counter()
+    trajectories = (await _rollout(run, step).run(tasks)).trajectories
+    rollout_s = time.perf_counter() - t0
+    if sleep:
+        await run.engine.sleep()
+    stats = await anyio.to_thread.run_sync(run.trainer.train_step, trajectories)
+    t0 = time.perf_counter()
+    if sleep:
+        await run.engine.wake_up(["weights"])
+    await run.engine.update_weights(run.trainer.named_weights())
+    if sleep:
+        await run.engine.wake_up(["kv_cache"])
+    return _StepResult(trajectories, stats, rollout_s, time.perf_counter() - t0)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _count(values: Sequence[float]) -> int:
+    return int(sum(values))
+
+
+def _measured_mean(values: Sequence[float]) -> float | None:
+    """The mean over the ranks that measured the value (NaN: not measured); None when none did."""
+    measured = [v for v in values if not math.isnan(v)]
+    return sum(measured) / len(measured) if measured else None
+
+
+# How each gathered value of a metrics row combines the ranks' values.
+_ACROSS_RANKS: dict[str, Callable[[Sequence[float]], Any]] = {
+    "mean": _mean, "sum": sum, "count": _count, "measured": _measured_mean,
+}  # fmt: skip
+# A metrics row's keys in order, and where each comes from: gathered from every rank (`_ACROSS_RANKS`); "local":
+# this rank's GRPO step (rank 0's row is the one logged); "run": the step, the engine's weight version, the
+# trajectories of all ranks.
+_ROW: dict[str, str] = {
+    "step": "run", "reward_mean": "mean", "reward_std": "mean", "accuracy": "mean", "failed": "count",
+    "loss": "local", "pg_loss": "local", "kl": "local", "grad_norm": "local", "clip_fraction": "local",
+    "dual_clip_fraction": "local", "kl_clamp_fraction": "local", "response_length": "mean", "tokens_per_s": "sum",
+    "rollout_seconds": "mean", "train_seconds": "mean", "sync_seconds": "mean", "logprob_diff": "measured",
+    **dict.fromkeys(_TOKEN_KEYS, "count"),
+    "step_skipped": "local", "skipped_steps": "local", "zero_advantage_rows": "local", "weight_version": "run",
+    "trajectories": "run",
+}  # fmt: skip
+_GATHERED = tuple(key for key, source in _ROW.items() if source in _ACROSS_RANKS)  # gathered in this order
+# The held-out evaluation's counts, summed over ranks (`_evaluate`).
+_HELDOUT_COUNTS = ("solved", "with_tool_calls", "turns", "trajectories")
+
+
+def _gather(dist: Any, keys: Sequence[str], local: dict[str, float]) -> dict[str, list[float]]:
+    """Every rank's value of each of `keys` (gathered in that order, the same on every rank), in rank order."""
+    ranks = dist.gather_floats([local[key] for key in keys])
+    return {key: [rk[i] for rk in ranks] for i, key in enumerate(keys)}
+
+
+def _metrics_row(run: _Run, step: int, result: _StepResult) -> dict[str, Any]:
+    """The metrics row of step `step` (0-based), with the keys of `_ROW` in its order.
+
+    It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed
+    trajectories, the GRPO step's losses, KL, gradient norm and clip fractions, the response length, throughput and
+    timings, `logprob_diff` (the engine-trainer logprob gap, over the ranks that measured it; None when none did),
+    the step's token accounting summed over ranks (`tokens_sampled` = `tokens_trained` + `tokens_excluded`, and
+    `tokens_excluded_failed` / `_aborted` / `_over_length`), `step_skipped` / `skipped_steps` (optimizer steps
+    skipped for a non-finite gradient norm), `zero_advantage_rows`, the weight version and the trajectories.
+    """
+    trajectories, stats = result.trajectories, result.stats
+    generated = sum(t.num_generated_tokens for t in trajectories)
+    local = {
+        "reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"],
+        "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
+        "failed": sum(t.failed for t in trajectories), "response_length": stats["response_length"],
+        "tokens_per_s": generated / max(result.rollout_s, 1e-9), "rollout_seconds": result.rollout_s,
+        "train_seconds": stats["train_seconds"], "sync_seconds": result.sync_s,
+        "logprob_diff": math.nan if stats["logprob_diff"] is None else stats["logprob_diff"],  # NaN: no row here
+        **{key: stats[key] for key in _TOKEN_KEYS},
+    }  # fmt: skip
+    ranks = _gather(run.dist, _GATHERED, local)
+    own = {"step": step + 1, "weight_version": run.engine.weight_version,
+           "trajectories": len(trajectories) * run.dist.world_size}  # fmt: skip
+    return {key: own[key] if source == "run" else stats[key] if source == "local" else _ACROSS_RANKS[source](ranks[key])
+            for key, source in _ROW.items()}  # fmt: skip
+
+
+async def _record_step(run: _Run, step: int, row: dict[str, Any], trajectories: list[Any]) -> None:
+    """After step `step` (0-based): evaluate when due (every `eval_every` steps and after the last; into `row`), keep
+    the row, and (rank 0) log it, write the step's trajectories and, every `checkpoint_every` steps, a checkpoint."""
+    config, done = run.config, step + 1
+    if run.eval_tasks and (done == config.steps or (config.eval_every and done % config.eval_every == 0)):
+        row.update(await _evaluate(run, run.out / "rollouts" / f"eval_step_{done}.jsonl"))
+    run.history.append(row)
+    if not run.dist.is_main:
+        return
+    _log(run, row, step=done)
+    _write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", trajectories)
+    if config.checkpoint_every and done % config.checkpoint_every == 0:
+        _save_checkpoint(run, f"step_{done}", done)
+        checkpoints.prune_checkpoints(run.out / "checkpoints", config.keep_checkpoints)
+
+
+def _finish(run: _Run) -> None:
+    """After the last step: (rank 0) the final checkpoint, unless the run resumed from it, and the plots; then this
+    rank's weights digest."""
+    from agentic_rl.train.plots import write_run_plots
+
+    if run.dist.is_main:
+        if run.start is None or run.start.path.name != checkpoints.FINAL:
+            _save_checkpoint(run, checkpoints.FINAL, run.config.steps)
+        write_run_plots(run.out)
+    (run.out / f"weights_rank{run.dist.rank}.sha256").write_text(weights_digest(run.trainer.module) + "\n")
+
+
+def _log(run: _Run, row: dict[str, Any], *, step: int) -> None:
+    """Hand `row` to every metric sink (rank 0's; the other ranks have none)."""
+    for sink in run.sinks:
+        sink.log(row, step=step)
+
+
+def _write_trajectories(path: Path, trajectories: list[Any]) -> None:
+    """Write `trajectories` as JSON Lines (`trajectory_to_dict`), replacing `path`."""
+    from agentic_rl.types import trajectory_to_dict
+
+    with path.open("w") as f:
+        for t in trajectories:
+            f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
+
+
+async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
+    """Greedy rollout of the held-out tasks through the same rollout path (this rank's shard; ranks gathered), its
+    trajectories written (rank 0's) to `records`.
 
     Returns:
         `heldout_accuracy` (share with a positive task reward), `heldout_tool_call_rate`, `heldout_mean_turns`.
     """
     from agentic_rl.train.distributed import shard
-    from agentic_rl.types import trajectory_to_dict
 
-    rollout = wrapper.make_rollout(sampling=wrapper.sampling.model_copy(update={"temperature": 0.0, "seed": None}))
-    trajectories = (await rollout.run(shard(tasks, dist))).trajectories
-    local = [
-        float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
-        float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
-        float(sum(t.metrics.get("steps", 0) for t in trajectories)), float(len(trajectories)),
-    ]  # fmt: skip
-    totals = [sum(col) for col in zip(*dist.gather_floats(local), strict=False)]
-    n = max(totals[3], 1.0)
-    if dist.is_main:
-        with records.open("w") as f:
-            for t in trajectories:
-                f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
-    return {"heldout_accuracy": totals[0] / n, "heldout_tool_call_rate": totals[1] / n, "heldout_mean_turns": totals[2] / n}
+    trajectories = (await _rollout(run, None).run(shard(run.eval_tasks, run.dist))).trajectories
+    local = {
+        "solved": float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
+        "with_tool_calls": float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
+        "turns": float(sum(t.metrics.get("steps", 0) for t in trajectories)), "trajectories": float(len(trajectories)),
+    }  # fmt: skip
+    totals = {key: sum(values) for key, values in _gather(run.dist, _HELDOUT_COUNTS, local).items()}
+    n = max(totals["trajectories"], 1.0)
+    if run.dist.is_main:
+        _write_trajectories(records, trajectories)
+    return {"heldout_accuracy": totals["solved"] / n, "heldout_tool_call_rate": totals["with_tool_calls"] / n,
+            "heldout_mean_turns": totals["turns"] / n}  # fmt: skip
 
 
 def _finished(out: Path, start: Checkpoint | None, world_size: int) -> bool:
@@ -489,12 +563,20 @@ def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Ch
     return start, state
 
 
-def _state(step: int, trainer: Any, task_order: _TaskOrder, engine: Any, history: list[dict[str, Any]],
-           dist: Any) -> dict[str, Any]:  # fmt: skip
-    """The training state saved with a checkpoint after `step` steps (see `train`)."""
-    return {"step": step, "trainer": trainer.state_dict(), "task_position": task_order.position,
-            "weight_version": engine.weight_version, "rng": checkpoints.capture_rng_state(), "history": history,
-            "world_size": dist.world_size}  # fmt: skip
+def _save_checkpoint(run: _Run, name: str, step: int) -> None:
+    """Save `checkpoints/<name>/` after `step` steps: the model, the tokenizer and the training state (`_state`)."""
+    checkpoints.save_checkpoint(run.out / "checkpoints" / name, run.trainer.module, run.tokenizer, _state(run, step))
+
+
+def _state(run: _Run, step: int) -> dict[str, Any]:
+    """The training state saved with a checkpoint after `step` steps, as `training_state.pt`: the optimizer state
+    and step counters, the steps done, the task order position, the weight version, the RNG states (Python, NumPy,
+    torch; rank 0's, which every rank restores: all ranks seed alike), the metrics rows so far and the world size.
+    A checkpoint is written atomically (`agentic_rl.train.checkpoints`): a kill at any moment leaves the previous
+    one intact."""
+    return {"step": step, "trainer": run.trainer.state_dict(), "task_position": run.task_order.position,
+            "weight_version": run.engine.weight_version, "rng": checkpoints.capture_rng_state(),
+            "history": run.history, "world_size": run.dist.world_size}  # fmt: skip
 
 
 def _restore(trainer: Any, folder: Path, state: dict[str, Any]) -> None:
