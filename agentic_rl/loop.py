@@ -254,8 +254,9 @@ def _local_device(device: str) -> Any:
     from ascend.device import Platform
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local = Platform(device).device(local_rank)
     Platform(device).set_device(local_rank)
-    return Platform(device).device(local_rank)
+    return local
 
 
 def _prepare_output(config: TrainConfig, dist: Any, first_redone: int, *, resume: bool) -> Path:
