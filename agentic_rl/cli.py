@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -227,28 +228,59 @@ def _check_fresh_rollout_dir(out_dir: Path) -> None:
                           f"'agentic-rl rollout --resume {out_dir}', or choose another --output-dir")  # fmt: skip
 
 
-def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
-    import anyio
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-    from transformers import AutoTokenizer
+@dataclass(frozen=True, slots=True)
+class _RolloutPlan:
+    """What `agentic-rl rollout` runs (`_plan_rollout`), checked before any engine starts."""
 
-    from agentic_rl.data import load_tasks
-    from agentic_rl.errors import ConfigError
-    from agentic_rl.models import resolve_model
-    from agentic_rl.rollout.records import finished_records
-    from agentic_rl.rollout.rewards import resolve_reward
-    from agentic_rl.rollout.summary import summarize
-    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
-    from agentic_rl.tools.registry import TOOL_NAMES, build_tools
-    from agentic_rl.types import trajectory_from_dict, trajectory_to_dict
+    args: argparse.Namespace  # resuming: the recorded arguments
+    resuming: bool
+    tasks: list[dict[str, Any]]
+    done: dict[int, dict[str, Any]]  # resuming: the finished records, by task index
+    todo: list[int]  # the indices of the tasks to run
+    tool_names: list[str]
+    reward_fn: Any
+    judge: bool  # the llm_judge reward: it asks the engine's own server (`_start_agent`)
+    system_prompt: str | None
+    out_dir: Path
+
+
+def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
+    """`agentic-rl rollout`: run the tasks (those without a record when resuming), append each trajectory to
+    `trajectories.jsonl` as it finishes, write `summary.json` and print it.
+
+    Returns:
+        0, or 1 when every trajectory failed.
+    """
+    from rich.console import Console
 
     console = Console()
+    plan = _plan_rollout(args, typed)
+    wrapper, model_dir = _start_agent(plan, console)
+    trajectories, wall = _generate(plan, wrapper, console)
+    summary = _write_summary(plan, model_dir, trajectories, wall)
+    _print_summary(console, plan, summary, wall)
+    if summary["failed"] == summary["tasks"]:
+        console.print("[red]every trajectory failed; see the errors in trajectories.jsonl")
+        return 1
+    return 0
+
+
+def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> _RolloutPlan:
+    """Check everything a user can get wrong (tools, tasks, reward, system prompt, output folder), then make the
+    output folder and record the arguments (a new rollout) or read its finished records (resuming).
+
+    Raises:
+        ConfigError, FileNotFoundError, OSError: naming the option.
+    """
+    from agentic_rl.data import load_tasks
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.rollout.records import finished_records
+    from agentic_rl.rollout.rewards import resolve_reward
+    from agentic_rl.tools.registry import TOOL_NAMES
+
     resuming = args.resume is not None
     if resuming:
         args = _resumed_rollout_args(args, typed)
-    # Everything a user can get wrong is checked before the output folder is made or the engine starts.
     tool_names = [n.strip() for n in args.tools.split(",") if n.strip()]
     unknown = [n for n in tool_names if n not in TOOL_NAMES]
     if unknown:
@@ -263,33 +295,69 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     if not resuming:
         _check_fresh_rollout_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    records_path = out_dir / "trajectories.jsonl"
-    done = finished_records(records_path, tasks) if resuming else {}  # drops a half-written last line
+    done = finished_records(out_dir / "trajectories.jsonl", tasks) if resuming else {}  # drops a half-written line
     if not resuming:
         _write_json(out_dir / ROLLOUT_ARGS, {"command": "rollout", "args": _recorded({**vars(args),
                                                                                      "output_dir": str(out_dir)})})  # fmt: skip
-    todo = [i for i in range(len(tasks)) if i not in done]
+    return _RolloutPlan(args=args, resuming=resuming, tasks=tasks, done=done,
+                        todo=[i for i in range(len(tasks)) if i not in done], tool_names=tool_names,
+                        reward_fn=reward_fn, judge=judge, system_prompt=system_prompt, out_dir=out_dir)  # fmt: skip
+
+
+def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling options of every turn, from the rollout's arguments."""
+    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "max_tokens": args.max_tokens,
+            "seed": args.seed}  # fmt: skip
+
+
+def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
+    """The rollout machinery: a `ToolAgentEngineWrapper` over an engine on the model, started unless no task is left
+    to run; with the llm_judge reward, judging through the engine's own server.
+
+    Returns:
+        The wrapper and the model's folder.
+    """
+    from transformers import AutoTokenizer
+
+    from agentic_rl.models import resolve_model
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+    from agentic_rl.tools.registry import build_tools
+
+    args = plan.args
     model_dir = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                "max_tokens": args.max_tokens, "seed": args.seed}  # fmt: skip
     wrapper = ToolAgentEngineWrapper(
-        "cli_agent", tokenizer, sampling, args.max_prompt_length, args.max_response_length, args.n_parallel,
-        args.max_steps, model=model_dir, tools=build_tools(tool_names, corpus=args.corpus), reward_fn=reward_fn,
-        system_prompt=system_prompt,
-        engine_options={**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=judge,
+        "cli_agent", tokenizer, _sampling_options(args), args.max_prompt_length, args.max_response_length,
+        args.n_parallel, args.max_steps, model=model_dir, tools=build_tools(plan.tool_names, corpus=args.corpus),
+        reward_fn=plan.reward_fn, system_prompt=plan.system_prompt,
+        engine_options={**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=plan.judge,
     )  # fmt: skip
-    resumed = f" ({len(done)} done before, resuming {out_dir})" if resuming else ""
-    console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}{resumed}; starting the engine...")
-    if todo:
+    resumed = f" ({len(plan.done)} done before, resuming {plan.out_dir})" if plan.resuming else ""
+    console.print(f"model {model_dir}, {len(plan.tasks)} tasks from {args.data}{resumed}; starting the engine...")
+    if plan.todo:
         wrapper.initialize()
-    if judge and todo:
+    if plan.judge and plan.todo:
         from agentic_rl.rollout.rewards import LLMJudgeReward
 
         wrapper.reward_fn = LLMJudgeReward(f"http://{wrapper.server_addresses[0]}/v1", model=wrapper.agent_name)
-    records = records_path.open("a" if resuming else "w", encoding="utf-8")
+    return wrapper, model_dir
 
-    def finished(trajectory: Any) -> None:  # written as each one finishes: an interrupted run keeps them
+
+def _generate(plan: _RolloutPlan, wrapper: Any, console: Any) -> tuple[list[Any], float]:
+    """Run the tasks left under a progress bar, each trajectory appended to `trajectories.jsonl` as it finishes (an
+    interrupted run keeps them); the wrapper is closed after.
+
+    Returns:
+        The trajectories of this run and its wall-clock seconds (none and 0.0 when no task was left).
+    """
+    import anyio
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentic_rl.types import trajectory_to_dict
+
+    records = (plan.out_dir / "trajectories.jsonl").open("a" if plan.resuming else "w", encoding="utf-8")
+
+    def finished(trajectory: Any) -> None:
         records.write(json.dumps(trajectory_to_dict(trajectory), ensure_ascii=False) + "\n")
         records.flush()
         progress.advance(bar)
@@ -297,33 +365,50 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     async def rollout() -> tuple[list[Any], float]:
         t0 = time.perf_counter()
         try:
-            trajectories = await wrapper.generate_agent_trajectories_async([tasks[i] for i in todo], on_result=finished,
-                                                                           indices=todo)  # fmt: skip
+            trajectories = await wrapper.generate_agent_trajectories_async(
+                [plan.tasks[i] for i in plan.todo], on_result=finished, indices=plan.todo)  # fmt: skip
         finally:
             await wrapper.close()
         return trajectories, time.perf_counter() - t0
 
+    columns = [TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with records, Progress(*columns, console=console, disable=plan.args.no_progress) as progress:
+        bar = progress.add_task("rollout", total=len(plan.tasks), completed=len(plan.done))
+        return anyio.run(rollout, backend_options=_backend_options()) if plan.todo else ([], 0.0)
+
+
+def _backend_options() -> dict[str, Any]:
+    """anyio's asyncio options: uvloop where it is installed."""
     try:
         import uvloop  # noqa: F401
-
-        backend_options = {"use_uvloop": True}
     except ImportError:
-        backend_options = {}
-    columns = [TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with records, Progress(*columns, console=console, disable=args.no_progress) as progress:
-        bar = progress.add_task("rollout", total=len(tasks), completed=len(done))
-        trajectories, wall = anyio.run(rollout, backend_options=backend_options) if todo else ([], 0.0)
-    summary_path = out_dir / "summary.json"
-    if not todo and summary_path.is_file():  # a finished run resumed: its summary (with its throughput) stands
-        summary = json.loads(summary_path.read_text())
-    else:
-        summary = summarize(trajectories, wall, earlier=[trajectory_from_dict(done[i]) for i in sorted(done)])
-        summary.update(model=str(model_dir), data=str(args.data), sampling=sampling)
-        summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+        return {}
+    return {"use_uvloop": True}
 
-    table = Table(title=f"rollout summary ({out_dir})")
+
+def _write_summary(plan: _RolloutPlan, model_dir: Path, trajectories: list[Any], wall: float) -> dict[str, Any]:
+    """The rollout's `summary.json` over this run's trajectories and the finished records from before, written; a
+    finished run resumed keeps its summary (with its throughput)."""
+    from agentic_rl.rollout.summary import summarize
+    from agentic_rl.types import trajectory_from_dict
+
+    summary_path = plan.out_dir / "summary.json"
+    if not plan.todo and summary_path.is_file():
+        return json.loads(summary_path.read_text())
+    summary = summarize(trajectories, wall, earlier=[trajectory_from_dict(plan.done[i]) for i in sorted(plan.done)])
+    summary.update(model=str(model_dir), data=str(plan.args.data), sampling=_sampling_options(plan.args))
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _print_summary(console: Any, plan: _RolloutPlan, summary: dict[str, Any], wall: float) -> None:
+    """Print the rollout's summary as a table."""
+    from rich.table import Table
+
+    table = Table(title=f"rollout summary ({plan.out_dir})")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    before = f" (this run; {len(plan.done)} trajectories from before)" if plan.resuming else ""
     rows = [
         ("tasks", summary["tasks"]),
         ("failed", summary["failed"]),
@@ -337,15 +422,11 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
         ("token-alignment mismatches", summary["alignment_mismatches"]),
         ("re-tokenization drift avoided", summary["retokenize_drift"]),
         ("termination", ", ".join(f"{k}={v}" for k, v in sorted(summary["termination_reasons"].items()))),
-        ("wall time (s)", f"{wall:.1f}" + (f" (this run; {len(done)} trajectories from before)" if resuming else "")),
+        ("wall time (s)", f"{wall:.1f}{before}"),
     ]
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
-    if summary["failed"] == summary["tasks"]:
-        console.print("[red]every trajectory failed; see the errors in trajectories.jsonl")
-        return 1
-    return 0
 
 
 def _run_train(args: argparse.Namespace) -> int:
