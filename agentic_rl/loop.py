@@ -124,9 +124,14 @@ async def train(
     steps, the newest `keep_checkpoints` kept, and `checkpoints/final/`), `reward_curve.png`, `metrics.png` and
     `response_lengths.png` (`write_run_plots`); and every rank writes `weights_rank{R}.sha256` with its final
     weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it rolled out,
-    `{"step", "task_ids"}`). What a checkpoint holds: `_state`; what a metrics row holds: `_metrics_row`. Each
-    step's rollout is sampled with a seed fixed by the config, the rank and the step, so a resumed run repeats the
-    uninterrupted one.
+    `{"step", "task_ids"}`).
+
+    A checkpoint holds the model, the tokenizer and the training state (`_state`: optimizer, steps, task order
+    position, weight version, RNG states, metrics rows), written atomically: a kill at any moment leaves the previous
+    one intact. Each step's rollout is sampled with a seed fixed by the config, the rank and the step, so a resumed
+    run repeats the uninterrupted one. Each metrics row (`_metrics_row`) holds the step's rewards, losses, timings
+    and token accounting summed over ranks (`tokens_sampled` = `tokens_trained` + `tokens_excluded`), and
+    `step_skipped` / `skipped_steps` (optimizer steps skipped for a non-finite gradient norm).
 
     Args:
         config: the run.
@@ -378,14 +383,6 @@ async def _train_step(run: _Run, step: int, tasks: list[dict[str, Any]]) -> _Ste
     return _StepResult(trajectories, stats, rollout_s, time.perf_counter() - t0)
 
 
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _count(values: Sequence[float]) -> int:
-    return int(sum(values))
-
-
 def _measured_mean(values: Sequence[float]) -> float | None:
     """The mean over the ranks that measured the value (NaN: not measured); None when none did."""
     measured = [v for v in values if not math.isnan(v)]
@@ -394,7 +391,8 @@ def _measured_mean(values: Sequence[float]) -> float | None:
 
 # How each gathered value of a metrics row combines the ranks' values.
 _ACROSS_RANKS: dict[str, Callable[[Sequence[float]], Any]] = {
-    "mean": _mean, "sum": sum, "count": _count, "measured": _measured_mean,
+    "mean": lambda values: sum(values) / len(values), "sum": sum, "count": lambda values: int(sum(values)),
+    "measured": _measured_mean,
 }  # fmt: skip
 # A metrics row's keys in order, and where each comes from: gathered from every rank (`_ACROSS_RANKS`); "local":
 # this rank's GRPO step (rank 0's row is the one logged); "run": the step, the engine's weight version, the
@@ -440,11 +438,11 @@ def _metrics_row(run: _Run, step: int, result: _StepResult) -> dict[str, Any]:
         "logprob_diff": math.nan if stats["logprob_diff"] is None else stats["logprob_diff"],  # NaN: no row here
         **{key: stats[key] for key in _TOKEN_KEYS},
     }  # fmt: skip
-    ranks = _gather(run.dist, _GATHERED, local)
+    gathered = {key: _ACROSS_RANKS[_ROW[key]](ranks) for key, ranks in _gather(run.dist, _GATHERED, local).items()}
     own = {"step": step + 1, "weight_version": run.engine.weight_version,
            "trajectories": len(trajectories) * run.dist.world_size}  # fmt: skip
-    return {key: own[key] if source == "run" else stats[key] if source == "local" else _ACROSS_RANKS[source](ranks[key])
-            for key, source in _ROW.items()}  # fmt: skip
+    sources = {"run": own, "local": stats, **dict.fromkeys(_ACROSS_RANKS, gathered)}
+    return {key: sources[source][key] for key, source in _ROW.items()}
 
 
 async def _record_step(run: _Run, step: int, row: dict[str, Any], trajectories: list[Any]) -> None:
