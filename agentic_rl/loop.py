@@ -214,10 +214,10 @@ class _StepResult(NamedTuple):
 
 async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, state: dict[str, Any] | None, *,
                   resume: bool) -> _Run:  # fmt: skip
-    """Read the tasks (before any folder or engine: `_load_config_tasks`), prepare `output_dir`, start the rollout
-    machinery and the trainer, and bring back a checkpoint's `state` (all but the RNG states, which `train` restores
-    last); without one, on several ranks, every engine starts from rank 0's weights, like the trainers (a resumed
-    run's engines all load the same checkpoint)."""
+    """Everything a run needs before its first step, in this order: the tasks (read before any folder or engine
+    starts), `output_dir`, the rollout machinery and the trainer. Resuming, the checkpoint's `state` comes back (all
+    but the RNG states, which `train` restores last); otherwise, on several ranks, every engine loads rank 0's
+    weights, like the trainers (a resumed run's engines all load the same checkpoint)."""
     import torch
     from transformers import AutoTokenizer
 
