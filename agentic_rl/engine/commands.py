@@ -24,8 +24,8 @@ class AddRequest:
     Attributes:
         request_id: the engine's id of the request, unique per engine.
         prompt_ids: the full prompt as token ids.
-        sampling: `vllm.SamplingParams` keyword arguments (`SamplingConfig.vllm_kwargs()`); the engine thread fills
-            in its defaults (`detokenize`, `logprobs`) in place.
+        sampling: `vllm.SamplingParams` keyword arguments (`SamplingConfig.engine_kwargs()`, which decides the
+            defaults of `detokenize` and `logprobs`).
         result: resolved with the whole `Generation` when the request finishes, or failed with `EngineError`
             (`EngineRejectedError` when vLLM refuses the request); a future cancelled before the engine thread
             takes the message drops the request.

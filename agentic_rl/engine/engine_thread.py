@@ -112,11 +112,6 @@ class EngineThread:
     def _on_add(self, llm: Any, request: AddRequest) -> None:
         if not request.result.set_running_or_notify_cancel():
             return
-        sampling = request.sampling
-        if sampling.get("stop"):
-            sampling.setdefault("detokenize", True)
-        sampling.setdefault("detokenize", False)
-        sampling.setdefault("logprobs", 0)
         self.pending[request.request_id] = request.result
         if self.stale_cache:  # it could reuse KV of the old weights: it waits for the reset
             self._held.append(request)

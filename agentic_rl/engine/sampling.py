@@ -114,3 +114,11 @@ class SamplingConfig(Config):
     def vllm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `vllm.SamplingParams`: every option that is set (None values left out)."""
         return {name: value for name, value in self if value is not None}
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """`vllm_kwargs()` with the engine's own defaults, decided here once: `detokenize` only when `stop` strings
+        need the text, and `logprobs` 0 (the sampled token's logprob is always recorded)."""
+        kwargs = self.vllm_kwargs()
+        kwargs.setdefault("detokenize", bool(self.stop))
+        kwargs.setdefault("logprobs", 0)
+        return kwargs

@@ -266,7 +266,7 @@ class VLLMEngine:
             ConfigError: for a dict with an unknown option or a bad value (nothing is sent to the engine).
             EngineError: if the engine is not running or rejects the request.
         """
-        options = SamplingConfig.of(sampling).vllm_kwargs()
+        options = SamplingConfig.of(sampling).engine_kwargs()
         self._check_alive()
         request_id = str(next(self._ids))
         result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
@@ -291,7 +291,7 @@ class VLLMEngine:
             ConfigError: for a dict with an unknown option or a bad value (nothing is sent to the engine).
             EngineError: if the engine is not running or rejects the request.
         """
-        options = SamplingConfig.of(sampling).vllm_kwargs()
+        options = SamplingConfig.of(sampling).engine_kwargs()
         self._check_alive()
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[Generation | None] = asyncio.Queue()
