@@ -149,7 +149,7 @@ class OpenAISummaryClient(ChatSummaryClient):
             import openai
 
             client = openai.AsyncOpenAI(base_url=base_url, api_key="local", timeout=timeout_s, max_retries=0)
-        super().__init__(self)
+        super().__init__(self)  # its own chat client: `chat` below asks the endpoint
         self.client = client
         self.model = model
         self.timeout_s = timeout_s
