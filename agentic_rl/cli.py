@@ -90,7 +90,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none")  # fmt: skip
     add("--reward", default="gsm8k",
         help="gsm8k (last number), math (LaTeX answers, e.g. MATH-500), hotpotqa_f1, hotpotqa_em, has_number, "
-             "llm_judge (asks the served model) or module:function")  # fmt: skip
+             "llm_judge (asks the run's own model) or module:function")  # fmt: skip
     add("--system-prompt-file", default=None, help="a text file with the system prompt")
     add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
     add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
@@ -256,7 +256,7 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
     tasks = load_tasks(args.data, args.limit, columns=args.data_columns)
     if not tasks:
         raise ConfigError(f"--data {args.data}: no tasks")
-    judge = args.reward == "llm_judge"  # needs the engine's own server: set up after initialize()
+    judge = args.reward == "llm_judge"  # asks the run's own engine: set up after initialize()
     reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"])
     system_prompt = _read_system_prompt(args.system_prompt_file)
     out_dir = Path(args.output_dir or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -277,16 +277,17 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
         "cli_agent", tokenizer, sampling, args.max_prompt_length, args.max_response_length, args.n_parallel,
         args.max_steps, model=model_dir, tools=build_tools(tool_names, corpus=args.corpus), reward_fn=reward_fn,
         system_prompt=system_prompt,
-        engine_options={**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=judge,
+        engine_options={**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=False,
     )  # fmt: skip
     resumed = f" ({len(done)} done before, resuming {out_dir})" if resuming else ""
     console.print(f"model {model_dir}, {len(tasks)} tasks from {args.data}{resumed}; starting the engine...")
     if todo:
         wrapper.initialize()
     if judge and todo:
+        from agentic_rl.engine.chat_client import EngineChatClient
         from agentic_rl.rollout.rewards import LLMJudgeReward
 
-        wrapper.reward_fn = LLMJudgeReward(f"http://{wrapper.server_addresses[0]}/v1", model=wrapper.agent_name)
+        wrapper.reward_fn = LLMJudgeReward(client=EngineChatClient(wrapper.engine, wrapper.renderer))
     records = records_path.open("a" if resuming else "w", encoding="utf-8")
 
     def finished(trajectory: Any) -> None:  # written as each one finishes: an interrupted run keeps them

@@ -244,7 +244,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         check_alignment: verify each trajectory's ids against a full template re-render.
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
         memory: a `MemoryConfig` (or dict) to prompt each turn through agent memory; with `use_summary` and no
-            `oai_client`, summaries come from this wrapper's own server.
+            `oai_client`, summaries come from this wrapper's own engine, called in process.
         turn_timeout_s: most seconds one engine request may take before it is aborted and its trajectory fails
             with `termination_reason="timeout"` (see `HarnessConfig`).
         chat_template_kwargs: extra variables for the chat template on every render (e.g.
@@ -348,7 +348,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
                                      memory_factory=self.memory_factory)  # fmt: skip
 
     def _memory_factory(self) -> Callable[[], Any]:
-        from agentic_rl.memory import MemoryConfig, MemorySimple, MemorySummary, OpenAISummaryClient
+        from agentic_rl.engine.chat_client import EngineChatClient
+        from agentic_rl.memory import MemoryConfig, MemorySimple, MemorySummary
 
         config = (
             self.memory_config if isinstance(self.memory_config, MemoryConfig) else MemoryConfig(**self.memory_config)
@@ -356,9 +357,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         if not config.use_summary:
             return lambda: MemorySimple(config, tokenizer=self.tokenizer)
         client = None
-        if config.oai_client is None:  # summaries from our own server, same process
-            address = self.start_servers()[0]
-            client = OpenAISummaryClient(f"http://{address}/v1", model=self.agent_name)
+        if config.oai_client is None:  # summaries from our own engine, called in process (no HTTP server)
+            client = EngineChatClient(self.engine, self.renderer)
         return lambda: MemorySummary(config, chat_client=client, tokenizer=self.tokenizer)
 
     def _check_ready(self) -> None:
