@@ -342,12 +342,12 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         if self.serve:
             self.start_servers()
         if self.memory_config is not None:
-            self.memory_factory = self._memory_factory()
+            self.memory_factory = self._memory_factory(renderer)
         self._spec = tool_agent_spec(renderer, self.engine, tools=self.tools, config=self.harness_config,
                                      reward_fn=self.reward_fn, system_prompt=self.system_prompt,
                                      memory_factory=self.memory_factory)  # fmt: skip
 
-    def _memory_factory(self) -> Callable[[], Any]:
+    def _memory_factory(self, renderer: Any) -> Callable[[], Any]:
         from agentic_rl.engine.chat_client import EngineChatClient
         from agentic_rl.memory import MemoryConfig, MemorySimple, MemorySummary
 
@@ -358,7 +358,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             return lambda: MemorySimple(config, tokenizer=self.tokenizer)
         client = None
         if config.oai_client is None:  # summaries from our own engine, called in process (no HTTP server)
-            client = EngineChatClient(self.engine, self.renderer)
+            client = EngineChatClient(self.engine, renderer)
         return lambda: MemorySummary(config, chat_client=client, tokenizer=self.tokenizer)
 
     def _check_ready(self) -> None:
