@@ -13,9 +13,11 @@ from agentic_rl.errors import (
     ConfigError,
     EngineAbortedError,
     EngineError,
+    EngineRejectedError,
     EngineTimeoutError,
     EnvStepError,
     ModelError,
+    RequestError,
     RewardError,
     TemplateError,
     ToolError,
@@ -24,14 +26,15 @@ from agentic_rl.errors import (
 )
 from agentic_rl.models import DEFAULT_MODEL, resolve_model
 from agentic_rl.parser import ToolCall, ToolCallError, parse_tool_calls
-from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint, run_trajectory
+from agentic_rl.rollout.harness import TrajectoryCheckpoint, run_trajectory
 from agentic_rl.rollout.rewards import gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.session import Rollout, RolloutResult, SuspendedRollout
+from agentic_rl.rollout.spec import HarnessConfig, RolloutSpec
 from agentic_rl.rollout.wrapper import BaseEngineWrapper, ToolAgentEngineWrapper
 from agentic_rl.tools.base import StatefulTool, Tool
 from agentic_rl.tools.calculator import CalculatorTool
-from agentic_rl.types import Step, StepTrajectory, Trajectory
+from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun, Trajectory
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -45,15 +48,19 @@ __all__ = [
     "Engine",
     "EngineAbortedError",
     "EngineError",
+    "EngineRejectedError",
     "EngineTimeoutError",
     "EnvStepError",
     "Environment",
     "Generation",
     "HarnessConfig",
     "ModelError",
+    "RequestError",
     "RewardError",
     "Rollout",
     "RolloutResult",
+    "RolloutSpec",
+    "RunRecorder",
     "Sample",
     "SamplingConfig",
     "StatefulTool",
@@ -63,6 +70,7 @@ __all__ = [
     "SuspendedRollout",
     "TemplateError",
     "TerminationReason",
+    "TokenRun",
     "Tool",
     "ToolAgentEngineWrapper",
     "ToolCall",

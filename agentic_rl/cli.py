@@ -91,7 +91,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none")  # fmt: skip
     add("--reward", default="gsm8k",
         help="gsm8k (last number), math (LaTeX answers, e.g. MATH-500), hotpotqa_f1, hotpotqa_em, has_number, "
-             "llm_judge (asks the served model) or module:function")  # fmt: skip
+             "llm_judge (asks the run's own model) or module:function")  # fmt: skip
     add("--system-prompt-file", default=None, help="a text file with the system prompt")
     add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
     add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
@@ -239,7 +239,7 @@ class _RolloutPlan:
     todo: list[int]  # the indices of the tasks to run
     tool_names: list[str]
     reward_fn: Any
-    judge: bool  # the llm_judge reward: it asks the engine's own server (`_start_agent`)
+    judge: bool  # the llm_judge reward: it asks the run's own engine (`_start_agent`)
     system_prompt: str | None
     out_dir: Path
 
@@ -288,7 +288,7 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> _RolloutPl
     tasks = load_tasks(args.data, args.limit, columns=args.data_columns)
     if not tasks:
         raise ConfigError(f"--data {args.data}: no tasks")
-    judge = args.reward == "llm_judge"  # needs the engine's own server: set up after initialize()
+    judge = args.reward == "llm_judge"  # asks the run's own engine: set up after initialize()
     reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"])
     system_prompt = _read_system_prompt(args.system_prompt_file)
     out_dir = Path(args.output_dir or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -312,7 +312,7 @@ def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     """The rollout machinery: a `ToolAgentEngineWrapper` over an engine on the model, started unless no task is left
-    to run; with the llm_judge reward, judging through the engine's own server.
+    to run; with the llm_judge reward, judging with the run's own engine.
 
     Returns:
         The wrapper and the model's folder.
@@ -330,16 +330,17 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
         "cli_agent", tokenizer, _sampling_options(args), args.max_prompt_length, args.max_response_length,
         args.n_parallel, args.max_steps, model=model_dir, tools=build_tools(plan.tool_names, corpus=args.corpus),
         reward_fn=plan.reward_fn, system_prompt=plan.system_prompt,
-        engine_options={**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=plan.judge,
+        engine_options={**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=False,
     )  # fmt: skip
     resumed = f" ({len(plan.done)} done before, resuming {plan.out_dir})" if plan.resuming else ""
     console.print(f"model {model_dir}, {len(plan.tasks)} tasks from {args.data}{resumed}; starting the engine...")
     if plan.todo:
         wrapper.initialize()
     if plan.judge and plan.todo:
+        from agentic_rl.engine.chat_client import EngineChatClient
         from agentic_rl.rollout.rewards import LLMJudgeReward
 
-        wrapper.reward_fn = LLMJudgeReward(f"http://{wrapper.server_addresses[0]}/v1", model=wrapper.agent_name)
+        wrapper.reward_fn = LLMJudgeReward(client=EngineChatClient(wrapper.engine, wrapper.renderer))
     return wrapper, model_dir
 
 

@@ -1,8 +1,9 @@
 """Agent memory: the message history a model is prompted with, kept under `max_prompt_length` tokens.
 
 `MemorySimple` holds messages and can drop `<think>` blocks. `MemorySummary` also replaces the middle of a long
-history by one `{"role": "summary"}` message written by a summary client (by default our own local server), and
-falls back to dropping the oldest middle messages when the summary client fails. The first `before_raw_message`
+history by one `{"role": "summary"}` message written by a summary client (e.g. `ChatSummaryClient` over an
+`EngineChatClient`: the run's own engine, called in process; or `OpenAISummaryClient`: an HTTP endpoint), and falls
+back to dropping the oldest middle messages when the summary client fails. The first `before_raw_message`
 and the last `-end_raw_message` messages are never summarized or simplified.
 """
 
@@ -16,15 +17,18 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import Field, model_validator
 
 from agentic_rl.config import Config
+from agentic_rl.engine.chat_client import ChatClient
 from agentic_rl.errors import ConfigError
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
+    "ChatSummaryClient",
     "MemoryConfig",
     "MemorySimple",
     "MemorySummary",
     "OpenAISummaryClient",
     "SummaryClient",
+    "summary_request",
     "to_template_messages",
 ]
 
@@ -52,7 +56,8 @@ class MemoryConfig(Config):
         before_raw_message: >= 0; this many first messages are never summarized or simplified.
         end_raw_message: <= 0; the last `-end_raw_message` messages are never summarized or simplified.
         summary_system_prompt: system prompt of the summary call; `{max_summary_length}` is filled in.
-        oai_client: an `openai.OpenAI` / `AsyncOpenAI` client for summaries (default: our local server).
+        oai_client: an `openai.OpenAI` / `AsyncOpenAI` client for summaries (default: the client given to the
+            memory; a `ToolAgentEngineWrapper` gives one over its own engine, called in process).
         oai_model_name: model name sent with summary calls.
         train_model_tokenizer_path: tokenizer used to measure lengths ("" = the tokenizer given to the memory).
     """
@@ -97,8 +102,38 @@ class SummaryClient(Protocol):
     async def summarize(self, messages: Sequence[dict[str, str]], *, system_prompt: str, max_tokens: int) -> str: ...
 
 
-class OpenAISummaryClient:
-    """Summaries through any OpenAI-compatible chat endpoint (our own server by default).
+def summary_request(messages: Sequence[dict[str, str]], system_prompt: str) -> list[dict[str, str]]:
+    """The chat that asks for a summary: `system_prompt`, then one user message holding the transcript of
+    `messages` (each as `[role]` and its content)."""
+    transcript = "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+    return [{"role": "system", "content": system_prompt},
+            {"role": "user", "content": f"Conversation to summarize:\n\n{transcript}"}]  # fmt: skip
+
+
+class ChatSummaryClient:
+    """Summaries written by a `ChatClient`, e.g. an `EngineChatClient` over the run's own engine (no HTTP).
+
+    Args:
+        chat_client: answers the `summary_request` chat with `chat(messages, *, max_tokens) -> str`.
+    """
+
+    def __init__(self, chat_client: ChatClient) -> None:
+        self.chat_client = chat_client
+
+    async def summarize(self, messages: Sequence[dict[str, str]], *, system_prompt: str, max_tokens: int) -> str:
+        """The summary of `messages`, at most `max_tokens` tokens.
+
+        Raises:
+            ValueError: if the reply is empty; anything the chat client raises.
+        """
+        text = (await self.chat_client.chat(summary_request(messages, system_prompt), max_tokens=max_tokens)).strip()
+        if not text:
+            raise ValueError("the summary client returned an empty summary")
+        return text
+
+
+class OpenAISummaryClient(ChatSummaryClient):
+    """Summaries through any OpenAI-compatible chat endpoint (an external server, or a user's `oai_client`).
 
     Args:
         base_url: e.g. `http://127.0.0.1:8000/v1`; ignored when `client` is given.
@@ -114,35 +149,26 @@ class OpenAISummaryClient:
             import openai
 
             client = openai.AsyncOpenAI(base_url=base_url, api_key="local", timeout=timeout_s, max_retries=0)
+        super().__init__(self)  # its own chat client: `chat` below asks the endpoint
         self.client = client
         self.model = model
         self.timeout_s = timeout_s
 
-    async def summarize(self, messages: Sequence[dict[str, str]], *, system_prompt: str, max_tokens: int) -> str:
+    async def chat(self, messages: Sequence[dict[str, str]], *, max_tokens: int) -> str:
+        """The endpoint's greedy (`temperature=0`) reply to `messages` ("" for a reply without content)."""
         import inspect
 
         import anyio
-
-        transcript = "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
-        request = {
-            "model": self.model,
-            "messages": [{"role": "system", "content": system_prompt},
-                         {"role": "user", "content": f"Conversation to summarize:\n\n{transcript}"}],
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-        }  # fmt: skip
         import openai
 
+        request = {"model": self.model, "messages": list(messages), "max_tokens": max_tokens, "temperature": 0.0}
         create = self.client.chat.completions.create
         with anyio.fail_after(self.timeout_s):
             if isinstance(self.client, openai.AsyncOpenAI) or inspect.iscoroutinefunction(create):
                 response = await create(**request)
             else:  # a synchronous client: keep it off the event loop
                 response = await anyio.to_thread.run_sync(lambda: create(**request), abandon_on_cancel=True)
-        text = (response.choices[0].message.content or "").strip()
-        if not text:
-            raise ValueError("the summary client returned an empty summary")
-        return text
+        return response.choices[0].message.content or ""
 
 
 class MemorySimple:
@@ -251,14 +277,18 @@ class MemorySummary(MemorySimple):
     trajectory continues.
 
     Args:
-        chat_client: a `SummaryClient`; built from `config.oai_client` when None and that is set.
+        chat_client: a `SummaryClient`, or a `ChatClient` (e.g. an `EngineChatClient`) that writes the summaries
+            through a `ChatSummaryClient`; built from `config.oai_client` when None and that is set.
     """
 
-    def __init__(self, config: MemoryConfig | dict[str, Any] | None = None, *, chat_client: SummaryClient | None = None,
-                 tokenizer: Any = None, messages: Sequence[dict[str, str]] = ()) -> None:  # fmt: skip
+    def __init__(self, config: MemoryConfig | dict[str, Any] | None = None, *,
+                 chat_client: SummaryClient | ChatClient | None = None, tokenizer: Any = None,
+                 messages: Sequence[dict[str, str]] = ()) -> None:  # fmt: skip
         super().__init__(config, tokenizer=tokenizer, messages=messages)
         if chat_client is None and self.config.oai_client is not None:
             chat_client = OpenAISummaryClient(client=self.config.oai_client, model=self.config.oai_model_name)
+        if chat_client is not None and not isinstance(chat_client, SummaryClient):
+            chat_client = ChatSummaryClient(chat_client)
         self.chat_client = chat_client
         self.summaries = 0
         self.fallbacks = 0

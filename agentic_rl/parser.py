@@ -33,6 +33,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
+    "action_text",
     "ParsedToolCall",
     "ToolCall",
     "ToolCallError",
@@ -240,3 +241,12 @@ def split_thought(text: str) -> tuple[str, str]:
     if match is None:
         return "", text
     return match.group(1).strip(), (text[: match.start()] + text[match.end() :]).strip()
+
+
+def action_text(content: str) -> str:
+    """The tool-call part of an assistant turn (its text from the first `<tool_call>` on); "" for a final answer.
+
+    What `Step.action` records, for the rollout and the server's capture alike.
+    """
+    at = content.find(TOOL_CALL_OPEN)
+    return content[at:] if at >= 0 else ""

@@ -139,7 +139,7 @@ def _replayed(
 ) -> tuple[list[Any], dict[str, Any]]:
     import anyio
 
-    from agentic_rl.rollout.harness import HarnessConfig
+    from agentic_rl.rollout.spec import HarnessConfig
     from agentic_rl.rollout.traces import replay_traces
 
     harness = HarnessConfig(max_steps=max_steps, max_prompt_length=4096, max_response_length=4096,

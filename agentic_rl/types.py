@@ -1,7 +1,14 @@
 """Trajectory records produced by a rollout: what the engine sampled, what the environment inserted, rewards.
 
-Only validation lives here, no I/O. Token tensors are 1-D; `response_masks` marks each response token with 1 when
-the engine sampled it and 0 when the environment inserted it (tool observations, chat-template glue).
+Only validation and record building live here, no I/O. The central record is the `TokenRun`: one exact token
+sequence the engine saw and extended, i.e. a prompt followed by sampled tokens (mask 1, with the engine's logprobs
+and the weight version that sampled each) and inserted tokens (mask 0: tool observations, chat-template glue).
+A trajectory is one run unless its history was rewritten between turns (memory summarized it, or an OpenAI client
+sent a history that does not extend the last call): each rewrite starts a new run. `RunRecorder` builds the runs of
+one trajectory turn by turn, for the rollout's turn loop and for the server's capture alike; packing iterates them.
+
+The AgentSDK fields of `Trajectory` (`prompt_tokens`, `response_tokens`, `response_masks`, `response_logprobs`) are
+1-D tensors holding the last run.
 
 Names along the token path: token ids are `*_ids` (`prompt_ids`, `response_ids`, `Generation.token_ids`), the
 sampled/inserted mask is `response_mask` and log-probabilities (nats) are `*_logprobs`, from the engine through
@@ -12,15 +19,179 @@ keep the AgentSDK names: `prompt_tokens`, `response_tokens`, `response_masks`, `
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import torch
 
 from agentic_rl.errors import TrajectoryError
 
-__all__ = ["Step", "StepTrajectory", "Trajectory", "default_metrics", "trajectory_from_dict", "trajectory_to_dict"]
+__all__ = [
+    "INSERTED_VERSION",
+    "RunRecorder",
+    "Step",
+    "StepTrajectory",
+    "TerminationReason",
+    "TokenRun",
+    "Trajectory",
+    "default_metrics",
+    "trajectory_from_dict",
+    "trajectory_to_dict",
+]
+
+
+class TerminationReason(StrEnum):
+    """Why a trajectory ended (`Trajectory.termination_reason`); a `str`, so it compares equal to its value."""
+
+    ENV_DONE = "env_done"  # the environment ended it (e.g. a final answer without a tool call)
+    MAX_STEPS = "max_steps"  # `max_steps` turns used and the environment still wanted more
+    TRUNCATED = "truncated"  # a turn hit the per-turn `max_tokens`; its half-written tool call is not run
+    CONTEXT_LIMIT = "context_limit"  # no room left in the model window or the response budget
+    PROMPT_TOO_LONG = "prompt_too_long"  # the first prompt exceeds `max_prompt_length` or fills the window (failed)
+    INVALID_TASK = "invalid_task"  # the task could not be read (failed)
+    ERROR = "error"  # an exception in the engine, environment or reward, or a failing close (failed)
+    TIMEOUT = "timeout"  # an engine request did not return within `turn_timeout_s`; it was aborted (failed)
+    ABORTED = "aborted"  # the engine ended a turn as aborted (finish_reason `abort`, `error`); never trained (failed)
+    CAPTURED = "captured"  # recorded by the server from an OpenAI client's calls: the client decides when it ends
+
+    @property
+    def aborts_a_turn(self) -> bool:
+        """True for the reasons whose last engine request was aborted before it finished (`aborted`, `timeout`)."""
+        return self in (TerminationReason.ABORTED, TerminationReason.TIMEOUT)
+
+
+INSERTED_VERSION = -1
+"""`TokenRun.weight_versions` entry of a token the environment inserted (no weights sampled it)."""
+
+
+@dataclass(slots=True)
+class TokenRun:
+    """One exact token sequence: a prompt, then sampled (mask 1) and inserted (mask 0) tokens, in order.
+
+    Every list after `prompt_ids` has one entry per response token. The engine saw `prompt_ids + response_ids[:j]`
+    when it sampled token j; nothing in a run was decoded and re-encoded.
+
+    Attributes:
+        prompt_ids: token ids of the run's first prompt.
+        response_ids: token ids after the prompt: sampled ids and inserted observation / template-glue ids.
+        response_mask: 1 where the engine sampled the token, 0 where it was inserted.
+        response_logprobs: the engine's logprob (nats) of each sampled token, 0.0 where inserted; None when not
+            recorded (a trajectory built by hand without logprobs).
+        weight_versions: the engine weight version that sampled each token, `INSERTED_VERSION` (-1) where inserted;
+            None when not recorded.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] | None = field(default_factory=list)
+    weight_versions: list[int] | None = field(default_factory=list)
+
+    def sample(self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int) -> tuple[int, int]:
+        """Append tokens the engine sampled; returns their span `[start, end)` in `response_ids`.
+
+        Raises:
+            TrajectoryError: if `logprobs` is not one value per id.
+        """
+        if len(logprobs) != len(ids):
+            raise TrajectoryError(f"{len(logprobs)} logprobs for {len(ids)} sampled ids")
+        start = len(self.response_ids)
+        self.response_ids.extend(ids)
+        self.response_mask.extend([1] * len(ids))
+        if self.response_logprobs is not None:
+            self.response_logprobs.extend(logprobs)
+        if self.weight_versions is not None:
+            self.weight_versions.extend([weight_version] * len(ids))
+        return start, len(self.response_ids)
+
+    def insert(self, ids: Sequence[int]) -> None:
+        """Append tokens the environment or the chat template inserted (observations, glue)."""
+        self.response_ids.extend(ids)
+        self.response_mask.extend([0] * len(ids))
+        if self.response_logprobs is not None:
+            self.response_logprobs.extend([0.0] * len(ids))
+        if self.weight_versions is not None:
+            self.weight_versions.extend([INSERTED_VERSION] * len(ids))
+
+    @property
+    def total_length(self) -> int:
+        """Prompt plus response tokens."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the engine sampled in this run."""
+        return sum(self.response_mask)
+
+    def extends(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether `prompt_ids` is this run's whole sequence followed by at least one more token."""
+        head = self.total_length
+        return (
+            len(prompt_ids) > head
+            and list(prompt_ids[: len(self.prompt_ids)]) == self.prompt_ids
+            and list(prompt_ids[len(self.prompt_ids) : head]) == self.response_ids
+        )
+
+    def check(self) -> None:
+        """Raise `TrajectoryError` if the per-token lists disagree in length, the mask holds values other than 0
+        and 1, or a logprob is NaN or infinite."""
+        n = len(self.response_ids)
+        for name in ("response_mask", "response_logprobs", "weight_versions"):
+            values = getattr(self, name)
+            if values is not None and len(values) != n:
+                raise TrajectoryError(f"token run: {name} has {len(values)} entries, response_ids has {n}")
+        if any(m not in (0, 1) for m in self.response_mask):
+            raise TrajectoryError("token run: response_mask must hold only 0 and 1")
+        if self.response_logprobs is not None and not all(math.isfinite(x) for x in self.response_logprobs):
+            raise TrajectoryError("token run: response_logprobs contains NaN or Inf values")
+
+
+class RunRecorder:
+    """Builds the token runs of one trajectory as its turns happen (the turn loop's and the server capture's).
+
+    `start(prompt_ids)` begins a run (the first, or after the history was rewritten); `sample` and `insert` extend
+    the current one. `runs` lists them in order.
+    """
+
+    def __init__(self) -> None:
+        self.runs: list[TokenRun] = []
+
+    @property
+    def current(self) -> TokenRun:
+        """The run being extended.
+
+        Raises:
+            TrajectoryError: before the first `start`.
+        """
+        if not self.runs:
+            raise TrajectoryError("no token run started yet")
+        return self.runs[-1]
+
+    def start(self, prompt_ids: Sequence[int]) -> TokenRun:
+        """Begin a new run with `prompt_ids` as its prompt."""
+        self.runs.append(TokenRun(list(prompt_ids)))
+        return self.runs[-1]
+
+    def sample(self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int) -> tuple[TokenRun, tuple[int, int]]:
+        """Append sampled ids to the current run; returns the run and their span in its `response_ids`."""
+        run = self.current
+        return run, run.sample(ids, logprobs, weight_version)
+
+    def insert(self, ids: Sequence[int]) -> None:
+        """Append inserted ids (observation, template glue) to the current run."""
+        self.current.insert(ids)
+
+    def extend_to(self, prompt_ids: Sequence[int]) -> None:
+        """Insert the ids by which `prompt_ids` extends the current run (an observation and its template glue).
+
+        Raises:
+            TrajectoryError: if `prompt_ids` does not start with the current run's whole sequence.
+        """
+        if not self.current.extends(prompt_ids):
+            raise TrajectoryError("the prompt does not extend the current token run")
+        self.current.insert(prompt_ids[self.current.total_length :])
 
 
 def default_metrics() -> dict[str, Any]:
@@ -78,16 +249,18 @@ class Trajectory:
             `llm_time`, `total_time`); rollouts add more keys (tool-call counts, alignment checks).
         response_logprobs: (R,) float32 log-probabilities (nats) the engine reported for the sampled tokens, 0 where
             `response_masks` is 0; None when not recorded.
-        termination_reason: why the turn loop stopped: `env_done`, `max_steps`, `truncated`, `context_limit`,
-            `prompt_too_long`, `invalid_task`, `error`, `timeout` (an engine request past the per-turn limit),
-            `aborted` (the engine aborted a turn) or `cancelled`.
+        termination_reason: why it ended, a `TerminationReason` (a `str`).
         failed: True when the trajectory ended in an error (`error` says which); packing marks it invalid, so it
             is excluded from GRPO group statistics and the loss.
         error: the error message of a failed trajectory.
+        runs: its exact token runs in order (see `TokenRun`); the token fields above equal the last one. Empty
+            means one run made of the token fields themselves (a trajectory built by hand): read them with
+            `token_runs()`.
 
     Raises:
         TrajectoryError: if a token tensor is not 1-D, holds NaN, Inf or non-integer ids, the mask holds values
-            other than 0 and 1, or the mask or logprobs length differs from `response_tokens`.
+            other than 0 and 1, the mask or logprobs length differs from `response_tokens`, or `runs` is given and
+            a run is inconsistent or the last one differs from the token fields.
     """
 
     prompt_tokens: torch.Tensor
@@ -101,6 +274,7 @@ class Trajectory:
     termination_reason: str = ""
     failed: bool = False
     error: str | None = None
+    runs: list[TokenRun] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_tokens = _as_1d_tensor("prompt_tokens", self.prompt_tokens, torch.long)
@@ -121,11 +295,49 @@ class Trajectory:
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise TrajectoryError(f"trajectory_reward must be a finite number, got {reward!r}")
         self.metrics = {**default_metrics(), **self.metrics}
+        if self.runs:
+            for run in self.runs:
+                run.check()
+            if self.token_runs(fields_only=True)[0] != _comparable(self.runs[-1]):
+                raise TrajectoryError("the token fields must equal the last of `runs`")
+
+    @classmethod
+    def from_runs(cls, runs: Sequence[TokenRun], **fields: Any) -> Trajectory:
+        """A trajectory whose token fields are the last of `runs` (other fields as keyword arguments).
+
+        Raises:
+            TrajectoryError: if `runs` is empty or a run is inconsistent.
+        """
+        if not runs:
+            raise TrajectoryError("a trajectory needs at least one token run")
+        last = runs[-1]
+        return cls(prompt_tokens=last.prompt_ids, response_tokens=last.response_ids, response_masks=last.response_mask,
+                   response_logprobs=last.response_logprobs, runs=list(runs), **fields)  # fmt: skip
+
+    def token_runs(self, *, fields_only: bool = False) -> list[TokenRun]:
+        """Every exact token run, in order; together they hold every token the engine sampled.
+
+        `runs` when it was given; else one run made of the token fields (weight versions not recorded). With
+        `fields_only`, always that one run.
+        """
+        if self.runs and not fields_only:
+            return self.runs
+        logprobs = None if self.response_logprobs is None else self.response_logprobs.tolist()
+        return [TokenRun(self.prompt_tokens.tolist(), self.response_tokens.tolist(), self.response_masks.tolist(),
+                         logprobs, None)]  # fmt: skip
 
     @property
     def num_generated_tokens(self) -> int:
-        """Number of tokens the engine sampled (`response_masks.sum()`)."""
-        return int(self.response_masks.sum())
+        """Number of tokens the engine sampled, over every run (`response_masks.sum()` for a single run)."""
+        if not self.runs:
+            return int(self.response_masks.sum())
+        return sum(run.num_sampled for run in self.runs)
+
+
+def _comparable(run: TokenRun) -> TokenRun:
+    """`run` with its logprobs as float32 values and no weight versions: what the tensor fields can hold."""
+    logprobs = None if run.response_logprobs is None else torch.tensor(run.response_logprobs, dtype=torch.float32).tolist()
+    return TokenRun(run.prompt_ids, run.response_ids, run.response_mask, logprobs, None)
 
 
 @dataclass
@@ -135,7 +347,8 @@ class Step:
     Attributes:
         chat_completions: the full conversation up to and including this step's assistant message.
         thought: the text inside `<think>...</think>` of the model response, or "".
-        action: the raw content of the tool call(s) the model made this turn, or "" for a final answer.
+        action: the tool call(s) the model wrote this turn, as text from the first `<tool_call>` on, or "" for a
+            final answer.
         observation: what the model saw before acting: the user question on turn 0, later the previous
             action's result.
         model_response: the full assistant text of this turn.
@@ -144,10 +357,8 @@ class Step:
         reward: step reward.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).
-        prompt_ids: the exact prompt ids of this step, when the trajectory is not one continuous token sequence
-            (server capture, memory that rewrites history); [] otherwise.
-        response_ids: the ids the engine sampled in this step, recorded with `prompt_ids`.
-        response_logprobs: the engine's logprobs of `response_ids` (nats).
+        run: the trajectory's `TokenRun` this turn was sampled in (None for a step that sampled nothing).
+        span: `[start, end)` of this turn's sampled ids in `run.response_ids`.
     """
 
     chat_completions: list[dict[str, str]] = field(default_factory=list)
@@ -159,9 +370,27 @@ class Step:
     reward: float = 0.0
     done: bool = False
     mc_return: float = 0.0
-    prompt_ids: list[int] = field(default_factory=list)
-    response_ids: list[int] = field(default_factory=list)
-    response_logprobs: list[float] = field(default_factory=list)
+    run: TokenRun | None = field(default=None, repr=False)
+    span: tuple[int, int] = (0, 0)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The exact prompt this turn was sampled from: its run's prompt and everything before the turn."""
+        if self.run is None:
+            return []
+        return self.run.prompt_ids + self.run.response_ids[: self.span[0]]
+
+    @property
+    def response_ids(self) -> list[int]:
+        """The ids the engine sampled in this turn."""
+        return [] if self.run is None else self.run.response_ids[self.span[0] : self.span[1]]
+
+    @property
+    def response_logprobs(self) -> list[float]:
+        """The engine's logprobs (nats) of `response_ids` ([] when not recorded)."""
+        if self.run is None or self.run.response_logprobs is None:
+            return []
+        return self.run.response_logprobs[self.span[0] : self.span[1]]
 
 
 @dataclass
@@ -172,45 +401,63 @@ class StepTrajectory(Trajectory):
     steps: list[Step] = field(default_factory=list)
 
 
+_RUN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions")
+
+
 def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
-    """A JSON-ready record: token ids, masks, logprobs, chat, reward, metrics and termination reason."""
+    """A JSON-ready record: token ids, masks, logprobs, chat, reward, metrics and termination reason.
+
+    The token fields hold the last run, with `weight_versions` (the engine weight version of each response token,
+    -1 where inserted; None when not recorded). A trajectory of several runs also has `runs`: every run, each with
+    those five fields. A `StepTrajectory` adds `task_id` and `steps` (each with its `run` index and `span`).
+    """
+    runs = trajectory.token_runs()
+    last = runs[-1]
     record: dict[str, Any] = {
         "idx": trajectory.idx,
         "prompt_ids": trajectory.prompt_tokens.tolist(),
         "response_ids": trajectory.response_tokens.tolist(),
         "response_mask": trajectory.response_masks.tolist(),
         "response_logprobs": None if trajectory.response_logprobs is None else trajectory.response_logprobs.tolist(),
+        "weight_versions": last.weight_versions,
         "chat_completions": trajectory.chat_completions,
         "trajectory_reward": trajectory.trajectory_reward,
         "metrics": trajectory.metrics,
-        "termination_reason": trajectory.termination_reason,
+        "termination_reason": str(trajectory.termination_reason),
         "failed": trajectory.failed,
         "error": trajectory.error,
     }
+    if len(runs) > 1:
+        record["runs"] = [{name: getattr(run, name) for name in _RUN_FIELDS} for run in runs]
     if isinstance(trajectory, StepTrajectory):
         task = trajectory.task if isinstance(trajectory.task, dict) else {"raw": repr(trajectory.task)}
         record["task_id"] = task.get("id")
+        index = {id(run): k for k, run in enumerate(runs)}
         record["steps"] = [
-            {"action": s.action, "thought": s.thought, "reward": s.reward, "done": s.done, "info": s.info}
+            {"action": s.action, "thought": s.thought, "reward": s.reward, "done": s.done, "info": s.info,
+             "run": index.get(id(s.run)), "span": list(s.span)}
             for s in trajectory.steps
-        ]
+        ]  # fmt: skip
     return record
 
 
 def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
-    """The `Trajectory` a `trajectory_to_dict` record holds (e.g. read back from `trajectories.jsonl`): token ids,
-    mask, logprobs, chat, reward, metrics and outcome. Per-turn steps and the task are not restored.
+    """The `Trajectory` a `trajectory_to_dict` record holds (e.g. read back from `trajectories.jsonl`): token runs,
+    chat, reward, metrics and outcome. Per-turn steps and the task are not restored.
 
     Raises:
         TrajectoryError: if a field is missing or the token fields are inconsistent.
     """
     try:
+        runs = [TokenRun(**{name: run.get(name) for name in _RUN_FIELDS}) for run in record.get("runs") or ()]
+        if not runs and record.get("weight_versions") is not None:  # one run, with its weight versions
+            runs = [TokenRun(**{name: record[name] for name in _RUN_FIELDS})]
         return Trajectory(
             prompt_tokens=record["prompt_ids"], response_tokens=record["response_ids"],
             response_masks=record["response_mask"], idx=record["idx"], trajectory_reward=record["trajectory_reward"],
             chat_completions=record["chat_completions"], metrics=record["metrics"],
             response_logprobs=record["response_logprobs"], termination_reason=record["termination_reason"],
-            failed=record["failed"], error=record["error"],
+            failed=record["failed"], error=record["error"], runs=runs,
         )  # fmt: skip
     except KeyError as exc:
         raise TrajectoryError(f"a trajectory record needs {exc.args[0]!r}") from None

@@ -33,6 +33,7 @@ import anyio
 from common import Goal, save, table, verdict
 
 from agentic_rl import ChatRenderer, Environment, HarnessConfig, Sample, StepResult, run_tasks, run_trajectory
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "gsm8k_test.jsonl")
@@ -55,10 +56,14 @@ class CalculatorEveryTurn(Environment):
             return StepResult([], True, {})
         expression = f"{len(sample.messages[-1]['content'])} * {turn + 3} + 7"
         result = await anyio.to_thread.run_sync(self.calculator.execute, {"expression": expression})
-        return StepResult([{"role": "tool", "content": f"calculator({expression}) = {result}"}], False, {"tool_calls": 1})
+        return StepResult(
+            [{"role": "tool", "content": f"calculator({expression}) = {result}"}], False, {"tool_calls": 1}
+        )
 
 
-async def measure(engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any]], turns: int, min_tokens: int, max_tokens: int) -> dict[str, Any]:
+async def measure(
+    engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any]], turns: int, min_tokens: int, max_tokens: int
+) -> dict[str, Any]:
     from vllm import SamplingParams
 
     config = HarnessConfig(max_steps=turns, max_response_length=4096, check_alignment=False,
@@ -66,7 +71,9 @@ async def measure(engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any
     env = CalculatorEveryTurn(turns)
 
     async def one(task: dict[str, Any], idx: int) -> Any:
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+        )
 
     t0 = time.perf_counter()
     trajectories = await run_tasks(tasks, one, n_parallel_agents=len(tasks))
@@ -142,14 +149,18 @@ def main() -> None:
             await engine.close()
 
     runs = anyio.run(run, backend_options={"use_uvloop": True})
-    print(f"engine utilization: {agents} agents x {turns} turns, calculator after every turn, SmolLM2-135M {config.dtype}")
+    print(
+        f"engine utilization: {agents} agents x {turns} turns, calculator after every turn, SmolLM2-135M {config.dtype}"
+    )
     print(table(["run", "sampled tok", "rollout tok/s", "facade tok/s", "offline tok/s", "utilization"],
                 [(i, r["sampled_tokens"], r["rollout_tok_s"], r["facade_tok_s"], r["offline_tok_s"], r["utilization"])
                  for i, r in enumerate(runs)]))  # fmt: skip
     ratios = [r["utilization"] for r in runs]
     median, low, high = statistics.median(ratios), min(ratios), max(ratios)
     print(f"utilization over {len(runs)} alternating runs: median {median:.3f}, min {low:.3f}, max {high:.3f}")
-    goal = verdict(Goal(f"utilization (median of {len(runs)})", median, ">=", 0.95), note=f"min {low:.3f}, max {high:.3f}")
+    goal = verdict(
+        Goal(f"utilization (median of {len(runs)})", median, ">=", 0.95), note=f"min {low:.3f}, max {high:.3f}"
+    )
     save("engine_utilization", {"runs": runs, "utilization": median, "utilization_min": low, "utilization_max": high},
          args.out, args.quick, goal=goal)  # fmt: skip
 

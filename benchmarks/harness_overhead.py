@@ -29,6 +29,7 @@ from agentic_rl import (
     Environment,
     Generation,
     HarnessConfig,
+    RolloutSpec,
     Sample,
     SamplingConfig,
     StepResult,
@@ -82,7 +83,10 @@ class FixedTurnsEnvironment(Environment):
 
 
 def make_tasks(n: int) -> list[dict[str, Any]]:
-    return [{"id": i, "question": f"question {i}: what is {i} times 6 plus {i % 7}?", "ground_truth": "42"} for i in range(n)]
+    return [
+        {"id": i, "question": f"question {i}: what is {i} times 6 plus {i % 7}?", "ground_truth": "42"}
+        for i in range(n)
+    ]
 
 
 async def timed_rollout(engine: SimulatedEngine, renderer: ChatRenderer, environment: Environment, tasks: list[dict[str, Any]],
@@ -92,7 +96,9 @@ async def timed_rollout(engine: SimulatedEngine, renderer: ChatRenderer, environ
                            sampling={"max_tokens": 64}, check_alignment=check_alignment)  # fmt: skip
 
     async def one(task: dict[str, Any], idx: int) -> Any:
-        return await run_trajectory(task, idx, engine=engine, environment=environment, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=engine, environment=environment, renderer=renderer, config=config)
+        )
 
     t0 = time.perf_counter()
     trajs = await run_tasks(tasks, one, n_parallel_agents=len(tasks))
@@ -120,7 +126,9 @@ def run(renderer: ChatRenderer, tokens: list[int], quick: bool) -> dict[str, Any
         engine = SimulatedEngine(tokens, renderer.end_of_turn_id, base_s, per_request_s)
         ideal = turns * (len(tokens) + 1) * engine.token_latency(agents)
         measured = min(anyio.run(rollout, engine, renderer, agents, turns, **options) for _ in range(repeats))
-        results["overhead"].append({"agents": agents, "ideal_s": ideal, "measured_s": measured, "ratio": ideal / measured})
+        results["overhead"].append(
+            {"agents": agents, "ideal_s": ideal, "measured_s": measured, "ratio": ideal / measured}
+        )
         rows.append((agents, ideal, measured, ideal / measured))
     print(f"harness overhead: {turns} turns of {len(tokens) + 1} tokens, {base_s * 1e3:g} ms + "
           f"{per_request_s * 1e3:g} ms x in-flight per token, best of {repeats}")  # fmt: skip
@@ -145,7 +153,9 @@ def smollm2_turn() -> tuple[ChatRenderer, list[int]]:
     from agentic_rl.models import resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model("smollm2-135m-instruct")))
-    return ChatRenderer(tokenizer), tokenizer.encode(" The answer is forty two, computed step by step.", add_special_tokens=False)
+    return ChatRenderer(tokenizer), tokenizer.encode(
+        " The answer is forty two, computed step by step.", add_special_tokens=False
+    )
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from common import Goal, open_fds, rss_bytes, save, table, verdict
 from engine_utilization import DATA, CalculatorEveryTurn
 
 from agentic_rl import ChatRenderer, HarnessConfig, run_tasks, run_trajectory
+from agentic_rl.rollout.spec import RolloutSpec
 
 MB = 1 << 20
 FLAT_MB = 16.0  # "flat": the allocator's steps are ~10 MB; a 32 KB-per-trajectory leak over 500 trajectories is 16 MB
@@ -58,14 +59,18 @@ class PeakSampler:
         self.peak = max(self.peak, rss_bytes())
 
 
-async def rollout(engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any]], agents: int, turns: int, max_tokens: int) -> int:
+async def rollout(
+    engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any]], agents: int, turns: int, max_tokens: int
+) -> int:
     """Run `tasks` at `agents` concurrency; returns how many failed (every task is accounted for)."""
     config = HarnessConfig(max_steps=turns, max_response_length=2048, check_alignment=False,
                            sampling={"temperature": 1.0, "max_tokens": max_tokens, "seed": 0})  # fmt: skip
     env = CalculatorEveryTurn(turns)
 
     async def one(task: dict[str, Any], idx: int) -> Any:
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+        )
 
     trajectories = await run_tasks(tasks, one, n_parallel_agents=agents)
     assert len(trajectories) == len(tasks)

@@ -18,6 +18,7 @@ from agentic_rl import (
     ChatRenderer,
     Environment,
     HarnessConfig,
+    RolloutSpec,
     Sample,
     StepResult,
     gsm8k_reward,
@@ -51,21 +52,42 @@ class ReflectingAgent(BaseEngineWrapper):
         self.engine.start_sync()
         self.renderer = ChatRenderer(self.tokenizer)
         self.environment = ReflectOnceEnvironment()
-        self.config = HarnessConfig(max_steps=self.max_steps, max_prompt_length=self.max_prompt_length,
-                                    max_response_length=self.max_response_length, sampling=self.sampling_params)
+        self.config = HarnessConfig(
+            max_steps=self.max_steps,
+            max_prompt_length=self.max_prompt_length,
+            max_response_length=self.max_response_length,
+            sampling=self.sampling_params,
+        )
 
     async def generate_trajectory(self, task: dict[str, Any], idx: int):
-        return await run_trajectory(task, idx, engine=self.engine, environment=self.environment,
-                                    renderer=self.renderer, config=self.config, reward_fn=gsm8k_reward)
+        return await run_trajectory(
+            task,
+            idx,
+            RolloutSpec(
+                engine=self.engine,
+                environment=self.environment,
+                renderer=self.renderer,
+                config=self.config,
+                reward_fn=gsm8k_reward,
+            ),
+        )
 
 
 def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
-    agent = ReflectingAgent("reflecting_agent", tokenizer, {"max_tokens": 128, "temperature": 0.7},
-                            max_prompt_length=512, max_response_length=512, n_parallel_agents=4, max_steps=2)
+    agent = ReflectingAgent(
+        "reflecting_agent",
+        tokenizer,
+        {"max_tokens": 128, "temperature": 0.7},
+        max_prompt_length=512,
+        max_response_length=512,
+        n_parallel_agents=4,
+        max_steps=2,
+    )
     agent.initialize()
-    tasks = [{"id": 0, "question": "Tom has 3 apples and buys 4 more. How many apples does he have?",
-              "ground_truth": "7"}]
+    tasks = [
+        {"id": 0, "question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "ground_truth": "7"}
+    ]
 
     async def run():
         try:

@@ -28,6 +28,7 @@ from agentic_rl.errors import (  # noqa: E402
 )
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory  # noqa: E402
 from agentic_rl.rollout.runner import run_tasks  # noqa: E402
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.server.serving import OpenAIServing  # noqa: E402
 from agentic_rl.tools.calculator import CalculatorTool  # noqa: E402
 from agentic_rl.train.loss import grpo_loss  # noqa: E402
@@ -82,7 +83,9 @@ async def test_engine_reporting_nan_logprobs_fails_only_that_trajectory(tokenize
              for i in range(3)]  # fmt: skip
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+        )
 
     trajs = await run_tasks(tasks, one, n_parallel_agents=3)
 

@@ -9,9 +9,33 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from agentic_rl.config import Config
 
-__all__ = ["SamplingConfig"]
+__all__ = ["SamplingConfig", "derive_seed"]
 
 _Float = Annotated[float, Field(allow_inf_nan=False)]
+
+_SEED_MODULUS = 2**31 - 1
+
+
+def derive_seed(seed: int, *, rank: int = 0, step: int = 0, trajectory: int = 0, turn: int = 0, choice: int = 0) -> int:
+    """The seed of one engine request, derived from a run's base seed: the one rule every caller follows.
+
+    Each coordinate moves the seed by its own stride, so the samples of a group (trajectories of one task), of the
+    turns of a trajectory, of the ranks and of the training steps all differ, and a resumed run draws what the
+    uninterrupted one would have.
+
+    Args:
+        seed: the base seed (a config's `seed`).
+        rank: the data-parallel rank (stride 1,000).
+        step: the training step, 0-based (stride 7,368,787).
+        trajectory: the trajectory's index in its batch (stride 1,000,003).
+        turn: the turn's index in its trajectory (stride 7,919).
+        choice: the choice of an `n > 1` server request (stride 1).
+
+    Returns:
+        An int in [0, 2**31 - 2].
+    """
+    offset = 1000 * rank + 7_368_787 * step + 1_000_003 * trajectory + 7_919 * turn + choice
+    return (seed + offset) % _SEED_MODULUS
 
 
 class SamplingConfig(Config):
@@ -81,6 +105,20 @@ class SamplingConfig(Config):
             raise ConfigError(f"sampling must be a SamplingConfig or a dict of options, got {type(sampling).__name__}")
         return cls.model_validate(dict(sampling))
 
+    def derived(self, **coordinates: int) -> SamplingConfig:
+        """A copy whose `seed` is `derive_seed(seed, **coordinates)`; itself when unseeded."""
+        if self.seed is None:
+            return self
+        return self.model_copy(update={"seed": derive_seed(self.seed, **coordinates)})
+
     def vllm_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `vllm.SamplingParams`: every option that is set (None values left out)."""
         return {name: value for name, value in self if value is not None}
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """`vllm_kwargs()` with the engine's own defaults, decided here once: `detokenize` only when `stop` strings
+        need the text, and `logprobs` 0 (the sampled token's logprob is always recorded)."""
+        kwargs = self.vllm_kwargs()
+        kwargs.setdefault("detokenize", bool(self.stop))
+        kwargs.setdefault("logprobs", 0)
+        return kwargs

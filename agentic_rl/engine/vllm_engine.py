@@ -4,9 +4,9 @@ Why a thread around the synchronous `vllm.LLM` and not `AsyncLLM`: `AsyncLLM` al
 separate process, so weights could only reach it through files or serialized RPC. `vllm.LLM` with
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the model in this process, so weight sync can hand over tensors
 directly. One thread builds the `LLM` (building it on the thread that steps it was ~30% faster here) and loops:
-take queued requests and control calls, then run one `LLMEngine.step()`. Each request resolves a
-`concurrent.futures.Future` that the awaiting coroutine wraps, so any number of trajectories share the engine's
-continuous batching.
+take queued requests and control calls (the messages of `commands`), then run one `LLMEngine.step()` (see
+`engine_thread`). Each request resolves a `concurrent.futures.Future` that the awaiting coroutine wraps, so any
+number of trajectories share the engine's continuous batching.
 
 This module needs the asyncio backend of anyio (uvloop included).
 """
@@ -18,7 +18,6 @@ import concurrent.futures
 import itertools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -31,18 +30,17 @@ from pydantic import Field
 from agentic_rl.config import Config
 from agentic_rl.engine import weight_copy
 from agentic_rl.engine.base import Generation
+from agentic_rl.engine.commands import Abort, AddRequest, Call, Stop
+from agentic_rl.engine.engine_thread import EngineThread
 from agentic_rl.engine.load_log import counted_casts
 from agentic_rl.engine.sampling import SamplingConfig
-from agentic_rl.engine.weight_copy import ScratchPool
-from agentic_rl.errors import EngineError, EngineRejectedError
+from agentic_rl.errors import EngineError
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-_ADD, _ABORT, _CALL, _STOP = "add", "abort", "call", "stop"
 
 
 def _platform_dtype() -> str:
@@ -142,25 +140,6 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
     return kwargs
 
 
-def _sampled_logprobs(token_ids: Sequence[int], logprobs: Any) -> list[float]:
-    """The logprob of each sampled token, from vLLM's per-position logprob containers."""
-    if logprobs is None:
-        return [0.0] * len(token_ids)
-    starts = getattr(logprobs, "start_indices", None)
-    if starts is not None:  # FlatLogprobs: primitive lists, the sampled token is among each position's entries
-        ends, ids, values = logprobs.end_indices, logprobs.token_ids, logprobs.logprobs
-        out = []
-        for pos, tok in enumerate(token_ids):
-            for j in range(starts[pos], ends[pos]):
-                if ids[j] == tok:
-                    out.append(values[j])
-                    break
-            else:
-                raise EngineError(f"engine returned no logprob for sampled token {tok} at position {pos}")
-        return out
-    return [position[tok].logprob for tok, position in zip(token_ids, logprobs, strict=True)]
-
-
 def _refresh_tied_lm_head(model: Any) -> None:
     head = getattr(model, "lm_head", None)
     method = getattr(head, "quant_method", None)
@@ -188,11 +167,6 @@ def _drop_old_kv(llm: Any) -> bool:
         return False
 
 
-def _top_logprobs(logprobs: Any) -> list[dict[int, float]]:
-    """Per position, `{token_id: logprob}` of the top candidates vLLM returned (plus the sampled token)."""
-    return [{tok: lp.logprob for tok, lp in position.items()} for position in logprobs]
-
-
 class VLLMEngine:
     """An in-process vLLM engine that many coroutines can await at once.
 
@@ -204,7 +178,7 @@ class VLLMEngine:
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
-        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self._worker = EngineThread()  # the engine thread's state; the event loop only sends it messages
         self._thread: threading.Thread | None = None
         self._ready: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._ids = itertools.count()
@@ -213,12 +187,6 @@ class VLLMEngine:
         self._closed = False
         self._weight_version = config.weight_version
         self.last_weight_sync: str | None = None  # how the last `update_weights` loaded (the path, for logs/tests)
-        self._pending: dict[str, concurrent.futures.Future[Generation]] = {}  # owned by the engine thread
-        # Engine thread only: True from a weight update whose prefix-cache reset failed until a reset succeeds;
-        # meanwhile new requests are held back (`_held`) so that none can reuse KV of the old weights.
-        self._stale_cache = False
-        self._held: list[tuple[str, list[int], dict[str, Any], Any]] = []
-        self._scratch: ScratchPool = {}  # engine thread only: reused by in-place weight sync
 
     @property
     def max_model_len(self) -> int:
@@ -231,7 +199,7 @@ class VLLMEngine:
         A cancelled `generate` call's abort is queued to the engine thread, so the count drops on its next loop
         iteration (at once when idle, after the current `step()` otherwise).
         """
-        return len(self._pending)
+        return len(self._worker.pending)
 
     async def start(self) -> None:
         """Build the engine on its own thread and wait until it accepts requests.
@@ -268,7 +236,7 @@ class VLLMEngine:
             self._closed = True
             return
         self._closed = True
-        self._inbox.put((_STOP,))
+        self._worker.inbox.put(Stop())
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(self._thread.join)
 
@@ -298,16 +266,16 @@ class VLLMEngine:
             ConfigError: for a dict with an unknown option or a bad value (nothing is sent to the engine).
             EngineError: if the engine is not running or rejects the request.
         """
-        options = SamplingConfig.of(sampling).vllm_kwargs()
+        options = SamplingConfig.of(sampling).engine_kwargs()
         self._check_alive()
         request_id = str(next(self._ids))
         result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result, None))
+        self._worker.inbox.put(AddRequest(request_id, list(prompt_ids), options, result))
         try:
             return await asyncio.wrap_future(result)
         finally:
             if not result.done() or result.cancelled():
-                self._inbox.put((_ABORT, request_id))
+                self._worker.inbox.put(Abort(request_id))
 
     async def stream(
         self, prompt_ids: Sequence[int], sampling: SamplingConfig | Mapping[str, Any]
@@ -323,7 +291,7 @@ class VLLMEngine:
             ConfigError: for a dict with an unknown option or a bad value (nothing is sent to the engine).
             EngineError: if the engine is not running or rejects the request.
         """
-        options = SamplingConfig.of(sampling).vllm_kwargs()
+        options = SamplingConfig.of(sampling).engine_kwargs()
         self._check_alive()
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[Generation | None] = asyncio.Queue()
@@ -334,7 +302,7 @@ class VLLMEngine:
         request_id = str(next(self._ids))
         result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         result.add_done_callback(lambda _: deliver(None))  # wakes the reader when the request ends or fails
-        self._inbox.put((_ADD, request_id, list(prompt_ids), options, result, deliver))
+        self._worker.inbox.put(AddRequest(request_id, list(prompt_ids), options, result, deliver))
         sent = 0
         try:
             while (delta := await deltas.get()) is not None:
@@ -350,7 +318,7 @@ class VLLMEngine:
             )
         finally:
             if not result.done() or result.cancelled():
-                self._inbox.put((_ABORT, request_id))
+                self._worker.inbox.put(Abort(request_id))
 
     @property
     def weight_version(self) -> int:
@@ -392,7 +360,7 @@ class VLLMEngine:
             why_not = "weight_sync is 'reload'" if self.config.weight_sync == "reload" else weight_copy.unavailable(llm)
             with counted_casts(f"weight sync to version {self._weight_version + 1}"):
                 if why_not is None:
-                    stats = weight_copy.copy_weights(llm, weights, self._scratch)
+                    stats = weight_copy.copy_weights(llm, weights, self._worker.scratch)
                     path = f"in-place copy of {stats.tensors} tensors, {stats.repacked} layers re-packed"
                 else:
                     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
@@ -400,7 +368,7 @@ class VLLMEngine:
                         llm.apply_model(_refresh_tied_lm_head)
                     path = f"vLLM reload_weights (in-place copy not used: {why_not})"
             # Set on the engine thread before it takes any further request from the inbox.
-            self._stale_cache = not _drop_old_kv(llm)
+            self._worker.stale_cache = not _drop_old_kv(llm)
             return time.perf_counter() - t0, path
 
         seconds, path = await self.call(load)
@@ -450,7 +418,7 @@ class VLLMEngine:
         """
         self._check_alive()
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._inbox.put((_CALL, fn, result))
+        self._worker.inbox.put(Call(fn, result))
         try:
             return await asyncio.wrap_future(result)
         except EngineError:
@@ -470,150 +438,12 @@ class VLLMEngine:
             self._ready.set_exception(exc)
             return
         self._ready.set_result(int(llm.llm_engine.model_config.max_model_len))
-        pending = self._pending
         try:
-            self._loop(llm, pending)
+            self._worker.run(llm)
         except BaseException as exc:
             logger.exception("vLLM engine thread failed")
             self._dead = exc
         finally:
-            self._fail_all(pending, EngineError("engine closed" if self._dead is None else f"engine failed: {self._dead}"))
+            why = "engine closed" if self._dead is None else f"engine failed: {self._dead}"
+            self._worker.fail_all(EngineError(why))
             del llm
-
-    def _loop(self, llm: Any, pending: dict[str, concurrent.futures.Future[Generation]]) -> None:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        engine = llm.llm_engine
-        top_k: dict[str, int] = {}  # requests that asked for top-k logprobs
-        streams: dict[str, list[Any]] = {}  # streamed requests: [deliver, tokens delivered so far]
-
-        def add(request_id: str, prompt_ids: list[int], sampling: dict[str, Any], deliver: Any) -> None:
-            result = pending[request_id]
-            try:
-                output_kind = RequestOutputKind.CUMULATIVE if deliver else RequestOutputKind.FINAL_ONLY
-                params = SamplingParams(output_kind=output_kind, **sampling)
-                engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
-            except Exception as exc:  # a bad request fails alone
-                del pending[request_id]
-                result.set_exception(EngineRejectedError(f"request rejected by vLLM: {exc}"))
-                return
-            if sampling["logprobs"]:
-                top_k[request_id] = sampling["logprobs"]
-            if deliver:
-                streams[request_id] = [deliver, 0]
-
-        while True:
-            if self._stale_cache and not engine.has_unfinished_requests():
-                self._retry_cache_reset(llm, add)
-            block = not engine.has_unfinished_requests()
-            while True:
-                try:
-                    command = self._inbox.get(block=block)
-                except queue.Empty:
-                    break
-                block = False
-                kind = command[0]
-                if kind == _STOP:
-                    return
-                if kind == _ADD:
-                    _, request_id, prompt_ids, sampling, result, deliver = command
-                    if not result.set_running_or_notify_cancel():
-                        continue
-                    if sampling.get("stop"):
-                        sampling.setdefault("detokenize", True)
-                    sampling.setdefault("detokenize", False)
-                    sampling.setdefault("logprobs", 0)
-                    pending[request_id] = result
-                    if self._stale_cache:  # it could reuse KV of the old weights: it waits for the reset
-                        self._held.append((request_id, prompt_ids, sampling, deliver))
-                    else:
-                        add(request_id, prompt_ids, sampling, deliver)
-                elif kind == _ABORT:
-                    request_id = command[1]
-                    top_k.pop(request_id, None)
-                    streams.pop(request_id, None)
-                    if pending.pop(request_id, None) is not None:
-                        held = [h for h in self._held if h[0] != request_id]
-                        if len(held) == len(self._held):
-                            engine.abort_request([request_id])
-                        self._held = held
-                elif kind == _CALL:
-                    _, fn, result = command
-                    if result.set_running_or_notify_cancel():
-                        try:
-                            result.set_result(fn(llm))
-                        except Exception as exc:
-                            result.set_exception(exc)
-            if not engine.has_unfinished_requests():
-                continue
-            for output in engine.step():
-                if not output.finished:
-                    if output.request_id in streams:
-                        self._deliver(streams[output.request_id], output, top_k.get(output.request_id, 0))
-                    continue
-                streams.pop(output.request_id, None)
-                result = pending.pop(output.request_id, None)
-                if result is None:
-                    continue
-                completion = output.outputs[0]
-                token_ids = list(completion.token_ids)
-                try:
-                    generation = Generation(
-                        token_ids=token_ids,
-                        logprobs=_sampled_logprobs(token_ids, completion.logprobs),
-                        finish_reason=completion.finish_reason or "abort",
-                        stop_reason=completion.stop_reason,
-                        top_logprobs=_top_logprobs(completion.logprobs) if top_k.pop(output.request_id, 0) else None,
-                    )
-                except Exception as exc:
-                    result.set_exception(EngineError(f"could not read engine output: {exc}"))
-                    continue
-                result.set_result(generation)
-
-    def _retry_cache_reset(self, llm: Any, add: Callable[[str, list[int], dict[str, Any], Any], None]) -> None:
-        """With no request running, reset the prefix cache left stale by a weight update, then admit held requests."""
-        held, self._held = self._held, []
-        if llm.reset_prefix_cache():
-            self._stale_cache = False
-            logger.info("prefix cache reset after the weight update; %d held requests admitted", len(held))
-            for request in held:
-                add(*request)
-            return
-        error = EngineError("the prefix cache could not be reset after a weight update, even with no request running")
-        for request_id, *_ in held:
-            result = self._pending.pop(request_id, None)
-            if result is not None:
-                result.set_exception(error)
-
-    @staticmethod
-    def _deliver(stream: list[Any], output: Any, top_k: int) -> None:
-        """Hand a streamed request's tokens sampled since the last delivery to its reader (engine thread)."""
-        deliver, sent = stream
-        completion = output.outputs[0]
-        new_ids = list(completion.token_ids[sent:])
-        if not new_ids:
-            return
-        logprobs = None if completion.logprobs is None else completion.logprobs[sent:]
-        try:
-            delta = Generation(
-                token_ids=new_ids,
-                logprobs=_sampled_logprobs(new_ids, logprobs),
-                finish_reason="",
-                top_logprobs=_top_logprobs(logprobs) if top_k and logprobs is not None else None,
-            )
-        except Exception:  # the final output reports the problem through the request's result
-            logger.exception("could not read a streamed engine output")
-            return
-        stream[1] = sent + len(new_ids)
-        try:
-            deliver(delta)
-        except RuntimeError:  # the reader's event loop is closed: nobody reads, its abort is on the way
-            logger.debug("dropped a streamed delta: the reader's event loop is closed")
-
-    @staticmethod
-    def _fail_all(pending: dict[str, concurrent.futures.Future[Generation]], exc: EngineError) -> None:
-        for result in pending.values():
-            if not result.done():
-                result.set_exception(exc)
-        pending.clear()

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agentic_rl.engine.chat_client import ChatClient
 from agentic_rl.errors import ConfigError, RewardError
 
 __all__ = [
@@ -212,28 +213,39 @@ def hotpotqa_em_reward(task: dict[str, Any], messages: Sequence[dict[str, str]])
 
 
 class LLMJudgeReward:
-    """Asks a model behind an OpenAI-compatible endpoint (our own server by default) whether the final answer
-    matches the ground truth; 1.0 for a reply starting with "yes", else 0.0.
+    """Asks a model whether the final answer matches the ground truth; 1.0 for a reply starting with "yes", else 0.0.
+
+    The model is either a `ChatClient` called in process (e.g. an `EngineChatClient` over the run's own engine: no
+    HTTP server) or a model behind an OpenAI-compatible endpoint.
 
     Args:
-        base_url: e.g. `http://127.0.0.1:8000/v1`.
-        model: model name to send.
-        timeout_s: per-call timeout in seconds.
+        base_url: e.g. `http://127.0.0.1:8000/v1`; not used when `client` is given.
+        model: model name to send to the endpoint (needed with `base_url`).
+        timeout_s: per-call timeout of the endpoint in seconds (an `EngineChatClient` has its own `timeout_s`).
+        client: a `ChatClient` to ask instead of an endpoint.
 
     Raises:
-        RewardError: from `__call__` when the endpoint fails (the trajectory is then marked failed).
+        ConfigError: if neither `base_url` and `model` nor `client` are given.
+        RewardError: from `__call__` when the judge call fails (the trajectory is then marked failed).
     """
 
     PROMPT = (
         "Question: {question}\nReference answer: {gold}\nPredicted answer: {prediction}\n"
         "Does the predicted answer mean the same as the reference answer? Reply with yes or no."
     )
+    MAX_TOKENS = 4
 
-    def __init__(self, base_url: str, *, model: str, timeout_s: float = 60.0) -> None:
-        import openai
-
-        self.client = openai.OpenAI(base_url=base_url, api_key="local", timeout=timeout_s, max_retries=1)
+    def __init__(self, base_url: str | None = None, *, model: str = "", timeout_s: float = 60.0,
+                 client: ChatClient | None = None) -> None:  # fmt: skip
+        self.chat_client = client
         self.model = model
+        self.client: Any = None
+        if client is None:
+            if base_url is None or not model:
+                raise ConfigError("LLMJudgeReward needs base_url and model, or client")
+            import openai
+
+            self.client = openai.OpenAI(base_url=base_url, api_key="local", timeout=timeout_s, max_retries=1)
 
     def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
         prediction = extract_short_answer(final_answer_text(messages))
@@ -242,12 +254,34 @@ class LLMJudgeReward:
         content = self.PROMPT.format(question=task.get("question", ""), gold=task.get("ground_truth", ""),
                                      prediction=prediction)  # fmt: skip
         try:
-            reply = self.client.chat.completions.create(
-                model=self.model, messages=[{"role": "user", "content": content}], max_tokens=4, temperature=0.0
-            )
+            reply = self._ask([{"role": "user", "content": content}])
         except Exception as exc:
             raise RewardError(f"LLM judge call failed: {exc}") from exc
-        return 1.0 if (reply.choices[0].message.content or "").strip().lower().startswith("yes") else 0.0
+        return 1.0 if reply.strip().lower().startswith("yes") else 0.0
+
+    def _ask(self, messages: list[dict[str, str]]) -> str:
+        """The judge's reply text. Blocks: from a worker thread of the event loop (as the harness runs rewards),
+        the call runs on that loop; from a thread without a loop, on a new one."""
+        if self.chat_client is None:
+            reply = self.client.chat.completions.create(
+                model=self.model, messages=messages, max_tokens=self.MAX_TOKENS, temperature=0.0
+            )
+            return reply.choices[0].message.content or ""
+        import anyio
+
+        client, started = self.chat_client, False
+
+        async def ask() -> str:
+            nonlocal started
+            started = True
+            return await client.chat(messages, max_tokens=self.MAX_TOKENS)
+
+        try:
+            return anyio.from_thread.run(ask)
+        except RuntimeError:
+            if started:  # the call itself failed
+                raise
+        return anyio.run(ask)  # not a worker thread of a running loop
 
 
 REWARDS = {

@@ -21,21 +21,12 @@ from typing import Any
 
 import anyio
 
-from agentic_rl.chat import ChatRenderer
-from agentic_rl.engine.base import Engine
-from agentic_rl.environments.base import Environment
 from agentic_rl.errors import ConfigError
-from agentic_rl.memory import MemorySimple
-from agentic_rl.rollout.harness import (
-    HarnessConfig,
-    RewardCallable,
-    TerminationReason,
-    TrajectoryCheckpoint,
-    run_trajectory,
-)
+from agentic_rl.rollout.harness import TrajectoryCheckpoint, run_trajectory
 from agentic_rl.rollout.runner import check_n_parallel_agents, run_batch
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.rollout.tasks import checked_task, failed_trajectory
-from agentic_rl.types import StepTrajectory
+from agentic_rl.types import StepTrajectory, TerminationReason
 
 __all__ = ["Rollout", "RolloutResult", "SuspendedRollout"]
 
@@ -81,31 +72,17 @@ class Rollout:
     """Runs trajectories with at most `n_parallel_agents` in flight; can be quiesced and resumed.
 
     Args:
-        engine, environment, renderer, config, reward_fn, memory_factory: as in `run_trajectory`.
-        n_parallel_agents: trajectories in flight at once, >= 1.
+        spec: what every trajectory runs on (`RolloutSpec`).
+        n_parallel_agents: trajectories in flight at once, >= 1 (the AgentSDK's range, [1, 64], is checked where
+            its settings enter: the wrapper and the configs).
 
     Raises:
         ConfigError: if `n_parallel_agents` is not a positive int.
     """
 
-    def __init__(
-        self,
-        *,
-        engine: Engine,
-        environment: Environment,
-        renderer: ChatRenderer,
-        config: HarnessConfig,
-        reward_fn: RewardCallable | None = None,
-        memory_factory: Callable[[], MemorySimple] | None = None,
-        n_parallel_agents: int = 8,
-    ) -> None:
+    def __init__(self, spec: RolloutSpec, *, n_parallel_agents: int = 8) -> None:
         self.n_parallel_agents = check_n_parallel_agents(n_parallel_agents)
-        self.engine = engine
-        self.environment = environment
-        self.renderer = renderer
-        self.config = config
-        self.reward_fn = reward_fn
-        self.memory_factory = memory_factory
+        self.spec = spec
         self._pause: anyio.Event | None = None
         self._done: anyio.Event | None = None
         self._last_suspended = SuspendedRollout()
@@ -162,9 +139,9 @@ class Rollout:
     async def discard(self, suspended: SuspendedRollout) -> None:
         """Close the environment of every checkpoint in `suspended` (for work that will not be resumed)."""
         for checkpoint in suspended.checkpoints:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.close_timeout_s):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.spec.config.close_timeout_s):
                 try:
-                    await self.environment.close(checkpoint.sample)
+                    await self.spec.environment.close(checkpoint.sample)
                 except Exception:
                     logger.exception("environment.close failed for discarded trajectory %s", checkpoint.idx)
         suspended.checkpoints.clear()
@@ -218,11 +195,7 @@ class Rollout:
             if isinstance(task, StepTrajectory):
                 return task
         try:
-            return await run_trajectory(
-                task, idx, engine=self.engine, environment=self.environment, renderer=self.renderer,
-                config=self.config, reward_fn=self.reward_fn, memory_factory=self.memory_factory, pause=pause,
-                checkpoint=checkpoint,
-            )  # fmt: skip
+            return await run_trajectory(task, idx, self.spec, pause=pause, checkpoint=checkpoint)
         except Exception as exc:  # run_trajectory turns failures into results; this guards against a bug in it
             logger.exception("trajectory %d raised", idx)
             return failed_trajectory(idx, task, TerminationReason.ERROR, f"{type(exc).__name__}: {exc}")

@@ -8,8 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from agentic_rl.errors import ConfigError
-from agentic_rl.rollout.harness import TerminationReason
-from agentic_rl.types import StepTrajectory
+from agentic_rl.types import StepTrajectory, TerminationReason
 
 __all__ = ["Task", "checked_task", "failed_trajectory", "validate_task"]
 
@@ -61,7 +60,7 @@ def checked_task(idx: int, task: Any) -> dict[str, Any] | StepTrajectory:
         return failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
 
 
-def failed_trajectory(idx: int, task: Any, reason: str, error: str) -> StepTrajectory:
+def failed_trajectory(idx: int, task: Any, reason: TerminationReason, error: str) -> StepTrajectory:
     """An empty trajectory with `failed=True`: what a task that could not run (or broke) ends as."""
     return StepTrajectory(
         prompt_tokens=[], response_tokens=[], response_masks=[], idx=idx, termination_reason=reason,

@@ -32,10 +32,11 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Generation
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment
-from agentic_rl.rollout.harness import HarnessConfig, RewardCallable, run_trajectory
+from agentic_rl.rollout.harness import run_trajectory
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
 from agentic_rl.tools.base import Tool
-from agentic_rl.types import StepTrajectory
+from agentic_rl.types import StepTrajectory, TerminationReason
 
 __all__ = [
     "ReplayEngine", "Trace", "TraceStats", "gsm8k_trace", "gsm8k_traces", "hotpotqa_trace", "hotpotqa_traces",
@@ -49,7 +50,11 @@ _ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
 
 def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
     """One `<tool_call>` block in the format `parse_tool_calls` reads and the tool system prompt teaches."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+        + "\n</tool_call>"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,10 +328,7 @@ async def replay_traces(
 
     async def replay(trace: Trace, idx: int) -> StepTrajectory:
         engine = ReplayEngine(renderer, trace.turns)
-        result = await run_trajectory(
-            trace.task, idx, engine=engine, environment=environment, renderer=renderer, config=config,
-            reward_fn=reward_fn,
-        )  # fmt: skip
+        result = await run_trajectory(trace.task, idx, RolloutSpec(engine=engine, environment=environment, renderer=renderer, config=config, reward_fn=reward_fn))  # fmt: skip
         assert isinstance(result, StepTrajectory)  # no pause given: never a checkpoint
         return result
 
@@ -353,7 +355,7 @@ async def replay_traces(
 def _drop_reason(trace: Trace, trajectory: StepTrajectory) -> str | None:
     if trajectory.failed:
         return f"failed: {trajectory.error}"
-    if trajectory.metrics.get("steps") != len(trace.turns) or trajectory.termination_reason != "env_done":
+    if trajectory.metrics.get("steps") != len(trace.turns) or trajectory.termination_reason != TerminationReason.ENV_DONE:
         return f"incomplete: {trajectory.metrics.get('steps')} of {len(trace.turns)} turns, {trajectory.termination_reason}"
     observations = [m["content"] for m in trajectory.chat_completions if m.get("role") == "tool"]
     if len(observations) != len(trace.expected_observations):

@@ -3,30 +3,32 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, StrictInt, StrictStr
+from pydantic import ConfigDict, Field, StrictStr
 
 from agentic_rl.config import Config
 from agentic_rl.engine.base import Engine, TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.rollout.harness import HarnessConfig, RewardCallable, TerminationReason, run_trajectory
+from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents, bounds, describe
+from agentic_rl.rollout.harness import run_trajectory
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
 from agentic_rl.rollout.tasks import checked_task, failed_trajectory
 from agentic_rl.server.group import EngineServers
-from agentic_rl.types import StepTrajectory, Trajectory
+from agentic_rl.types import StepTrajectory, TerminationReason, Trajectory
 
 __all__ = ["BaseEngineWrapper", "ToolAgentEngineWrapper"]
 
 logger = logging.getLogger(__name__)
 
-MAX_PROMPT_LENGTH = 128 * 1024
-MAX_RESPONSE_LENGTH = 8 * 1024
+MAX_PROMPT_LENGTH = bounds(MaxPromptLength)[1]
+MAX_RESPONSE_LENGTH = bounds(MaxResponseLength)[1]
 
 
 class _WrapperArgs(Config):
@@ -36,19 +38,19 @@ class _WrapperArgs(Config):
 
     agent_name: Annotated[StrictStr, Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
     sampling_params: SamplingConfig
-    max_prompt_length: Annotated[StrictInt, Field(ge=1, le=MAX_PROMPT_LENGTH)]
-    max_response_length: Annotated[StrictInt, Field(ge=1, le=MAX_RESPONSE_LENGTH)]
-    n_parallel_agents: Annotated[StrictInt, Field(ge=1, le=64)]
-    max_steps: Annotated[StrictInt, Field(ge=1, le=10)]
+    max_prompt_length: MaxPromptLength
+    max_response_length: MaxResponseLength
+    n_parallel_agents: NParallelAgents
+    max_steps: MaxSteps
 
 
 _ALLOWED = {
     "agent_name": "a non-empty string of letters, digits and underscores, not starting with a digit",
     "sampling_params": "a dict of SamplingConfig options",
-    "max_prompt_length": f"an int in [1, {MAX_PROMPT_LENGTH}]",
-    "max_response_length": f"an int in [1, {MAX_RESPONSE_LENGTH}]",
-    "n_parallel_agents": "an int in [1, 64]",
-    "max_steps": "an int in [1, 10]",
+    "max_prompt_length": describe(MaxPromptLength),
+    "max_response_length": describe(MaxResponseLength),
+    "n_parallel_agents": describe(NParallelAgents),
+    "max_steps": describe(MaxSteps),
 }
 
 
@@ -242,7 +244,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         check_alignment: verify each trajectory's ids against a full template re-render.
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
         memory: a `MemoryConfig` (or dict) to prompt each turn through agent memory; with `use_summary` and no
-            `oai_client`, summaries come from this wrapper's own server.
+            `oai_client`, summaries come from this wrapper's own engine, called in process.
         turn_timeout_s: most seconds one engine request may take before it is aborted and its trajectory fails
             with `termination_reason="timeout"` (see `HarnessConfig`).
         chat_template_kwargs: extra variables for the chat template on every render (e.g.
@@ -300,33 +302,54 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         self.memory_config = memory
         self.memory_factory: Callable[[], Any] | None = None
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.renderer: Any = None
-        self.environment: Any = None
+        self._spec: RolloutSpec | None = None
+
+    @property
+    def spec(self) -> RolloutSpec:
+        """The `RolloutSpec` this wrapper runs trajectories with (its `reward_fn` is the wrapper's current one).
+
+        Raises:
+            ConfigError: before `initialize()`.
+        """
+        if self._spec is None or self.engine is None:
+            raise ConfigError("call initialize() before generating trajectories")
+        if self._spec.reward_fn is not self.reward_fn:  # the reward may be swapped after initialize()
+            self._spec = dataclasses.replace(self._spec, reward_fn=self.reward_fn)
+        return self._spec
+
+    @property
+    def renderer(self) -> Any:
+        """The `ChatRenderer` of the tokenizer's template (None before `initialize()`)."""
+        return None if self._spec is None else self._spec.renderer
+
+    @property
+    def environment(self) -> Any:
+        """The `ToolEnvironment` over `tools` (None before `initialize()`)."""
+        return None if self._spec is None else self._spec.environment
 
     def initialize(self) -> None:
         """Build the chat renderer, the tool environment and (unless given) the vLLM engine; blocks until ready."""
         from agentic_rl.chat import ChatRenderer
-        from agentic_rl.environments.tool_env import ToolEnvironment
+        from agentic_rl.rollout.agent import start_engine, tool_agent_spec
 
-        self.renderer = ChatRenderer(self.tokenizer, template_kwargs=self.chat_template_kwargs)
-        self.environment = ToolEnvironment.for_renderer(self.tools, self.renderer, self.system_prompt)
+        renderer = ChatRenderer(self.tokenizer, template_kwargs=self.chat_template_kwargs)  # checked before the engine
         if self.engine is None:
-            from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
-
-            options = {"max_model_len": self._default_window(), **self.engine_options}
-            engine = VLLMEngine(VLLMEngineConfig(model=str(self.model), **options))
-            t0 = time.perf_counter()
-            engine.start_sync()
-            logger.info("engine started in %.1f s", time.perf_counter() - t0)
-            self.engine = self._owned_engine = engine
+            self.engine = self._owned_engine = start_engine(
+                self.model, self.engine_options, max_prompt_length=self.max_prompt_length,
+                max_response_length=self.max_response_length,
+            )  # fmt: skip
         self.engines = [self.engine]
         if self.serve:
             self.start_servers()
         if self.memory_config is not None:
-            self.memory_factory = self._memory_factory()
+            self.memory_factory = self._memory_factory(renderer)
+        self._spec = tool_agent_spec(renderer, self.engine, tools=self.tools, config=self.harness_config,
+                                     reward_fn=self.reward_fn, system_prompt=self.system_prompt,
+                                     memory_factory=self.memory_factory)  # fmt: skip
 
-    def _memory_factory(self) -> Callable[[], Any]:
-        from agentic_rl.memory import MemoryConfig, MemorySimple, MemorySummary, OpenAISummaryClient
+    def _memory_factory(self, renderer: Any) -> Callable[[], Any]:
+        from agentic_rl.engine.chat_client import EngineChatClient
+        from agentic_rl.memory import MemoryConfig, MemorySimple, MemorySummary
 
         config = (
             self.memory_config if isinstance(self.memory_config, MemoryConfig) else MemoryConfig(**self.memory_config)
@@ -334,31 +357,18 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         if not config.use_summary:
             return lambda: MemorySimple(config, tokenizer=self.tokenizer)
         client = None
-        if config.oai_client is None:  # summaries from our own server, same process
-            address = self.start_servers()[0]
-            client = OpenAISummaryClient(f"http://{address}/v1", model=self.agent_name)
+        if config.oai_client is None:  # summaries from our own engine, called in process (no HTTP server)
+            client = EngineChatClient(self.engine, renderer)
         return lambda: MemorySummary(config, chat_client=client, tokenizer=self.tokenizer)
 
-    def _default_window(self) -> int:
-        from transformers import AutoConfig
-
-        window = getattr(AutoConfig.from_pretrained(str(self.model)), "max_position_embeddings", None)
-        wanted = self.max_prompt_length + self.max_response_length
-        return min(wanted, window) if window else wanted
-
     def _check_ready(self) -> None:
-        if self.engine is None or self.renderer is None:
-            raise ConfigError("call initialize() before generating trajectories")
+        self.spec  # noqa: B018  (raises ConfigError before initialize())
 
     async def generate_trajectory(self, task: dict[str, Any], idx: int) -> StepTrajectory:
-        self._check_ready()
-        return await run_trajectory(
-            task, idx, engine=self.engine, environment=self.environment, renderer=self.renderer,
-            config=self.harness_config, reward_fn=self.reward_fn, memory_factory=self.memory_factory,
-        )  # fmt: skip
+        return await run_trajectory(task, idx, self.spec)
 
     def make_rollout(self, *, sampling: SamplingConfig | dict[str, Any] | None = None) -> Any:
-        """A `Rollout` over this wrapper's engine, environment and settings, which can be quiesced and resumed.
+        """A `Rollout` over this wrapper's spec, which can be quiesced and resumed.
 
         Args:
             sampling: other sampling options for this rollout (e.g. greedy for evaluation); default the wrapper's.
@@ -368,20 +378,16 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         """
         from agentic_rl.rollout.session import Rollout
 
-        self._check_ready()
-        config = self.harness_config
-        if sampling is not None:
-            config = config.model_copy(update={"sampling": SamplingConfig.of(sampling)})
-        return Rollout(
-            engine=self.engine, environment=self.environment, renderer=self.renderer, config=config,
-            reward_fn=self.reward_fn, memory_factory=self.memory_factory, n_parallel_agents=self.n_parallel_agents,
-        )  # fmt: skip
+        spec = self.spec if sampling is None else self.spec.with_sampling(sampling)
+        return Rollout(spec, n_parallel_agents=self.n_parallel_agents)
 
     async def close(self) -> None:
         """Stop the servers, close the environment's tools (their HTTP clients), and stop the engine this wrapper
         built (an engine passed in is left running). Call it from the event loop that ran the rollouts."""
+        from agentic_rl.rollout.agent import close_tool_agent
+
         self.stop_servers()
-        if self.environment is not None:
-            await self.environment.aclose()
-        if self._owned_engine is not None:
+        if self._spec is not None:
+            await close_tool_agent(self._spec, engine=self._owned_engine)
+        elif self._owned_engine is not None:
             await self._owned_engine.close()

@@ -7,23 +7,25 @@ its prompt is built as: previous prompt ids + the ids the engine sampled + the t
 (after a turn cut by `max_tokens`, the glue starts with the end-of-turn token the engine did not sample).
 Otherwise (history rewritten, e.g. summarized, or new messages the template cannot append exactly, such as a user
 message after a Qwen3 thinking turn) the prompt is rendered from the messages and a new run begins; the trajectory
-then has several runs, each exact, kept per step. Message contents are encoded as plain text either way: only the
+then has several runs, each exact. The runs are built by the same `RunRecorder` the rollout's turn loop uses. Message contents are encoded as plain text either way: only the
 template's own glue becomes special tokens. For chat templates without `tools` support, the tool
 schemas of a request are described in the system message.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentic_rl.chat import ChatRenderer
+from agentic_rl.parser import action_text
 from agentic_rl.tools.prompt import tools_system_prompt
-from agentic_rl.types import Step, StepTrajectory
+from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
 __all__ = ["CapturedTurn", "TrajectoryRecorder", "rendered_messages", "template_messages"]
 
@@ -33,7 +35,8 @@ class CapturedTurn:
     """One recorded call.
 
     Attributes:
-        prompt_ids: the exact prompt the engine saw.
+        prompt_ids: the exact prompt the engine saw (given to `TrajectoryRecorder.record`, which moves the ids into
+            the trajectory's token runs and keeps the call's `run` and `span` instead).
         response_ids: the ids it sampled (with the end-of-turn token when it stopped on one).
         logprobs: their logprobs (nats).
         continued: True when `prompt_ids` starts with the previous turn's prompt + response ids.
@@ -44,6 +47,9 @@ class CapturedTurn:
         text: the text the client received (completions) or the decoded sampled text (chat).
         template_kwargs: the request's `chat_template_kwargs`.
         streamed: whether the call was answered as a stream.
+        weight_version: the engine weight version that sampled the call.
+        run: index of the trajectory's token run the call was sampled in (set by `record`).
+        span: `[start, end)` of its sampled ids in that run's `response_ids` (set by `record`).
     """
 
     prompt_ids: list[int]
@@ -57,6 +63,17 @@ class CapturedTurn:
     text: str = ""
     template_kwargs: dict[str, Any] | None = None
     streamed: bool = False
+    weight_version: int = 0
+    run: int = 0
+    span: tuple[int, int] = (0, 0)
+
+
+@dataclass(slots=True)
+class _Captured:
+    """What one trajectory id holds: its token runs and its calls (without their ids, which live in the runs)."""
+
+    recorder: RunRecorder = field(default_factory=RunRecorder)
+    turns: list[CapturedTurn] = field(default_factory=list)
 
 
 def _arguments(value: Any) -> Any:
@@ -139,19 +156,23 @@ class TrajectoryRecorder:
     def __init__(self, renderer: ChatRenderer, *, max_trajectories: int = 4096) -> None:
         self.renderer = renderer
         self.max_trajectories = max_trajectories
-        self._turns: OrderedDict[str, list[CapturedTurn]] = OrderedDict()
+        self._captured: OrderedDict[str, _Captured] = OrderedDict()
         self._lock = threading.Lock()
 
     def ids(self) -> list[str]:
         with self._lock:
-            return list(self._turns)
+            return list(self._captured)
 
-    def _last(self, trajectory_id: str | None) -> CapturedTurn | None:
+    def _last(self, trajectory_id: str | None) -> tuple[CapturedTurn, list[int], list[int]] | None:
+        """The last call of a trajectory, with its run's prompt and response ids so far (copies)."""
         if trajectory_id is None:
             return None
         with self._lock:
-            turns = self._turns.get(trajectory_id)
-            return turns[-1] if turns else None
+            captured = self._captured.get(trajectory_id)
+            if captured is None or not captured.turns:
+                return None
+            run = captured.recorder.current
+            return captured.turns[-1], list(run.prompt_ids), list(run.response_ids)
 
     def chat_prompt(
         self,
@@ -172,99 +193,101 @@ class TrajectoryRecorder:
             template_kwargs: those kwargs; a call continues only a previous call made with the same ones.
         """
         renderer = renderer or self.renderer
-        prev = self._last(trajectory_id)
-        if prev is not None and prev.messages is not None and prev.response_message is not None:
-            k = len(prev.messages)
-            closed = bool(prev.response_ids) and prev.response_ids[-1] == renderer.end_of_turn_id
-            cut = prev.finish_reason == "length"  # the client holds all the sampled text, without an ending
-            new = messages[k + 1 :]
-            if (
-                (closed or cut)
-                and len(messages) > k + 1
-                and prev.tools == tools
-                and (prev.template_kwargs or None) == (template_kwargs or None)
-                and [_normalize(m) for m in messages[:k]] == [_normalize(m) for m in prev.messages]
-                and _normalize(messages[k]) == _normalize(prev.response_message)
-                and all(m["role"] != "assistant" for m in new)
-            ):
-                observation = template_messages(new, renderer)
-                if renderer.append_problem(observation) is None:  # else: the template rewrites the history
-                    ending = [] if closed else [renderer.end_of_turn_id]
-                    glue = renderer.observation_ids(observation, tools)
-                    return prev.prompt_ids + prev.response_ids + ending + glue, True
+        last = self._last(trajectory_id)
+        if last is not None:
+            prev, prompt, response = last
+            continued = self._continuation(prev, response, messages, tools, renderer, template_kwargs)
+            if continued is not None:
+                return prompt + response + continued, True
         return renderer.prompt_ids(rendered_messages(messages, tools, renderer), tools), False
+
+    @staticmethod
+    def _continuation(
+        prev: CapturedTurn, response: list[int], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+        renderer: ChatRenderer, template_kwargs: dict[str, Any] | None,
+    ) -> list[int] | None:  # fmt: skip
+        """The ids that append `messages` to the previous call's run, or None when they do not extend it."""
+        if prev.messages is None or prev.response_message is None:
+            return None
+        k = len(prev.messages)
+        closed = prev.span[1] > prev.span[0] and response[prev.span[1] - 1] == renderer.end_of_turn_id
+        cut = prev.finish_reason == "length"  # the client holds all the sampled text, without an ending
+        new = messages[k + 1 :]
+        if not (
+            (closed or cut)
+            and len(messages) > k + 1
+            and prev.tools == tools
+            and (prev.template_kwargs or None) == (template_kwargs or None)
+            and [_normalize(m) for m in messages[:k]] == [_normalize(m) for m in prev.messages]
+            and _normalize(messages[k]) == _normalize(prev.response_message)
+            and all(m["role"] != "assistant" for m in new)
+        ):
+            return None
+        observation = template_messages(new, renderer)
+        if renderer.append_problem(observation) is not None:  # the template rewrites the history
+            return None
+        ending = [] if closed else [renderer.end_of_turn_id]
+        return ending + renderer.observation_ids(observation, tools)
 
     def completion_continues(self, trajectory_id: str | None, prompt_ids: list[int]) -> bool:
         """Whether raw prompt ids start with the trajectory's previous prompt + response ids."""
-        prev = self._last(trajectory_id)
-        if prev is None:
+        last = self._last(trajectory_id)
+        if last is None:
             return False
-        head = prev.prompt_ids + prev.response_ids
-        return len(prompt_ids) > len(head) and prompt_ids[: len(head)] == head
+        _, prompt, response = last
+        return TokenRun(prompt, response).extends(prompt_ids)
 
     def record(self, trajectory_id: str, turn: CapturedTurn) -> None:
+        """Add one call: its ids extend the trajectory's current run (`turn.continued`) or start a new one."""
         with self._lock:
-            self._turns.setdefault(trajectory_id, []).append(turn)
-            self._turns.move_to_end(trajectory_id)
-            while len(self._turns) > self.max_trajectories:
-                self._turns.popitem(last=False)
+            captured = self._captured.setdefault(trajectory_id, _Captured())
+            recorder = captured.recorder
+            if turn.continued and recorder.runs and recorder.current.extends(turn.prompt_ids):
+                recorder.extend_to(turn.prompt_ids)
+            else:
+                recorder.start(turn.prompt_ids)
+            _, span = recorder.sample(turn.response_ids, turn.logprobs, turn.weight_version)
+            captured.turns.append(dataclasses.replace(turn, prompt_ids=[], response_ids=[], logprobs=[],
+                                                      run=len(recorder.runs) - 1, span=span))  # fmt: skip
+            self._captured.move_to_end(trajectory_id)
+            while len(self._captured) > self.max_trajectories:
+                self._captured.popitem(last=False)
 
     def build(self, trajectory_id: str, *, pop: bool = False, idx: int = 0) -> StepTrajectory:
         """Assemble the captured calls of one trajectory.
 
-        The top-level token fields hold the last continuous run (its first prompt, then sampled ids with mask 1 and
-        observation glue with mask 0); every step also keeps its own exact `prompt_ids` / `response_ids`.
-        `metrics["continuous"]` is False when the history was rewritten between calls.
+        Its `runs` hold every call's ids (the top-level token fields the last run: its first prompt, then sampled
+        ids with mask 1 and observation glue with mask 0); each step points at its call's run and span.
 
         Raises:
             KeyError: if nothing was captured under `trajectory_id`.
         """
         with self._lock:
-            turns = list(self._turns.pop(trajectory_id) if pop else self._turns[trajectory_id])
-        run_start = max(i for i, t in enumerate(turns) if i == 0 or not t.continued)
-        run = turns[run_start:]
-        response: list[int] = []
-        mask: list[int] = []
-        logprobs: list[float] = []
-        for i, turn in enumerate(run):
-            if i > 0:
-                prev = run[i - 1]
-                glue = turn.prompt_ids[len(prev.prompt_ids) + len(prev.response_ids) :]
-                response += glue
-                mask += [0] * len(glue)
-                logprobs += [0.0] * len(glue)
-            response += turn.response_ids
-            mask += [1] * len(turn.response_ids)
-            logprobs += turn.logprobs
-        steps = [
-            Step(
-                chat_completions=[*(t.messages or []), *([t.response_message] if t.response_message else [])],
-                action=[c["function"] for c in (t.response_message or {}).get("tool_calls") or []],
-                observation=(t.messages or [{}])[-1].get("content", "") if t.messages else "",
-                model_response=t.text,
-                info={"finish_reason": t.finish_reason, "continued": t.continued, "streamed": t.streamed,
-                      **({"tools": t.tools} if t.tools else {}),
-                      **({"chat_template_kwargs": t.template_kwargs} if t.template_kwargs else {})},
-                prompt_ids=t.prompt_ids,
-                response_ids=t.response_ids,
-                response_logprobs=t.logprobs,
-            )
-            for t in turns
-        ]
+            captured = self._captured.pop(trajectory_id) if pop else self._captured[trajectory_id]
+            runs = [dataclasses.replace(run, **{name: list(getattr(run, name)) for name in (
+                "prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions")})
+                for run in captured.recorder.runs]  # fmt: skip
+            turns = list(captured.turns)
+        steps = [_step(t, runs[t.run]) for t in turns]
         if steps:
             steps[-1].done = True
         last = turns[-1]
         chat = [*(last.messages or []), *([last.response_message] if last.response_message else [])]
-        return StepTrajectory(
-            prompt_tokens=run[0].prompt_ids,
-            response_tokens=response,
-            response_masks=mask,
-            response_logprobs=logprobs,
-            idx=idx,
-            chat_completions=template_messages(chat, None),
-            metrics={"steps": len(turns), "continuous": run_start == 0,
-                     "generated_tokens": sum(len(t.response_ids) for t in turns)},  # every run, like a rollout
-            termination_reason="captured",
-            task={"trajectory_id": trajectory_id},
-            steps=steps,
-        )
+        return StepTrajectory.from_runs(
+            runs, idx=idx, chat_completions=template_messages(chat, None),
+            metrics={"steps": len(turns), "generated_tokens": sum(run.num_sampled for run in runs)},
+            termination_reason=TerminationReason.CAPTURED, task={"trajectory_id": trajectory_id}, steps=steps,
+        )  # fmt: skip
+
+
+def _step(turn: CapturedTurn, run: TokenRun) -> Step:
+    """The `Step` of one captured call."""
+    info = {"finish_reason": turn.finish_reason, "continued": turn.continued, "streamed": turn.streamed,
+            "weight_version": turn.weight_version, **({"tools": turn.tools} if turn.tools else {}),
+            **({"chat_template_kwargs": turn.template_kwargs} if turn.template_kwargs else {})}  # fmt: skip
+    return Step(
+        chat_completions=[*(turn.messages or []), *([turn.response_message] if turn.response_message else [])],
+        action=action_text(turn.text),
+        observation=(turn.messages or [{}])[-1].get("content", "") if turn.messages else "",
+        model_response=turn.text, info=info, run=run, span=turn.span,
+    )  # fmt: skip

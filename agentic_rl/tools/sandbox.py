@@ -7,6 +7,11 @@ globals dict and answers with the captured stdout + stderr (a traceback for an e
 expression), capped inside the worker. Variables, imports and files in the private working directory persist
 between the calls of a session; `session_end` kills every process of the session and removes the directory.
 
+This module holds `SandboxTool` (sessions: start, call, kill, clean up). Its pieces live beside it:
+`agentic_rl.tools.sandbox_isolation` (the isolation modes and the probe that picks one),
+`agentic_rl.tools.sandbox_processes` (per-session uid reservation and ``/proc`` scans),
+`agentic_rl.tools.sandbox_framing` (the parent's side of the frame protocol) and the worker program itself.
+
 Isolation: the strongest mode that works on the machine is chosen once per process (`isolation="auto"`) by
 starting a real probe worker, and a warning is logged once for whatever is missing:
 
@@ -51,13 +56,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import logging
 import math
 import os
-import random
-import select
 import shutil
 import signal
 import subprocess
@@ -71,6 +73,23 @@ from typing import Any
 from agentic_rl.errors import ConfigError, ToolError
 from agentic_rl.tools import sandbox_worker
 from agentic_rl.tools.base import StatefulTool
+from agentic_rl.tools.sandbox_framing import ProtocolError, read_frame, write_frame
+from agentic_rl.tools.sandbox_isolation import (
+    ISOLATION_MODES,
+    PROBE_CODE,
+    IsolationMode,
+    SandboxIsolation,
+    resolve_isolation,
+)
+from agentic_rl.tools.sandbox_processes import (
+    SANDBOX_UID_BASE,
+    SANDBOX_UID_COUNT,
+    parent_pid,
+    pid_alive,
+    process_tree,
+    reserve_uid,
+    sweep_uid,
+)
 
 __all__ = [
     "SANDBOX_UID_BASE",
@@ -82,40 +101,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SANDBOX_UID_BASE = 1_900_000_000
-"""First uid (and gid) given to sandbox sessions when running as root; an unallocated range on common systems."""
-SANDBOX_UID_COUNT = 4096
-"""Number of uids in the sandbox range: the most concurrent sessions per machine when running as root."""
-
-_HEADER = sandbox_worker.HEADER  # the frame format is the worker's
 _WORKER_PATH = os.path.abspath(sandbox_worker.__file__)
 _KILL_GRACE_S = 5.0  # time to kill, reap and sweep a session's processes
-_PROBE_CODE = "import fractions, json\nprint(sum(range(5)))"
-_ISOLATION_MODES = ("auto", "namespaces", "userns", "uid", "none")
 
 
 # ------------------------------------------------------------------------------------------------- public records
-
-
-@dataclass(frozen=True)
-class SandboxIsolation:
-    """What the chosen isolation mode guarantees on this machine.
-
-    Attributes:
-        mode: ``"namespaces"``, ``"userns"``, ``"uid"`` or ``"none"`` (see the module docstring).
-        network: True when the code runs in an empty network namespace (no connection succeeds).
-        pid_namespace: True when the session has its own PID namespace (all its processes die with it).
-        private_tmp: True when ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are private to the session.
-        unprivileged_uid: True when the code runs as a per-session unprivileged uid (cannot write root-owned files).
-        process_limit: True when ``RLIMIT_NPROC`` bounds the processes of this session alone.
-    """
-
-    mode: str
-    network: bool
-    pid_namespace: bool
-    private_tmp: bool
-    unprivileged_uid: bool
-    process_limit: bool
 
 
 @dataclass(frozen=True)
@@ -134,151 +124,7 @@ class SandboxSessionInfo:
     pids: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class _Mode:
-    isolation: SandboxIsolation
-    unshare_args: tuple[str, ...]  # empty: no `unshare` prefix
-    drop_uid: bool
-
-
-def _mode(name: str, unshare: str | None) -> _Mode:
-    ns = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc")
-    if name == "namespaces":
-        return _Mode(SandboxIsolation(name, True, True, True, True, True), (unshare or "unshare", *ns), True)
-    if name == "userns":
-        args = (unshare or "unshare", "--user", "--map-root-user", *ns)
-        return _Mode(SandboxIsolation(name, True, True, True, False, True), args, False)
-    if name == "uid":
-        return _Mode(SandboxIsolation(name, False, False, False, True, True), (), True)
-    return _Mode(SandboxIsolation("none", False, False, False, False, False), (), False)
-
-
-def _unshare_binary() -> str | None:
-    found = shutil.which("unshare")
-    if found:
-        return found
-    for path in ("/usr/bin/unshare", "/bin/unshare"):
-        if os.access(path, os.X_OK):
-            return path
-    return None
-
-
-_MODE_LOCK = threading.Lock()
-_PROBE_LOCK = threading.Lock()  # one probe at a time, so concurrent first sessions probe once
-_MODE_CACHE: dict[str, tuple[_Mode | None, str]] = {}  # mode name -> (mode if it works, why not)
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    with _MODE_LOCK:
-        if message in _WARNED:
-            return
-        _WARNED.add(message)
-    logger.warning(message)
-
-
-# ------------------------------------------------------------------------------------------------- uid slots
-
-
-def _lock_dir() -> str:
-    for base in ("/run", tempfile.gettempdir()):
-        path = os.path.join(base, "agentic-rl-sandbox-uids")
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            st = os.stat(path)
-            if st.st_uid == os.geteuid() and not st.st_mode & 0o077:
-                return path
-        except OSError:
-            continue
-    raise ToolError("no private directory for the sandbox uid lock files (tried /run and the temp dir)")
-
-
-def _reserve_uid() -> tuple[int, int]:
-    """Reserves a free sandbox uid with an exclusive flock; returns (uid, lock fd)."""
-    directory = _lock_dir()
-    start = random.randrange(SANDBOX_UID_COUNT)
-    for i in range(SANDBOX_UID_COUNT):
-        uid = SANDBOX_UID_BASE + (start + i) % SANDBOX_UID_COUNT
-        fd = os.open(os.path.join(directory, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
-        if _uid_processes(uid):  # a leftover of a crashed process: do not reuse it
-            os.close(fd)
-            continue
-        return uid, fd
-    raise ToolError(f"all {SANDBOX_UID_COUNT} sandbox uids are in use")
-
-
-# ------------------------------------------------------------------------------------------------- /proc helpers
-
-
-def _proc_status(pid: int) -> dict[str, str]:
-    fields = {}
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-    return fields
-
-
-def _uid_processes(uid: int) -> list[int]:
-    """Live (non-zombie) processes any of whose uids is `uid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = _proc_status(int(entry))
-        except OSError:
-            continue
-        if status.get("State", "").startswith(("Z", "X")):
-            continue
-        if str(uid) in status.get("Uid", "").split():
-            found.append(int(entry))
-    return found
-
-
-def _process_tree(root: int) -> tuple[int, ...]:
-    """`root` and its live descendants, from /proc."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if fields and fields[0] not in ("Z", "X"):
-            parents.setdefault(int(fields[1]), []).append(int(entry))
-    tree, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo.extend(parents.get(pid, ()))
-    return tuple(tree)
-
-
-def _parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    return int(stat[stat.rfind(")") + 2 :].split()[1])
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+# ------------------------------------------------------------------------------------------------- the tool
 
 
 def _signal_name(number: int) -> str:
@@ -288,70 +134,13 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-# ------------------------------------------------------------------------------------------------- framing
-
-
-class _ProtocolError(Exception):
-    pass
-
-
-def _read_exact(fd: int, n: int, deadline: float) -> bytes:
-    buf = bytearray()
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-    while len(buf) < n:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        if not poller.poll(max(1, math.ceil(remaining * 1000))):
-            continue
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
-
-
-def _read_frame(fd: int, deadline: float, max_bytes: int) -> dict[str, Any]:
-    (length,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
-    if length > max_bytes:
-        raise _ProtocolError(f"frame of {length} bytes (limit {max_bytes})")
-    try:
-        message = json.loads(_read_exact(fd, length, deadline))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _ProtocolError(f"malformed frame: {exc}") from exc
-    if not isinstance(message, dict):
-        raise _ProtocolError("frame is not a JSON object")
-    return message
-
-
-def _write_frame(fd: int, message: dict[str, Any], deadline: float) -> None:
-    body = json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass")
-    view = memoryview(_HEADER.pack(len(body)) + body)
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT | select.POLLERR)
-    while view:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        if not poller.poll(max(1, math.ceil(remaining * 1000))):
-            continue
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            continue
-
-
-# ------------------------------------------------------------------------------------------------- the tool
-
-
 @dataclass
 class _Session:
     session_id: str
     workdir: str
     uid: int | None
     uid_lock_fd: int | None
-    mode: _Mode
+    mode: IsolationMode
     lock: threading.Lock = field(default_factory=threading.Lock)  # one call at a time
     proc_lock: threading.Lock = field(default_factory=threading.Lock)  # guards proc: spawn vs. kill
     proc: subprocess.Popen[bytes] | None = None
@@ -431,8 +220,8 @@ class SandboxTool(StatefulTool):
         ]:
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigError(f"{label} must be a positive number, got {value!r}")
-        if isolation not in _ISOLATION_MODES:
-            raise ConfigError(f"isolation must be one of {', '.join(_ISOLATION_MODES)}; got {isolation!r}")
+        if isolation not in ISOLATION_MODES:
+            raise ConfigError(f"isolation must be one of {', '.join(ISOLATION_MODES)}; got {isolation!r}")
         if sys.platform != "linux":
             raise ConfigError("SandboxTool needs Linux")
         self.exec_timeout_s = float(timeout_s)
@@ -447,7 +236,7 @@ class SandboxTool(StatefulTool):
         self.timeout_s = self.exec_timeout_s + self.startup_timeout_s + _KILL_GRACE_S
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
-        self._mode: _Mode | None = None
+        self._mode: IsolationMode | None = None
 
     # ------------------------------------------------------------------------------------------ public API
 
@@ -548,85 +337,31 @@ class SandboxTool(StatefulTool):
 
     # ------------------------------------------------------------------------------------------ isolation
 
-    def _resolve_mode(self) -> _Mode:
-        if self._mode is not None:
-            return self._mode
-        root = os.geteuid() == 0
-        if self.requested_isolation == "auto":
-            names = ["namespaces", "uid", "none"] if root else ["userns", "none"]
-        else:
-            names = [self.requested_isolation]
-        reasons = []
-        for name in names:
-            mode, reason = self._probe(name)
-            if mode is not None:
-                self._mode = mode
-                self._warn_missing(mode, reasons)
-                return mode
-            reasons.append(f"{name}: {reason}")
-        raise ToolError(f"sandbox isolation {self.requested_isolation!r} is not available: " + "; ".join(reasons))
+    def _resolve_mode(self) -> IsolationMode:
+        if self._mode is None:
+            self._mode = resolve_isolation(self.requested_isolation, self._run_probe)
+        return self._mode
 
-    def _probe(self, name: str) -> tuple[_Mode | None, str]:
-        with _PROBE_LOCK:
-            with _MODE_LOCK:
-                if name in _MODE_CACHE:
-                    return _MODE_CACHE[name]
-            result = self._probe_uncached(name)
-            with _MODE_LOCK:
-                _MODE_CACHE[name] = result
-            return result
-
-    def _probe_uncached(self, name: str) -> tuple[_Mode | None, str]:
-        root = os.geteuid() == 0
-        unshare = _unshare_binary()
-        if name in ("namespaces", "uid") and not root:
-            return None, "needs root"
-        if name == "userns" and root:
-            return None, "for non-root users (as root, 'namespaces' is used)"
-        if name in ("namespaces", "userns") and unshare is None:
-            return None, "util-linux 'unshare' not found"
-        mode = _mode(name, unshare)
+    def _run_probe(self, mode: IsolationMode) -> str:
+        """Runs `PROBE_CODE` in a throwaway session in `mode` and returns its output. Raises `ToolError`."""
         session = None
         try:
-            session = self._new_session(f"probe-{name}", mode)
+            session = self._new_session(f"probe-{mode.isolation.mode}", mode)
             with session.lock:
                 self._spawn(session)
-                output = self._run(session, _PROBE_CODE, timeout_s=max(self.exec_timeout_s, self.startup_timeout_s))
-            if output.strip() != "10":
-                return None, f"probe printed {output[:200]!r}"
-            logger.debug("sandbox isolation mode %r works", name)
-            return mode, ""
-        except ToolError as exc:
-            logger.debug("sandbox isolation mode %r does not work: %s", name, exc)
-            return None, str(exc)
+                return self._run(session, PROBE_CODE, timeout_s=max(self.exec_timeout_s, self.startup_timeout_s))
         finally:
             if session is not None:
                 session.closed = True
                 with session.lock:
                     self._destroy(session)
 
-    @staticmethod
-    def _warn_missing(mode: _Mode, reasons: list[str]) -> None:
-        iso = mode.isolation
-        why = f" ({'; '.join(reasons)})" if reasons else ""
-        if not iso.network:
-            _warn_once(
-                f"python sandbox (mode {iso.mode!r}): no network namespace, sandboxed code CAN reach the network{why}"
-            )
-        if not iso.private_tmp:
-            _warn_once(f"python sandbox (mode {iso.mode!r}): /tmp is shared with the host{why}")
-        if not iso.unprivileged_uid:
-            who = "root" if os.geteuid() == 0 else "the calling user"
-            _warn_once(f"python sandbox (mode {iso.mode!r}): code runs as {who} and can write wherever it can")
-        if not iso.process_limit:
-            _warn_once(f"python sandbox (mode {iso.mode!r}): no per-session process limit: fork bombs are not bounded")
-
     # ------------------------------------------------------------------------------------------ sessions
 
-    def _new_session(self, session_id: str, mode: _Mode) -> _Session:
+    def _new_session(self, session_id: str, mode: IsolationMode) -> _Session:
         uid = lock_fd = None
         if mode.drop_uid:
-            uid, lock_fd = _reserve_uid()
+            uid, lock_fd = reserve_uid()
         try:
             workdir = tempfile.mkdtemp(prefix="agentic-rl-sandbox-")
             if uid is not None:
@@ -684,15 +419,15 @@ class SandboxTool(StatefulTool):
         os.set_blocking(proc.stdin.fileno(), False)
         deadline = time.monotonic() + self.startup_timeout_s
         try:
-            hello = _read_frame(proc.stdout.fileno(), deadline, 1 << 16)
-        except (TimeoutError, EOFError, _ProtocolError) as exc:
+            hello = read_frame(proc.stdout.fileno(), deadline, 1 << 16)
+        except (TimeoutError, EOFError, ProtocolError) as exc:
             stderr = self._terminate(session)
             what = "timed out" if isinstance(exc, TimeoutError) else "failed"
             raise ToolError(f"the Python sandbox {what} while starting: {exc} {stderr}".strip()) from exc
         if not hello.get("ready"):
             self._terminate(session)
             raise ToolError(f"the Python sandbox failed to start: {hello.get('error', 'unknown error')}")
-        session.pids = _process_tree(proc.pid)
+        session.pids = process_tree(proc.pid)
 
     def _run(self, session: _Session, code: str, timeout_s: float | None = None) -> str:
         """Sends one call and waits for its answer. Caller holds `session.lock`; the interpreter is running."""
@@ -703,8 +438,8 @@ class SandboxTool(StatefulTool):
         deadline = time.monotonic() + timeout_s
         max_frame = 6 * self.max_output_bytes + (1 << 16)
         try:
-            _write_frame(proc.stdin.fileno(), {"code": code}, deadline)
-            reply = _read_frame(proc.stdout.fileno(), deadline, max_frame)
+            write_frame(proc.stdin.fileno(), {"code": code}, deadline)
+            reply = read_frame(proc.stdout.fileno(), deadline, max_frame)
         except TimeoutError:
             self._terminate(session)
             if session.closed:
@@ -714,7 +449,7 @@ class SandboxTool(StatefulTool):
                 "restarted fresh: all variables, imports and running threads/processes are lost (files in the "
                 "working directory are kept)"
             ) from None
-        except (EOFError, OSError, ValueError, _ProtocolError) as exc:
+        except (EOFError, OSError, ValueError, ProtocolError) as exc:
             returncode = None
             if isinstance(exc, EOFError | BrokenPipeError) and not session.closed:
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -739,7 +474,7 @@ class SandboxTool(StatefulTool):
             output += f"\n[output truncated: {dropped} more bytes not shown (limit {self.max_output_bytes} bytes)]"
         return output if output else "(no output)"
 
-    def _describe_exit(self, mode: _Mode, returncode: int | None, exc: BaseException) -> str:
+    def _describe_exit(self, mode: IsolationMode, returncode: int | None, exc: BaseException) -> str:
         if returncode is None:
             return f"stopped answering ({type(exc).__name__}: {exc})"
         number = None
@@ -768,9 +503,9 @@ class SandboxTool(StatefulTool):
             pids, session.pids = session.pids, ()
             if proc is None:
                 return ""
-            tree = pids or _process_tree(proc.pid)
+            tree = pids or process_tree(proc.pid)
             if proc.returncode is None:  # not reaped yet, so its pid (and process group) is still ours
-                if session.mode.isolation.pid_namespace and len(tree) > 1 and _parent_pid(tree[1]) == proc.pid:
+                if session.mode.isolation.pid_namespace and len(tree) > 1 and parent_pid(tree[1]) == proc.pid:
                     # Kill the namespace's PID 1: the kernel kills the rest of the namespace and `unshare` reaps it
                     # and exits, so no zombie is left for the host's init to collect.
                     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -795,25 +530,10 @@ class SandboxTool(StatefulTool):
                         pipe.close()
             deadline = time.monotonic() + _KILL_GRACE_S
             if session.uid is not None:
-                self._sweep_uid(session.uid, deadline)
-            while any(_pid_alive(pid) for pid in tree[1:]) and time.monotonic() < deadline:
+                sweep_uid(session.uid, deadline)
+            while any(pid_alive(pid) for pid in tree[1:]) and time.monotonic() < deadline:
                 time.sleep(0.01)  # the namespace's processes are dying after its PID 1
         return stderr.decode("utf-8", "replace").strip()
-
-    @staticmethod
-    def _sweep_uid(uid: int, deadline: float) -> None:
-        """SIGKILLs every process of `uid` until none is left (the uid belongs to this session alone)."""
-        while True:
-            pids = _uid_processes(uid)
-            if not pids:
-                return
-            if time.monotonic() > deadline:
-                logger.error("sandbox processes %s of uid %d survived SIGKILL", pids, uid)
-                return
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.005)
 
     def _destroy(self, session: _Session) -> None:
         """Kills the interpreter, removes the working directory and releases the uid. Caller holds `session.lock`."""

@@ -2,8 +2,7 @@
 
 from agentic_rl.train.advantages import batch_advantages, group_advantages
 from agentic_rl.train.loss import LOG_RATIO_MAX, LossOutput, grpo_loss, response_logprobs, token_logprobs
-from agentic_rl.train.packing import PackedBatch, TokenCounts, pack_trajectories
-from agentic_rl.train.runs import exclusion_reason, trajectory_runs
+from agentic_rl.train.packing import PackedBatch, TokenCounts, exclusion_reason, pack_trajectories
 
 __all__ = [
     "LOG_RATIO_MAX",
@@ -17,5 +16,4 @@ __all__ = [
     "pack_trajectories",
     "response_logprobs",
     "token_logprobs",
-    "trajectory_runs",
 ]

@@ -10,15 +10,33 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from agentic_rl.errors import TrajectoryError
-from agentic_rl.train.runs import exclusion_reason, trajectory_runs
-from agentic_rl.types import Trajectory
+from agentic_rl.types import TerminationReason, TokenRun, Trajectory
 
-__all__ = ["PackedBatch", "TokenCounts", "pack_trajectories"]
+__all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "exclusion_reason", "pack_trajectories"]
+
+ExclusionReason = Literal["failed", "aborted"]
+
+
+def exclusion_reason(trajectory: Trajectory) -> ExclusionReason | None:
+    """Why none of this trajectory's tokens may enter the loss, or None when they all may.
+
+    `aborted`: the engine aborted one of its turns (a step whose `info["finish_reason"]` is `abort`, or a
+    termination reason that `TerminationReason.aborts_a_turn`); the turn's tokens are a cut-off sample and the
+    reward judged an answer the policy did not finish, so the whole trajectory is left out, even if it was not
+    marked failed. `failed`: `trajectory.failed` for any other reason (an error in the engine, environment or reward).
+    """
+    steps = getattr(trajectory, "steps", None) or ()
+    reason = trajectory.termination_reason
+    aborted = reason in TerminationReason.__members__.values() and TerminationReason(reason).aborts_a_turn
+    if aborted or any(s.info.get("finish_reason") == "abort" for s in steps):
+        return "aborted"
+    return "failed" if trajectory.failed else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +81,9 @@ ROW_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "respo
 class PackedBatch:
     """Tensors of a packed batch: B rows (one per exact token run), P prompt columns, R response columns.
 
-    A continuous trajectory gives one row; one whose history memory rewrote gives one row per run
-    (`trajectory_runs`), all sharing its reward, group and advantage; a failed or aborted trajectory gives one empty
-    row. N is the number of trajectories; group statistics are taken over trajectories (`trajectory_*` fields), so
+    Each `TokenRun` of a trajectory gives one row (`Trajectory.token_runs`: one for a continuous trajectory, one per
+    run when its history was rewritten), all sharing its reward, group and advantage; a failed or aborted trajectory
+    gives one empty row. N is the number of trajectories; group statistics are taken over trajectories (`trajectory_*` fields), so
     a trajectory with several runs weighs once in its group.
 
     Attributes:
@@ -149,6 +167,27 @@ class _Row:
     truncated: bool = False
 
 
+_EMPTY = torch.zeros(0, dtype=torch.long)
+
+
+def _run_row(run: TokenRun, i: int, counts: dict[str, int], max_prompt_length: int | None,
+             max_response_length: int | None) -> _Row:  # fmt: skip
+    """The row of one run of valid trajectory `i`, cut to the widths; counts its trained and cut tokens."""
+    sampled = run.num_sampled
+    if max_prompt_length is not None and len(run.prompt_ids) > max_prompt_length:
+        counts["excluded_over_length"] += sampled
+        return _Row(_EMPTY, _EMPTY, _EMPTY, None, i, truncated=True)
+    n = len(run.response_ids)
+    cut = n if max_response_length is None else min(max_response_length, n)
+    mask = torch.tensor(run.response_mask[:cut], dtype=torch.long)
+    kept = int(mask.sum())
+    counts["trained"] += kept
+    counts["excluded_over_length"] += sampled - kept
+    logprobs = None if run.response_logprobs is None else torch.tensor(run.response_logprobs[:cut], dtype=torch.float32)
+    return _Row(torch.tensor(run.prompt_ids, dtype=torch.long), torch.tensor(run.response_ids[:cut], dtype=torch.long),
+                mask, logprobs, i, truncated=cut < n)  # fmt: skip
+
+
 def pack_trajectories(
     trajectories: Sequence[Trajectory],
     *,
@@ -161,9 +200,9 @@ def pack_trajectories(
     """Pack every exact token run of the trajectories into one padded batch, and account for every sampled token.
 
     Args:
-        trajectories: N trajectories. A trajectory whose history memory rewrote gives one row per run
-            (`trajectory_runs`); a failed or aborted one (`exclusion_reason`) gives one empty, invalid row and its
-            sampled tokens are counted as excluded.
+        trajectories: N trajectories. Each gives one row per `TokenRun` (`Trajectory.token_runs`); a failed or
+            aborted one (`exclusion_reason`) gives one empty, invalid row and its sampled tokens are counted as
+            excluded.
         pad_token_id: id written into padding.
         group_ids: one int per trajectory naming its task group; default: each trajectory's `task["id"]` when it
             has one (grouped by value), else its `idx`.
@@ -174,13 +213,11 @@ def pack_trajectories(
         device: where the tensors are built.
 
     Returns:
-        A `PackedBatch` whose `tokens` satisfy `sampled == trained + excluded`. The sampled count of an excluded
-        trajectory is what its record holds, or the sum of its steps' `info["sampled_tokens"]` when that is larger
-        (a record dropped for being invalid).
+        A `PackedBatch` whose `tokens` satisfy `sampled == trained + excluded`, where `sampled` counts the tokens
+        with mask 1 over every run of every trajectory.
 
     Raises:
-        TrajectoryError: if `trajectories` is empty, `group_ids` has the wrong length, or a valid trajectory's runs
-            cannot be rebuilt (`trajectory_runs`).
+        TrajectoryError: if `trajectories` is empty or `group_ids` has the wrong length.
     """
     n = len(trajectories)
     if n == 0:
@@ -193,41 +230,32 @@ def pack_trajectories(
     per_trajectory: list[int] = []
     valid_list: list[bool] = []
     rows: list[_Row] = []
-    empty = torch.zeros(0, dtype=torch.long)
     for i, t in enumerate(trajectories):
         reason = exclusion_reason(t)
+        runs = t.token_runs()
+        sampled = sum(run.num_sampled for run in runs)
         if reason is not None:
-            try:
-                recorded = sum(run.num_generated_tokens for run in trajectory_runs(t))
-            except TrajectoryError:  # a broken record of an excluded trajectory: count what the top level holds
-                recorded = t.num_generated_tokens
-            reported = sum(int(s.info.get("sampled_tokens", 0)) for s in getattr(t, "steps", None) or ())
-            sampled = max(recorded, reported)
             counts[f"excluded_{reason}"] += sampled
-            rows.append(_Row(empty, empty, empty, None, i))
+            rows.append(_Row(_EMPTY, _EMPTY, _EMPTY, None, i))
         else:
-            sampled = 0
-            for run in trajectory_runs(t):
-                run_sampled = run.num_generated_tokens
-                sampled += run_sampled
-                if max_prompt_length is not None and run.prompt_tokens.numel() > max_prompt_length:
-                    counts["excluded_over_length"] += run_sampled
-                    rows.append(_Row(empty, empty, empty, None, i, truncated=True))
-                    continue
-                cut = run.response_tokens.numel() if max_response_length is None else max_response_length
-                mask = run.response_masks[:cut]
-                kept = int(mask.sum())
-                counts["trained"] += kept
-                counts["excluded_over_length"] += run_sampled - kept
-                logprobs = None if run.response_logprobs is None else run.response_logprobs[:cut]
-                rows.append(_Row(run.prompt_tokens, run.response_tokens[:cut], mask, logprobs, i,
-                                 truncated=cut < run.response_tokens.numel()))  # fmt: skip
+            rows.extend(_run_row(run, i, counts, max_prompt_length, max_response_length) for run in runs)
         counts["sampled"] += sampled
         per_trajectory.append(sampled)
         valid_list.append(reason is None)
 
     p = max_prompt_length if max_prompt_length is not None else max(r.prompt.numel() for r in rows)
     r = max_response_length if max_response_length is not None else max(max(x.response.numel() for x in rows), 1)
+    trajectory_valid = torch.tensor(valid_list, dtype=torch.bool)
+    trajectory_rewards = torch.tensor([float(t.trajectory_reward) for t in trajectories]) * trajectory_valid
+    batch = _assemble(rows, p, r, pad_token_id, trajectory_rewards, torch.tensor(list(group_ids), dtype=torch.long),
+                      trajectory_valid, torch.tensor(per_trajectory, dtype=torch.long), TokenCounts(**counts))  # fmt: skip
+    return batch.to(device)
+
+
+def _assemble(rows: list[_Row], p: int, r: int, pad_token_id: int, trajectory_rewards: torch.Tensor,
+              trajectory_group_ids: torch.Tensor, trajectory_valid: torch.Tensor, trajectory_tokens: torch.Tensor,
+              tokens: TokenCounts) -> PackedBatch:  # fmt: skip
+    """The padded tensors of `rows` (P prompt columns, R response columns) with the trajectory-level fields."""
     # One C++ padding call per field (`pad_sequence`) instead of a Python copy per row and field.
     lp = torch.tensor([x.prompt.numel() for x in rows], dtype=torch.long)
     lr = torch.tensor([x.response.numel() for x in rows], dtype=torch.long)
@@ -244,20 +272,15 @@ def pack_trajectories(
     attention_mask = ((offset >= 0) & (offset < length)).long()
     position_ids = torch.clamp(offset, torch.zeros_like(length), (length - 1).clamp(min=0))
     row_trajectory = torch.tensor([x.trajectory for x in rows], dtype=torch.long)
-    trajectory_valid = torch.tensor(valid_list, dtype=torch.bool)
-    trajectory_rewards = torch.tensor([float(t.trajectory_reward) for t in trajectories]) * trajectory_valid
-    trajectory_group_ids = torch.tensor(list(group_ids), dtype=torch.long)
     valid = trajectory_valid[row_trajectory]
-    batch = PackedBatch(
+    return PackedBatch(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         responses=input_ids[:, p:].clone(), response_mask=response_mask * valid[:, None], old_logprobs=old_logprobs,
         rewards=trajectory_rewards[row_trajectory], group_ids=trajectory_group_ids[row_trajectory], valid=valid,
         truncated=torch.tensor([x.truncated for x in rows], dtype=torch.bool), prompt_width=p,
         row_trajectory=row_trajectory, trajectory_rewards=trajectory_rewards, trajectory_group_ids=trajectory_group_ids,
-        trajectory_valid=trajectory_valid, trajectory_tokens=torch.tensor(per_trajectory, dtype=torch.long),
-        tokens=TokenCounts(**counts),
+        trajectory_valid=trajectory_valid, trajectory_tokens=trajectory_tokens, tokens=tokens,
     )  # fmt: skip
-    return batch.to(device)
 
 
 def _pad(rows: list[torch.Tensor], width: int, value: float, side: str) -> torch.Tensor:

@@ -20,6 +20,7 @@ from typing import Any
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.parser import ToolCall, parse_tool_calls
+from agentic_rl.types import TerminationReason
 
 __all__ = ["RunFile", "build_view", "find_trajectory_files", "load_trajectories", "run_model", "view_records"]
 
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 # termination reasons where the response was cut by a token limit rather than ended by the model or environment
-_CUT_REASONS = frozenset({"truncated", "context_limit"})
+_CUT_REASONS = frozenset({TerminationReason.TRUNCATED, TerminationReason.CONTEXT_LIMIT})
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +221,7 @@ def _view_record(record: dict[str, Any], pieces: _Pieces) -> dict[str, Any]:
         "generated": int(sum(mask)), "question": question[:300], "metrics": metrics,
         "prompt": pieces.tokenizer.decode(prompt_ids, skip_special_tokens=False) if prompt_ids else "",
         "prompt_tokens": len(prompt_ids), "lead": token_pieces[lead[0][0] : lead[0][1]] if lead else [],
-        "continuous": metrics.get("continuous", True) is not False, "turns": turns,
+        "continuous": len(record.get("runs") or ()) <= 1, "turns": turns,
     }  # fmt: skip
 
 

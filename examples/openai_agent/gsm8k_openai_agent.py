@@ -112,7 +112,7 @@ def main() -> None:
             calls = sum(bool(r.choices[0].message.tool_calls) for r, _ in responses)
             print(f"{tid}: turns={len(responses)} tool_calls={calls} "
                   f"sampled={len(sampled)} inserted={len(trajectory.response_tokens) - len(sampled)} "
-                  f"exact={sampled == engine_ids} continuous={trajectory.metrics['continuous']} reward={reward}")
+                  f"exact={sampled == engine_ids} continuous={len(trajectory.token_runs()) == 1} reward={reward}")
     finally:
         anyio.run(wrapper.close)
 

@@ -16,6 +16,7 @@ from engines import CountingEnvironment, ScriptedEngine
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool
 
 GUARD_S = 120  # a bound on waiting for a state (never asserted as a duration): a hang fails instead of stalling CI
@@ -45,7 +46,9 @@ async def test_cancelling_a_rollout_aborts_every_engine_request_and_leaks_no_tas
     assert engine.in_flight_requests == 0
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+        )
 
     results = []
     async with anyio.create_task_group() as tg:
@@ -75,7 +78,9 @@ async def test_a_rollout_timeout_aborts_its_engine_requests(engine, tokenizer):
     tasks = [{"id": i, "question": f"Count to {100 + i}.", "ground_truth": "0"} for i in range(4)]
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+        )
 
     with anyio.move_on_after(1.0) as scope:  # a timeout far shorter than 4 x 400 tokens on this CPU
         await run_tasks(tasks, one, n_parallel_agents=4)
@@ -105,7 +110,9 @@ def test_cancelling_a_rollout_kills_every_sandbox_process_and_thread(tokenizer):
 
     async def main() -> None:
         async def one(task, idx):
-            return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+            return await run_trajectory(
+                task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+            )
 
         async def rollout() -> None:
             await run_tasks(tasks, one, n_parallel_agents=4)

@@ -22,6 +22,7 @@ from agentic_rl.environments.tool_env import MAX_OBSERVATION_CHARS, ToolEnvironm
 from agentic_rl.errors import EnvStepError
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.base import Tool
 from agentic_rl.tools.calculator import CalculatorTool
 from agentic_rl.train.advantages import group_advantages
@@ -129,8 +130,7 @@ async def _rollout(tokenizer, tasks, *, tools, n_parallel_agents=8, **config):
                             **config)  # fmt: skip
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=harness,
-                                    reward_fn=reward)  # fmt: skip
+        return await run_trajectory(task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=harness, reward_fn=reward))  # fmt: skip
 
     trajectories = await run_tasks(tasks, one, n_parallel_agents=n_parallel_agents)
     return trajectories, env, engine
@@ -207,7 +207,9 @@ async def test_close_that_hangs_is_bounded_and_fails_only_its_trajectory(tokeniz
     engine = ScriptedEngine(tokenizer)
     config = HarnessConfig(max_steps=3, max_prompt_length=2048, max_response_length=1024, close_timeout_s=0.2)
 
-    traj = await run_trajectory(_tasks([""])[0], 0, engine=engine, environment=env, renderer=renderer, config=config)
+    traj = await run_trajectory(
+        _tasks([""])[0], 0, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+    )
 
     assert traj.failed and traj.termination_reason == TerminationReason.ERROR
     assert traj.error == "environment.close did not finish within close_timeout_s=0.2"
@@ -222,7 +224,9 @@ async def test_cancelled_rollout_with_faults_closes_every_started_trajectory_onc
     tasks = _tasks(["[fault:engine_hang]", "[fault:engine_hang]", "", "[tool:hanging]"])
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+        )
 
     results: list[Any] = []
     async with anyio.create_task_group() as tg:
@@ -261,13 +265,15 @@ async def test_real_engine_rejecting_a_request_fails_only_that_trajectory(engine
     faulty = OutOfVocabEngine(engine, tokenizer)
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=faulty, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=faulty, environment=env, renderer=renderer, config=config)
+        )
 
     trajs = await run_tasks(_tasks(["", "[fault:bad_ids]", ""]), one, n_parallel_agents=3)
 
     assert [t.failed for t in trajs] == [False, True, False]
     assert trajs[1].termination_reason == TerminationReason.ERROR
-    assert trajs[1].error.startswith("EngineError: request rejected by vLLM")
+    assert trajs[1].error.startswith("EngineRejectedError: request rejected by vLLM")
     assert all(t.num_generated_tokens > 0 for t in (trajs[0], trajs[2]))
     assert set(env.closed.values()) == {1} and len(env.closed) == 3
     assert engine.in_flight_requests == 0
@@ -289,7 +295,9 @@ async def test_observation_the_template_cannot_append_exactly_fails_only_its_tra
     config = HarnessConfig(max_steps=3, max_prompt_length=2048, max_response_length=2048)
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+        )
 
     first, second = await run_tasks(_tasks(["", ""]), one, n_parallel_agents=2)
     assert first.failed and first.termination_reason == TerminationReason.ERROR

@@ -15,6 +15,7 @@ from agentic_rl.errors import EnvStepError
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
 from agentic_rl.rollout.rewards import gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.base import Tool
 from agentic_rl.tools.calculator import CalculatorTool, evaluate_expression
 
@@ -32,7 +33,9 @@ async def _run(engine, tokenizer, task, *, tools=None, config=None, environment=
         tools if tools is not None else [CalculatorTool()], tools_in_system_prompt=not renderer.supports_tools
     )
     return await run_trajectory(
-        task, idx, engine=engine, environment=env, renderer=renderer, config=config or _config(), reward_fn=reward_fn
+        task,
+        idx,
+        RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config or _config(), reward_fn=reward_fn),
     )
 
 
@@ -217,8 +220,11 @@ async def test_tool_choice_required_constraint_makes_every_turn_one_call_until_m
     from agentic_rl.server.constraints import tool_choice_outputs
 
     calculator = CalculatorTool()
-    calculator.parameters = {"type": "object", "required": ["expression"],
-                             "properties": {"expression": {"type": "string", "maxLength": 16}}}  # every call closes
+    calculator.parameters = {
+        "type": "object",
+        "required": ["expression"],
+        "properties": {"expression": {"type": "string", "maxLength": 16}},
+    }  # every call closes
     outputs = tool_choice_outputs([calculator.schema], "required", parallel_tool_calls=False)
     config = _config(max_steps=3, max_response_length=1024,
                      sampling={"temperature": 1.0, "max_tokens": 160, "seed": 3, "structured_outputs": outputs})  # fmt: skip
@@ -279,7 +285,9 @@ async def test_raising_environment_and_failing_tool_leave_sibling_trajectories_i
 
     async def one(task, idx):
         return await run_trajectory(
-            task, idx, engine=forced, environment=env, renderer=renderer, config=_config(), reward_fn=gsm8k_reward
+            task,
+            idx,
+            RolloutSpec(engine=forced, environment=env, renderer=renderer, config=_config(), reward_fn=gsm8k_reward),
         )
 
     trajs = await run_tasks(tasks, one, n_parallel_agents=4)
@@ -308,8 +316,7 @@ async def test_reward_function_that_raises_fails_only_its_trajectory(engine, tok
     config = _config(sampling={"max_tokens": 8})
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config,
-                                    reward_fn=reward)  # fmt: skip
+        return await run_trajectory(task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config, reward_fn=reward))  # fmt: skip
 
     trajs = await run_tasks([make_task(0), make_task(1)], one, n_parallel_agents=2)
     assert trajs[0].failed and "bad reward" in trajs[0].error
@@ -324,7 +331,9 @@ async def test_close_runs_once_when_trajectory_is_cancelled_mid_generation(engin
     config = _config(sampling={"max_tokens": 400, "min_tokens": 400, "temperature": 1.0})
 
     with anyio.move_on_after(0.5) as scope:
-        await run_trajectory(make_task(), 0, engine=recording, environment=env, renderer=renderer, config=config)
+        await run_trajectory(
+            make_task(), 0, RolloutSpec(engine=recording, environment=env, renderer=renderer, config=config)
+        )
     assert scope.cancelled_caught
     assert list(env.closed.values()) == [1]
     assert recording.calls == []  # the generation never completed
@@ -340,8 +349,7 @@ async def test_gsm8k_rollout_on_real_questions_has_no_failures_and_exact_alignme
     tasks = [{"id": i, "question": r["question"], "ground_truth": r["answer"]} for i, r in enumerate(gsm8k_rows[:8])]
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer, config=config,
-                                    reward_fn=gsm8k_reward)  # fmt: skip
+        return await run_trajectory(task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config, reward_fn=gsm8k_reward))  # fmt: skip
 
     trajs = await run_tasks(tasks, one, n_parallel_agents=8)
     assert [t.failed for t in trajs] == [False] * 8

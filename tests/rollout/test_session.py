@@ -21,6 +21,7 @@ from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint
 from agentic_rl.rollout.rewards import gsm8k_reward
 from agentic_rl.rollout.session import Rollout, SuspendedRollout
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool
 
 CALC = '<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}\n</tool_call>'
@@ -88,8 +89,10 @@ def _rollout(tokenizer, engine, *, n_parallel_agents: int, env=None, **config) -
     renderer = ChatRenderer(tokenizer)
     env = env or CountingEnvironment([CalculatorTool()], tools_in_system_prompt=not renderer.supports_tools)
     harness = HarnessConfig(**{"max_steps": 3, "max_prompt_length": 1024, "max_response_length": 512, **config})
-    return Rollout(engine=engine, environment=env, renderer=renderer, config=harness, reward_fn=gsm8k_reward,
-                   n_parallel_agents=n_parallel_agents)  # fmt: skip
+    return Rollout(
+        RolloutSpec(engine=engine, environment=env, renderer=renderer, config=harness, reward_fn=gsm8k_reward),
+        n_parallel_agents=n_parallel_agents,
+    )
 
 
 def _record(t) -> tuple:
@@ -201,8 +204,8 @@ async def test_wrapper_make_rollout_uses_the_wrappers_engine_environment_and_set
         wrapper.make_rollout()
     wrapper.initialize()
     rollout = wrapper.make_rollout()
-    assert rollout.n_parallel_agents == 2 and rollout.config is wrapper.harness_config
-    assert rollout.config.turn_timeout_s == 30
+    assert rollout.n_parallel_agents == 2 and rollout.spec.config is wrapper.harness_config
+    assert rollout.spec.config.turn_timeout_s == 30
     result = await rollout.run(_tasks(3))
     assert [(t.metrics["res_reward"], t.metrics["steps"]) for t in result.trajectories] == [(1.0, 3)] * 3
 

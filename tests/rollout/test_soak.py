@@ -33,6 +33,7 @@ from agentic_rl.environments.base import Sample
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint
 from agentic_rl.rollout.session import Rollout
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool
 from agentic_rl.types import Trajectory
 
@@ -70,8 +71,10 @@ async def soak(tokenizer: Any) -> dict[str, Any]:
     env = FaultyEnvironment(ToolEnvironment(tools, tools_in_system_prompt=not renderer.supports_tools))
     engine = ScriptedEngine(tokenizer)
     config = HarnessConfig(max_steps=3, max_prompt_length=2048, max_response_length=3072, turn_timeout_s=0.5)
-    rollout = Rollout(engine=engine, environment=env, renderer=renderer, config=config, reward_fn=reward,
-                      n_parallel_agents=CONCURRENCY)  # fmt: skip
+    rollout = Rollout(
+        RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config, reward_fn=reward),
+        n_parallel_agents=CONCURRENCY,
+    )
     per_round = N_TASKS // ROUNDS
     completed: set[int] = set()
     failed: dict[int, str] = {}

@@ -78,7 +78,9 @@ def test_replayed_traces_are_exact_records_with_real_tool_results(tokenizer, gsm
     traces = gsm8k_traces(gsm8k_rows, count=24, max_calls=4)
     renderer, kept, stats = _replay(tokenizer, traces)
     assert stats.kept == len(kept) > 0 and stats.dropped_failed == 0
-    for trajectory, trace in zip(kept, [t for t in traces if t.task["id"] in {k.task["id"] for k in kept}], strict=True):
+    for trajectory, trace in zip(
+        kept, [t for t in traces if t.task["id"] in {k.task["id"] for k in kept}], strict=True
+    ):
         assert trajectory.task["id"] == trace.task["id"]
         assert trajectory.metrics["steps"] == len(trace.turns) and trajectory.termination_reason == "env_done"
         # the turn loop compared the record with a full template re-render (check_alignment), as in a rollout
@@ -93,8 +95,16 @@ def test_replayed_traces_are_exact_records_with_real_tool_results(tokenizer, gsm
 
 
 def test_a_trace_whose_tool_result_disagrees_is_dropped_and_counted(tokenizer):
-    good = Trace({"id": 0, "question": "2+3?", "ground_truth": "5"}, (tool_call_text("calculator", {"expression": "2+3"}), "5"), ("5",))
-    wrong = Trace({"id": 1, "question": "2+3?", "ground_truth": "6"}, (tool_call_text("calculator", {"expression": "2+3"}), "6"), ("6",))
+    good = Trace(
+        {"id": 0, "question": "2+3?", "ground_truth": "5"},
+        (tool_call_text("calculator", {"expression": "2+3"}), "5"),
+        ("5",),
+    )
+    wrong = Trace(
+        {"id": 1, "question": "2+3?", "ground_truth": "6"},
+        (tool_call_text("calculator", {"expression": "2+3"}), "6"),
+        ("6",),
+    )
     short = Trace({"id": 2, "question": "q?", "ground_truth": "1"}, tuple(tool_call_text("calculator", {"expression": "1"}) for _ in range(6)) + ("1",), ("1",) * 6)  # fmt: skip
     _, kept, stats = _replay(tokenizer, [good, wrong, short])
     assert [t.task["id"] for t in kept] == [0]
@@ -175,7 +185,9 @@ def test_a_hotpotqa_row_without_a_findable_document_or_an_answer_gives_no_trace(
         assert hotpotqa_trace(bad, 0, search=search, visit=visit) is None, bad if isinstance(bad, list) else set(bad)
     from agentic_rl.rollout.traces import hotpotqa_traces
 
-    assert [t.task["id"] for t in hotpotqa_traces([*malformed, row], count=3, search=search, visit=visit)] == [row["id"]]
+    assert [t.task["id"] for t in hotpotqa_traces([*malformed, row], count=3, search=search, visit=visit)] == [
+        row["id"]
+    ]
     quoted = hotpotqa_trace({**row, "supporting_facts": [*row["supporting_facts"], row["supporting_facts"][0]]}, 0,
                             search=search, visit=visit)  # fmt: skip
     assert quoted is not None and quoted.turns[-1] == hotpotqa_trace(row, 0, search=search, visit=visit).turns[-1]

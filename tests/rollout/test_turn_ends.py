@@ -19,6 +19,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
+from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool, evaluate_expression
 from agentic_rl.train.packing import pack_trajectories
 
@@ -35,8 +36,7 @@ def _config(**overrides: Any) -> HarnessConfig:
 async def _run(engine, tokenizer, task, config=None, idx=0):
     renderer = ChatRenderer(tokenizer)
     env = ToolEnvironment([CalculatorTool()], tools_in_system_prompt=not renderer.supports_tools)
-    return await run_trajectory(task, idx, engine=engine, environment=env, renderer=renderer,
-                                config=config or _config())  # fmt: skip
+    return await run_trajectory(task, idx, RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config or _config()))  # fmt: skip
 
 
 def _rendered_prompt(tokenizer, messages) -> str:
@@ -58,7 +58,7 @@ async def test_a_stop_string_ends_a_complete_turn_without_the_stop_string(engine
     config = _config(sampling={"temperature": 0.0, "max_tokens": 40, "stop": ["\n"]})
     traj = await _run(steered, tokenizer, make_task(), config)
 
-    (_, _, gen), = steered.calls
+    ((_, _, gen),) = steered.calls
     assert gen.finish_reason == "stop" and gen.stop_reason == "\n"
     assert not traj.failed, traj.error
     assert traj.termination_reason == TerminationReason.ENV_DONE  # a final answer, not "truncated"
@@ -75,7 +75,7 @@ async def test_a_stop_string_inside_a_token_keeps_the_text_before_it(engine, tok
     config = _config(sampling={"temperature": 0.0, "max_tokens": 20, "stop": ["ll"]})
     traj = await _run(steered, tokenizer, make_task(), config)
 
-    (_, _, gen), = steered.calls
+    ((_, _, gen),) = steered.calls
     assert gen.stop_reason == "ll" and "ll" in tokenizer.decode(gen.token_ids)
     assert traj.termination_reason == TerminationReason.ENV_DONE
     assert traj.chat_completions[-1]["content"] == "He"
@@ -160,7 +160,7 @@ async def test_a_turn_ended_by_the_end_of_turn_token_keeps_it_as_sampled(engine,
     steered = SteeredEngine(engine, tokenizer, lambda turn: {"regex": r"The answer is [0-9]+\."})
     traj = await _run(steered, tokenizer, make_task())
 
-    (_, _, gen), = steered.calls
+    ((_, _, gen),) = steered.calls
     assert gen.finish_reason == "stop" and gen.token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert traj.response_tokens.tolist() == gen.token_ids and traj.response_masks.tolist() == [1] * len(gen.token_ids)
     assert traj.chat_completions[-1]["content"] == tokenizer.decode(gen.token_ids[:-1])
@@ -260,7 +260,9 @@ async def test_an_aborted_turn_fails_its_trajectory_alone_and_is_never_trained(
     tasks = [make_task(0, "What is 3 + 4? task zero"), make_task(1, "What is 3 + 4? task one")]
 
     async def one(task, idx):
-        return await run_trajectory(task, idx, engine=relabelled, environment=env, renderer=renderer, config=config)
+        return await run_trajectory(
+            task, idx, RolloutSpec(engine=relabelled, environment=env, renderer=renderer, config=config)
+        )
 
     trajs = await run_tasks(tasks, one, n_parallel_agents=2)
 
@@ -286,7 +288,9 @@ async def test_an_aborted_turn_fails_its_trajectory_alone_and_is_never_trained(
      (2100, 1000, ["max_prompt_length is 1000", "the model window (max_model_len) is 2048"])],
     ids=["max_prompt_length", "model_window", "both"],
 )  # fmt: skip
-async def test_a_prompt_too_long_names_the_limit_that_bit(engine, tokenizer, make_task, words, max_prompt_length, names):
+async def test_a_prompt_too_long_names_the_limit_that_bit(
+    engine, tokenizer, make_task, words, max_prompt_length, names
+):
     traj = await _run(engine, tokenizer, make_task(question="word " * words),
                       _config(max_prompt_length=max_prompt_length))  # fmt: skip
 

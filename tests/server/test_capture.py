@@ -46,7 +46,7 @@ def test_openai_style_tool_loop_is_captured_as_one_exact_token_sequence(base_url
     assert record["response_ids"] == t1 + glue + t2
     assert record["response_mask"] == [1] * len(t1) + [0] * len(glue) + [1] * len(t2)
     assert record["response_logprobs"][: len(t1)] == first["choices"][0]["sampled_logprobs"]
-    assert record["metrics"]["continuous"] is True and record["metrics"]["steps"] == 2
+    assert "runs" not in record and record["metrics"]["steps"] == 2  # one run
     assert record["metrics"]["generated_tokens"] == len(t1) + len(t2)
     assert record["chat_completions"][1]["content"].startswith("<tool_call>")  # calls kept as the model wrote them
 
@@ -58,7 +58,7 @@ def test_rewritten_history_starts_a_new_exact_run_and_steps_keep_their_ids(base_
     second = _chat(base_url, tid, [{"role": "user", "content": "Summary: a color was named. Name another."}])
 
     record = httpx.get(f"{base_url}/v1/trajectories/{tid}", params={"pop": "true"}).json()
-    assert record["metrics"]["continuous"] is False
+    assert len(record["runs"]) == 2  # a new run
     assert record["prompt_ids"] == second["prompt_token_ids"]
     assert record["response_ids"] == second["choices"][0]["token_ids"]
     assert [s["info"]["continued"] for s in record["steps"]] == [False, False]
@@ -75,7 +75,7 @@ def test_echoed_assistant_message_that_was_edited_is_not_treated_as_a_continuati
     edited = {"role": "assistant", "content": first["choices"][0]["message"]["content"] + " (edited)"}
     second = _chat(base_url, tid, [*messages, edited, {"role": "user", "content": "More."}])
     built = serving.recorder.build(tid)
-    assert built.metrics["continuous"] is False
+    assert len(built.runs) == 2
     assert built.steps[1].prompt_ids == second["prompt_token_ids"]
 
 
@@ -188,7 +188,7 @@ def test_qwen3_tool_loop_with_thinking_is_captured_exactly_and_control_text_stay
     assert _counts(qwen3_tokenizer, glue) == (1, 2)
 
     record = serving.recorder.build(tid)
-    assert record.metrics["continuous"] is True
+    assert len(record.token_runs()) == 1
     tokens, mask = record.response_tokens.tolist(), record.response_masks.tolist()
     t1 = first["choices"][0]["token_ids"]
     segments = [Segment(tuple(record.prompt_tokens.tolist()), False), Segment(tuple(t1), True),

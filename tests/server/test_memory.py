@@ -152,6 +152,7 @@ async def test_rollout_with_summary_memory_keeps_every_prompt_under_budget(engin
     from agentic_rl.chat import ChatRenderer
     from agentic_rl.environments.tool_env import ToolEnvironment
     from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
+    from agentic_rl.rollout.spec import RolloutSpec
     from agentic_rl.tools.calculator import CalculatorTool
 
     budget = 420
@@ -160,17 +161,12 @@ async def test_rollout_with_summary_memory_keeps_every_prompt_under_budget(engin
     client = OpenAISummaryClient(f"{base_url}/v1", model="smollm2")
     forced = ForcedCallEngine(engine, tokenizer, forced_turns=100)  # keeps calling tools: the history grows
     renderer = ChatRenderer(tokenizer)
-    traj = await run_trajectory(
-        {"id": "long", "question": "Add up 12 + 30, then keep checking it with the calculator.", "ground_truth": "42"},
-        0, engine=forced, environment=ToolEnvironment([CalculatorTool()]), renderer=renderer,
-        config=HarnessConfig(max_steps=10, max_prompt_length=1024, max_response_length=1024,
-                             sampling={"temperature": 0.7, "max_tokens": 96}),
-        memory_factory=lambda: MemorySummary(config, chat_client=client, tokenizer=tokenizer),
-    )  # fmt: skip
+    traj = await run_trajectory({"id": "long", "question": "Add up 12 + 30, then keep checking it with the calculator.", "ground_truth": "42"}, 0, RolloutSpec(engine=forced, environment=ToolEnvironment([CalculatorTool()]), renderer=renderer, config=HarnessConfig(max_steps=10, max_prompt_length=1024, max_response_length=1024,
+                             sampling={"temperature": 0.7, "max_tokens": 96}), memory_factory=lambda: MemorySummary(config, chat_client=client, tokenizer=tokenizer)))  # fmt: skip
 
     assert not traj.failed, traj.error
     assert traj.metrics["steps"] == 10
-    assert traj.metrics["summaries"] >= 1 and traj.metrics["continuous"] is False
+    assert traj.metrics["summaries"] >= 1 and len(traj.runs) > 1
     prompts = [len(step.prompt_ids) for step in traj.steps]
     assert max(prompts) <= budget, prompts
     # Every step's ids are exactly what the engine saw and sampled.

@@ -337,7 +337,7 @@ def test_chat_template_kwargs_reach_the_template_and_capture(engine, thinking_to
         record = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()
         assert_captured_exactly(record, thinking_tokenizer, calls=2)
         _ok(base_url, "/v1/chat/completions", {"messages": messages, "max_tokens": 2}, headers=headers)
-        assert serving.recorder.build(tid).metrics["continuous"] is False  # other variables: a new run
+        assert len(serving.recorder.build(tid).runs) > 1  # other variables: a new run
     finally:
         thread.stop()
 

@@ -10,9 +10,8 @@ import torch
 
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.train.advantages import batch_advantages, group_advantages
-from agentic_rl.train.packing import PackedBatch, TokenCounts, pack_trajectories
-from agentic_rl.train.runs import exclusion_reason, trajectory_runs
-from agentic_rl.types import Step, StepTrajectory
+from agentic_rl.train.packing import PackedBatch, TokenCounts, exclusion_reason, pack_trajectories
+from agentic_rl.types import RunRecorder, Step, StepTrajectory, TokenRun
 
 PAD = 0
 
@@ -44,18 +43,24 @@ def rewritten(idx: int = 0, *, reward: float = 1.0, task_id: str = "q", **kwargs
 
     run 1: prompt [1 2 3] | turn 0 samples [10 11] | glue [20 21] | turn 1 samples [12]
     run 2: prompt [1 2 30 31] | turn 2 samples [13 14] | glue [22] | turn 3 samples [15 16 17]
-    The top-level fields hold run 2 only, as the harness records it.
+    The top-level fields hold run 2, as the harness records it.
     """
-    steps = [
-        Step(prompt_ids=[1, 2, 3], response_ids=[10, 11], response_logprobs=[-0.1, -0.2], info={"sampled_tokens": 2}),
-        Step(prompt_ids=[1, 2, 3, 10, 11, 20, 21], response_ids=[12], response_logprobs=[-0.3]),
-        Step(prompt_ids=[1, 2, 30, 31], response_ids=[13, 14], response_logprobs=[-0.4, -0.5]),
-        Step(prompt_ids=[1, 2, 30, 31, 13, 14, 22], response_ids=[15, 16, 17], response_logprobs=[-0.6, -0.7, -0.8]),
-    ]
-    return StepTrajectory(prompt_tokens=[1, 2, 30, 31], response_tokens=[13, 14, 22, 15, 16, 17],
-                          response_masks=[1, 1, 0, 1, 1, 1], response_logprobs=[-0.4, -0.5, 0, -0.6, -0.7, -0.8],
-                          metrics={"continuous": False}, steps=steps, idx=idx, trajectory_reward=reward,
-                          task={"id": task_id}, **kwargs)  # fmt: skip
+    recorder = RunRecorder()
+    steps = []
+    recorder.start([1, 2, 3])
+    for ids, logprobs, glue in (([10, 11], [-0.1, -0.2], [20, 21]), ([12], [-0.3], None)):
+        run, span = recorder.sample(ids, logprobs, 0)
+        steps.append(Step(run=run, span=span, info={"sampled_tokens": len(ids)}))
+        if glue:
+            recorder.insert(glue)
+    recorder.start([1, 2, 30, 31])
+    for ids, logprobs, glue in (([13, 14], [-0.4, -0.5], [22]), ([15, 16, 17], [-0.6, -0.7, -0.8], None)):
+        run, span = recorder.sample(ids, logprobs, 1)
+        steps.append(Step(run=run, span=span))
+        if glue:
+            recorder.insert(glue)
+    return StepTrajectory.from_runs(recorder.runs, steps=steps, idx=idx, trajectory_reward=reward,
+                                    task={"id": task_id}, **kwargs)  # fmt: skip
 
 
 def continuous(idx: int, *, reward: float, task_id: str = "q", n: int = 2, **kwargs) -> StepTrajectory:
@@ -64,16 +69,22 @@ def continuous(idx: int, *, reward: float, task_id: str = "q", n: int = 2, **kwa
                           steps=[Step()], **kwargs)  # fmt: skip
 
 
-def test_runs_are_rebuilt_from_the_steps_exact_ids():
-    runs = trajectory_runs(rewritten())
-    assert [r.prompt_tokens.tolist() for r in runs] == [[1, 2, 3], [1, 2, 30, 31]]
-    assert [r.response_tokens.tolist() for r in runs] == [[10, 11, 20, 21, 12], [13, 14, 22, 15, 16, 17]]
-    assert [r.response_masks.tolist() for r in runs] == [[1, 1, 0, 0, 1], [1, 1, 0, 1, 1, 1]]
-    assert runs[0].response_logprobs.tolist() == pytest.approx([-0.1, -0.2, 0, 0, -0.3])
-    assert runs[1].response_logprobs.tolist() == pytest.approx([-0.4, -0.5, 0, -0.6, -0.7, -0.8])
-    assert {r.trajectory_reward for r in runs} == {1.0}
+def test_the_recorder_keeps_each_run_exact_and_the_steps_point_into_them():
+    traj = rewritten()
+    runs = traj.token_runs()
+    assert [r.prompt_ids for r in runs] == [[1, 2, 3], [1, 2, 30, 31]]
+    assert [r.response_ids for r in runs] == [[10, 11, 20, 21, 12], [13, 14, 22, 15, 16, 17]]
+    assert [r.response_mask for r in runs] == [[1, 1, 0, 0, 1], [1, 1, 0, 1, 1, 1]]
+    assert runs[0].response_logprobs == pytest.approx([-0.1, -0.2, 0, 0, -0.3])
+    assert runs[1].response_logprobs == pytest.approx([-0.4, -0.5, 0, -0.6, -0.7, -0.8])
+    assert [r.weight_versions for r in runs] == [[0, 0, -1, -1, 0], [1, 1, -1, 1, 1, 1]]
+    assert traj.prompt_tokens.tolist() == [1, 2, 30, 31] and traj.num_generated_tokens == 8
+    assert [s.prompt_ids for s in traj.steps] == [[1, 2, 3], [1, 2, 3, 10, 11, 20, 21], [1, 2, 30, 31],
+                                                  [1, 2, 30, 31, 13, 14, 22]]  # fmt: skip
+    assert [s.response_ids for s in traj.steps] == [[10, 11], [12], [13, 14], [15, 16, 17]]
     one = continuous(0, reward=1.0)
-    assert trajectory_runs(one) == [one]
+    (run,) = one.token_runs()
+    assert (run.prompt_ids, run.response_ids, run.weight_versions) == ([1, 2, 3], [40, 41], None)
 
 
 def test_every_run_is_packed_and_each_sampled_token_appears_exactly_once_in_its_context():
@@ -105,9 +116,9 @@ def test_sampled_equals_trained_plus_excluded_for_every_reason():
     timeout = continuous(2, reward=0.0, n=5, failed=True, termination_reason="timeout")  # 5 aborted
     abort_turn = continuous(3, reward=1.0, n=3)  # not marked failed, but its only turn was aborted: 3 aborted
     abort_turn.steps = [Step(info={"finish_reason": "abort", "sampled_tokens": 3})]
-    # A record dropped as invalid (e.g. a NaN logprob): nothing left but the steps' own counts. 4 failed.
-    wiped = StepTrajectory(prompt_tokens=[], response_tokens=[], response_masks=[], failed=True, idx=4,
-                           steps=[Step(info={"sampled_tokens": 4})])  # fmt: skip
+    # A record whose logprobs were invalid (e.g. a NaN): the harness keeps its ids without logprobs. 4 failed.
+    wiped = StepTrajectory.from_runs([TokenRun([1], [5, 6, 7, 8], [1, 1, 1, 1], None, None)], failed=True, idx=4,
+                                     steps=[Step(info={"sampled_tokens": 4})])  # fmt: skip
     long = continuous(5, reward=0.0, n=6)  # cut to 4 response tokens: 4 trained, 2 over length
     trajs = [good, failed, timeout, abort_turn, wiped, long]
     assert [exclusion_reason(t) for t in trajs] == [None, "failed", "aborted", "aborted", "failed", None]
@@ -139,24 +150,18 @@ def test_excluded_trajectories_are_left_out_of_group_statistics():
     assert adv.tolist() == pytest.approx([1.0, 1.0, -1.0, 0.0], abs=1e-5)  # the aborted one: 0, not in mean/std
 
 
-def test_a_rewritten_history_without_step_ids_is_an_error_not_a_silent_loss():
-    traj = rewritten()
-    traj.steps[1].prompt_ids = []
-    with pytest.raises(TrajectoryError, match="prompt_ids"):
-        trajectory_runs(traj)
-    with pytest.raises(TrajectoryError, match="earlier runs"):
-        pack_trajectories([traj], pad_token_id=PAD)
-    partial = rewritten()
-    partial.steps[2].response_logprobs = []
-    with pytest.raises(TrajectoryError, match="only some steps"):
-        trajectory_runs(partial)
-    short = rewritten()
-    short.steps[3].response_logprobs = [-0.6]
-    with pytest.raises(TrajectoryError, match="1 response_logprobs for 3"):
-        trajectory_runs(short)
-    broken_but_failed = rewritten(failed=True)
-    broken_but_failed.steps[1].prompt_ids = []
-    assert pack_trajectories([broken_but_failed], pad_token_id=PAD).tokens == TokenCounts(sampled=5, excluded_failed=5)
+def test_an_inconsistent_token_run_is_an_error_not_a_silent_loss():
+    short = TokenRun([1], [2, 3], [1, 1], [-0.6], [0, 0])
+    with pytest.raises(TrajectoryError, match="response_logprobs has 1 entries"):
+        StepTrajectory.from_runs([short])
+    with pytest.raises(TrajectoryError, match="2 logprobs for 1 sampled ids"):
+        TokenRun([1]).sample([2], [-0.1, -0.2], 0)
+    with pytest.raises(TrajectoryError, match="equal the last of `runs`"):
+        StepTrajectory(prompt_tokens=[9], response_tokens=[], response_masks=[], runs=[TokenRun([1])])
+    with pytest.raises(TrajectoryError, match="does not extend"):
+        recorder = RunRecorder()
+        recorder.start([1, 2])
+        recorder.extend_to([1, 3, 4])
 
 
 class _EngineSummaryClient:
@@ -187,29 +192,28 @@ async def test_a_summarizing_rollout_on_the_real_engine_is_packed_run_by_run(eng
     from agentic_rl.environments.tool_env import ToolEnvironment
     from agentic_rl.memory import MemoryConfig, MemorySummary
     from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
+    from agentic_rl.rollout.spec import RolloutSpec
     from agentic_rl.tools.calculator import CalculatorTool
 
     config = MemoryConfig(use_summary=True, max_prompt_length=420, max_summary_length=32, before_raw_message=2,
                           end_raw_message=-2)  # fmt: skip
     client = _EngineSummaryClient(engine, tokenizer)
     forced = ForcedCallEngine(engine, tokenizer, forced_turns=100)  # keeps calling tools: the history grows
-    traj = await run_trajectory(
-        {"id": "long", "question": "Add up 12 + 30, then keep checking it with the calculator.", "ground_truth": "42"},
-        0, engine=forced, environment=ToolEnvironment([CalculatorTool()]), renderer=ChatRenderer(tokenizer),
-        config=HarnessConfig(max_steps=6, max_prompt_length=1024, max_response_length=1024,
-                             sampling={"temperature": 0.7, "max_tokens": 96}),
-        memory_factory=lambda: MemorySummary(config, chat_client=client, tokenizer=tokenizer),
-    )  # fmt: skip
+    traj = await run_trajectory({"id": "long", "question": "Add up 12 + 30, then keep checking it with the calculator.", "ground_truth": "42"}, 0, RolloutSpec(engine=forced, environment=ToolEnvironment([CalculatorTool()]), renderer=ChatRenderer(tokenizer), config=HarnessConfig(max_steps=6, max_prompt_length=1024, max_response_length=1024,
+                             sampling={"temperature": 0.7, "max_tokens": 96}), memory_factory=lambda: MemorySummary(config, chat_client=client, tokenizer=tokenizer)))  # fmt: skip
     assert not traj.failed, traj.error
-    assert traj.metrics["summaries"] >= 1 and traj.metrics["continuous"] is False
+    assert traj.metrics["summaries"] >= 1 and len(traj.runs) > 1
     assert [(s.prompt_ids, s.response_ids) for s in traj.steps] == [(p, g.token_ids) for p, _, g in forced.calls]
 
     batch = pack_trajectories([traj], pad_token_id=tokenizer.pad_token_id)
-    runs = trajectory_runs(traj)
+    runs = traj.token_runs()
     assert len(runs) >= 2 and batch.input_ids.shape[0] == len(runs)
     # the top level holds only the last run; packing trains them all
-    assert traj.num_generated_tokens < batch.tokens.sampled == traj.metrics["generated_tokens"]
-    assert batch.tokens == TokenCounts(sampled=traj.metrics["generated_tokens"], trained=traj.metrics["generated_tokens"])
+    assert int(traj.response_masks.sum()) < batch.tokens.sampled == traj.metrics["generated_tokens"]
+    assert traj.num_generated_tokens == batch.tokens.sampled
+    assert batch.tokens == TokenCounts(
+        sampled=traj.metrics["generated_tokens"], trained=traj.metrics["generated_tokens"]
+    )
     assert sampled_in_context(batch) == sampled_by_steps(traj)  # each sampled token once, in its exact context
-    assert runs[-1].prompt_tokens.tolist() == traj.prompt_tokens.tolist()
-    assert runs[-1].response_tokens.tolist() == traj.response_tokens[: runs[-1].response_tokens.numel()].tolist()
+    assert runs[-1].prompt_ids == traj.prompt_tokens.tolist()
+    assert runs[-1].response_ids == traj.response_tokens.tolist()

@@ -6,7 +6,7 @@ import pytest
 
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.train.steps import discounted_returns, step_rows
-from agentic_rl.types import Step, StepTrajectory
+from agentic_rl.types import RunRecorder, Step, StepTrajectory, TokenRun
 
 
 def test_discounted_returns_follow_the_backward_recursion():
@@ -16,11 +16,19 @@ def test_discounted_returns_follow_the_backward_recursion():
         discounted_returns([1.0], 1.5)
 
 
-def test_continuous_trajectory_splits_into_one_row_per_turn():
+def _two_turns() -> StepTrajectory:
     # prompt [1 2], turn 0 samples [3 4], glue [5 6], turn 1 samples [7]
-    traj = StepTrajectory(prompt_tokens=[1, 2], response_tokens=[3, 4, 5, 6, 7], response_masks=[1, 1, 0, 0, 1],
-                          response_logprobs=[-0.1, -0.2, 0, 0, -0.3],
-                          steps=[Step(reward=0.0), Step(reward=1.0)])  # fmt: skip
+    recorder = RunRecorder()
+    recorder.start([1, 2])
+    run, first = recorder.sample([3, 4], [-0.1, -0.2], 0)
+    recorder.insert([5, 6])
+    _, second = recorder.sample([7], [-0.3], 0)
+    steps = [Step(reward=0.0, run=run, span=first), Step(reward=1.0, run=run, span=second)]
+    return StepTrajectory.from_runs(recorder.runs, steps=steps)
+
+
+def test_continuous_trajectory_splits_into_one_row_per_turn():
+    traj = _two_turns()
     rows = step_rows(traj, gamma=0.9)
     assert [r.prompt_tokens.tolist() for r in rows] == [[1, 2], [1, 2, 3, 4, 5, 6]]
     assert [r.response_tokens.tolist() for r in rows] == [[3, 4], [7]]
@@ -29,14 +37,17 @@ def test_continuous_trajectory_splits_into_one_row_per_turn():
     assert [s.mc_return for s in traj.steps] == pytest.approx([0.9, 1.0])
 
 
-def test_steps_with_their_own_ids_use_them():
-    steps = [Step(reward=1.0, prompt_ids=[9, 9], response_ids=[4], response_logprobs=[-1.0])]
-    traj = StepTrajectory(prompt_tokens=[1], response_tokens=[2], response_masks=[1], steps=steps)
+def test_a_step_sampled_in_an_earlier_run_uses_that_run():
+    earlier = TokenRun([9, 9])
+    span = earlier.sample([4], [-1.0], 0)
+    last = TokenRun([1])
+    last.sample([2], [-0.5], 0)
+    traj = StepTrajectory.from_runs([earlier, last], steps=[Step(reward=1.0, run=earlier, span=span)])
     (row,) = step_rows(traj)
     assert row.prompt_tokens.tolist() == [9, 9] and row.response_tokens.tolist() == [4]
 
 
-def test_more_steps_than_sampled_runs_is_an_error():
+def test_a_step_without_a_token_run_is_an_error():
     traj = StepTrajectory(prompt_tokens=[1], response_tokens=[2], response_masks=[1], steps=[Step(), Step()])
-    with pytest.raises(TrajectoryError, match="runs"):
+    with pytest.raises(TrajectoryError, match="run"):
         step_rows(traj)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
-from agentic_rl.types import Step, StepTrajectory
+from agentic_rl.types import RunRecorder, Step, StepTrajectory
 
 
 async def _group(engine, tokenizer, rewards, task_id="t0"):
@@ -88,11 +88,15 @@ async def _rewritten(engine, tokenizer, reward: float, i: int) -> StepTrajectory
     g1 = await engine.generate(p1, {**sampling, "seed": 301 + 3 * i})
     p2 = chat("Summary: the user asked for two numbers. Say one more.")
     g2 = await engine.generate(p2, {**sampling, "seed": 302 + 3 * i})
-    steps = [Step(prompt_ids=p, response_ids=g.token_ids, response_logprobs=g.logprobs)
-             for p, g in ((p0, g0), (p1, g1), (p2, g2))]  # fmt: skip
-    return StepTrajectory(prompt_tokens=p2, response_tokens=g2.token_ids, response_masks=[1] * 8,
-                          response_logprobs=g2.logprobs, trajectory_reward=reward, idx=i, task={"id": "t0"},
-                          metrics={"continuous": False}, steps=steps)  # fmt: skip
+    recorder, steps = RunRecorder(), []
+    for p, g in ((p0, g0), (p1, g1), (p2, g2)):
+        if recorder.runs and recorder.current.extends(p):
+            recorder.extend_to(p)
+        else:
+            recorder.start(p)
+        run, span = recorder.sample(g.token_ids, g.logprobs, 0)
+        steps.append(Step(run=run, span=span))
+    return StepTrajectory.from_runs(recorder.runs, trajectory_reward=reward, idx=i, task={"id": "t0"}, steps=steps)
 
 
 async def test_every_run_of_a_rewritten_history_is_trained_in_its_own_context(fp32_engine, tokenizer, model_copy):

@@ -12,7 +12,7 @@ from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.loss import grpo_loss, response_logprobs
 from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
-from agentic_rl.types import Step, StepTrajectory
+from agentic_rl.types import RunRecorder, Step, StepTrajectory
 
 PAD = 2
 
@@ -37,12 +37,18 @@ def _rewritten(idx: int, reward: float, *, task_id: str = "t", failed: bool = Fa
         return (-torch.rand(n, generator=g) * 4).tolist()
 
     p0, r0, glue, r1, p2, r2 = ids(6), ids(4), ids(3), ids(3), ids(9), ids(5)
-    steps = [Step(prompt_ids=p0, response_ids=r0, response_logprobs=lps(4)),
-             Step(prompt_ids=p0 + r0 + glue, response_ids=r1, response_logprobs=lps(3)),
-             Step(prompt_ids=p2, response_ids=r2, response_logprobs=lps(5))]  # fmt: skip
-    return StepTrajectory(prompt_tokens=p2, response_tokens=r2, response_masks=[1] * 5,
-                          response_logprobs=steps[2].response_logprobs, idx=idx, trajectory_reward=reward,
-                          metrics={"continuous": False}, steps=steps, task={"id": task_id}, failed=failed)  # fmt: skip
+    recorder, steps = RunRecorder(), []
+    recorder.start(p0)
+    for response, n, glue_after in ((r0, 4, glue), (r1, 3, None)):
+        run, span = recorder.sample(response, lps(n), 0)
+        steps.append(Step(run=run, span=span))
+        if glue_after:
+            recorder.insert(glue_after)
+    recorder.start(p2)
+    run, span = recorder.sample(r2, lps(5), 0)
+    steps.append(Step(run=run, span=span))
+    return StepTrajectory.from_runs(recorder.runs, idx=idx, trajectory_reward=reward, steps=steps,
+                                    task={"id": task_id}, failed=failed)  # fmt: skip
 
 
 def _batch() -> list[StepTrajectory]:

@@ -108,6 +108,7 @@ def rollout_run(engine, tokenizer, model_dir, tmp_path_factory) -> Path:
     from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
     from agentic_rl.rollout.rewards import gsm8k_reward
     from agentic_rl.rollout.runner import run_tasks
+    from agentic_rl.rollout.spec import RolloutSpec
     from agentic_rl.tools.calculator import CalculatorTool
     from agentic_rl.types import trajectory_to_dict
 
@@ -120,8 +121,7 @@ def rollout_run(engine, tokenizer, model_dir, tmp_path_factory) -> Path:
 
     async def one(task: dict[str, Any], idx: int) -> Any:
         env = ToolEnvironment([CalculatorTool()], tools_in_system_prompt=not renderer.supports_tools)
-        return await run_trajectory(task, idx, engine=forced, environment=env, renderer=renderer, config=config,
-                                    reward_fn=gsm8k_reward)  # fmt: skip
+        return await run_trajectory(task, idx, RolloutSpec(engine=forced, environment=env, renderer=renderer, config=config, reward_fn=gsm8k_reward))  # fmt: skip
 
     async def rollout() -> list[Any]:
         return await run_tasks(tasks, one, n_parallel_agents=6)

@@ -1,0 +1,98 @@
+"""What a rollout runs on: `RolloutSpec` bundles the engine, environment, renderer, limits and sampling, reward
+and memory that every trajectory of a rollout shares; `HarnessConfig` holds its limits and sampling.
+
+The training loop, the command line and `ToolAgentEngineWrapper` build one spec each and hand it to
+`run_trajectory` / `Rollout`; nothing else travels with a trajectory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, Field
+
+from agentic_rl.chat import ChatRenderer
+from agentic_rl.config import Config
+from agentic_rl.engine.base import Engine
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.environments.base import Environment
+from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps
+from agentic_rl.memory import MemorySimple
+
+__all__ = ["HarnessConfig", "RewardCallable", "RolloutSpec"]
+
+RewardCallable = Callable[[dict[str, Any], Sequence[dict[str, str]]], float]
+"""`reward_fn(task, messages) -> float`: the reward of a finished trajectory's final answer."""
+
+
+class HarnessConfig(Config):
+    """Limits and sampling of a rollout.
+
+    Attributes:
+        max_steps: most assistant turns per trajectory (`agentic_rl.limits.MaxSteps`: [1, 10]).
+        max_prompt_length: most tokens of the first prompt ([1, 131072]).
+        max_response_length: most tokens after the first prompt (sampled + inserted), the response budget
+            ([1, 8192]).
+        sampling: the `SamplingConfig` of every turn (a dict of its options is accepted). `max_tokens`, if given,
+            caps each turn; it is always clamped to what is left of the window and of the response budget. A `seed`
+            is offset per trajectory and turn (`derive_seed`) so that samples of one group differ. Seeded runs
+            repeat exactly only with the same batch composition (`n_parallel_agents`, task order): the engine's
+            numerics depend on the batch. Stop strings and further `stop_token_ids` end a turn as complete (see
+            `agentic_rl.engine.turns`).
+        toolcall_weight: `toolcall_reward = toolcall_weight * well-formed calls / attempted calls` (0 without calls).
+        check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
+            `alignment_mismatches`, `retokenize_drift`).
+        turn_timeout_s: most seconds one `engine.generate` call may take; past it the request is aborted and the
+            trajectory fails with `termination_reason="timeout"`. The default (1 hour) only catches requests that
+            never return; lower it when turns are short.
+        close_timeout_s: most seconds `environment.close` may take (it runs shielded from cancellation); past it
+            the trajectory fails and the environment may have leaked resources.
+
+    Raises:
+        ConfigError: naming the first field that is out of range or of the wrong type.
+    """
+
+    model_config = ConfigDict(strict=True)
+
+    max_steps: MaxSteps = 5
+    max_prompt_length: MaxPromptLength = 128 * 1024
+    max_response_length: MaxResponseLength = 8 * 1024
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    toolcall_weight: Annotated[float, Field(allow_inf_nan=False)] = 0.1
+    check_alignment: bool = True
+    turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3600.0
+    close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSpec:
+    """Everything the trajectories of one rollout share.
+
+    Attributes:
+        engine: the token-in/token-out engine (`agentic_rl.engine.base.Engine`).
+        environment: decides what each assistant turn leads to, and when a trajectory is done.
+        renderer: the chat template of the engine's model.
+        config: limits and sampling (`HarnessConfig`).
+        reward_fn: `reward_fn(task, messages) -> float` for the final answer, run in a worker thread; None: 0.
+        memory_factory: builds a fresh memory per trajectory (`MemorySimple` / `MemorySummary`); None: every turn
+            is prompted with the whole history.
+    """
+
+    engine: Engine
+    environment: Environment
+    renderer: ChatRenderer
+    config: HarnessConfig = dataclasses.field(default_factory=HarnessConfig)
+    reward_fn: RewardCallable | None = None
+    memory_factory: Callable[[], MemorySimple] | None = None
+
+    def with_sampling(self, sampling: SamplingConfig | Mapping[str, Any]) -> RolloutSpec:
+        """The same spec with other sampling options (e.g. greedy for evaluation, or a step's seed).
+
+        Raises:
+            ConfigError: if `sampling` is not valid `SamplingConfig` options.
+        """
+        config = self.config.model_copy(update={"sampling": SamplingConfig.of(sampling)})
+        return dataclasses.replace(self, config=config)
