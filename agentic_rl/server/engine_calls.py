@@ -20,9 +20,9 @@ __all__ = ["choice_deltas", "choice_sampling", "engine_failure", "failed_request
 
 
 def choice_sampling(call: PreparedCall, i: int) -> SamplingConfig:
-    """The sampling options of choice `i`: with `n > 1` and a seed, each choice gets its own seed (`seed + i`)."""
-    if call.request.n > 1 and call.sampling.seed is not None:
-        return call.sampling.model_copy(update={"seed": call.sampling.seed + i})
+    """The sampling options of choice `i`: with `n > 1` and a seed, each choice gets its own (`derive_seed`)."""
+    if call.request.n > 1:
+        return call.sampling.derived(choice=i)
     return call.sampling
 
 

@@ -50,6 +50,7 @@ class PreparedCall:
         template_kwargs: `chat_template_kwargs` of the request.
         id: the response id (`chatcmpl-...` or `cmpl-...`).
         created: the response's creation time, in Unix seconds.
+        weight_version: the engine's weight version when the call was prepared (recorded with a captured call).
     """
 
     request: SamplingFields
@@ -63,6 +64,7 @@ class PreparedCall:
     template_kwargs: dict[str, Any] | None = None
     id: str = ""
     created: int = 0
+    weight_version: int = 0
 
     @property
     def chat(self) -> bool:
@@ -181,7 +183,8 @@ class RequestPreparer:
             raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
         constraint = output_constraint(request)
         sampling = self._sampling(request, len(prompt_ids), [renderer.end_of_turn_id], constraint)
-        return PreparedCall(request, prompt_ids, sampling, tid, continued, messages=messages, tools=tools,
+        return PreparedCall(request, prompt_ids, sampling, tid, continued, weight_version=self.engine.weight_version,
+                            messages=messages, tools=tools,
                             constraint=constraint, template_kwargs=request.chat_template_kwargs)  # fmt: skip
 
     def _prepare_completion(self, request: CompletionRequest, tid: str | None) -> PreparedCall:
@@ -196,7 +199,8 @@ class RequestPreparer:
         continued = self.recorder.completion_continues(tid, prompt_ids)
         constraint = output_constraint(request)
         sampling = self._sampling(request, len(prompt_ids), [], constraint)
-        return PreparedCall(request, prompt_ids, sampling, tid, continued, constraint=constraint)
+        return PreparedCall(request, prompt_ids, sampling, tid, continued, constraint=constraint,
+                            weight_version=self.engine.weight_version)
 
     def _sampling(self, request: SamplingFields, prompt_len: int, stop_ids: list[int],
                   constraint: Constraint) -> SamplingConfig:  # fmt: skip
@@ -216,7 +220,7 @@ class RequestPreparer:
             min_tokens=min(request.min_tokens, max_tokens),
             top_k=request.top_k if request.top_k > 0 else -1,
             logprobs=_top_n(request),
-            detokenize=request.detokenize or bool(stops),
+            detokenize=request.detokenize or None,  # None: the engine decides (only for stop strings)
             stop=stops or None,
             stop_token_ids=[*stop_ids, *(request.stop_token_ids or [])] or None,
             structured_outputs=constraint.params,

@@ -169,7 +169,7 @@ def record_call(
     recorder.record(call.trajectory_id, CapturedTurn(
         call.prompt_ids, gen.token_ids, gen.logprobs, call.continued, gen.finish_reason, messages=call.messages,
         response_message=message, tools=call.tools, text=text, template_kwargs=call.template_kwargs,
-        streamed=call.request.stream,
+        streamed=call.request.stream, weight_version=call.weight_version,
     ))  # fmt: skip
 
 
