@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from engines import CountingEnvironment, DelegatingEngine, ForcedCallEngine, ScriptedEngine
+from support.engines import CountingEnvironment, DelegatingEngine, ForcedCallEngine, ScriptedEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine, Generation
