@@ -1,8 +1,9 @@
 """The rollout limits and their ranges, as the AgentSDK API gives them: defined once, used by every settings object.
 
-Each limit is an `Annotated` int type for pydantic fields (`BaseEngineWrapper`'s checks, `HarnessConfig`, the
-training config's rollout section, `MemoryConfig`); `bounds` reads a limit's range back (the command line's checks,
-error messages), so a range is written in one place only.
+Each limit is an `Annotated` int type for pydantic fields where a user's settings enter (`BaseEngineWrapper`'s
+checks, the training config's rollout section, `MemoryConfig`); `bounds` reads a limit's range back (the command
+line's checks, error messages), so a range is written in one place only. The turn loop itself (`HarnessConfig`)
+takes any positive value (`AtLeastOne`): benchmarks and harness-level users drive 100+ turns.
 
 | limit | range | meaning |
 |---|---|---|
@@ -10,6 +11,7 @@ error messages), so a range is written in one place only.
 | `max_prompt_length` | [1, 131072] | most tokens of a first prompt |
 | `max_response_length` | [1, 8192] | most tokens after the first prompt (sampled + inserted), the response budget |
 | `n_parallel_agents` | [1, 64] | trajectories in flight at once |
+| (`AtLeastOne`) | [1, ...) | what the turn loop and the batch runner themselves accept |
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Annotated, Any
 from annotated_types import Ge, Le
 from pydantic import Field
 
-__all__ = ["MaxPromptLength", "MaxResponseLength", "MaxSteps", "NParallelAgents", "bounds", "describe"]
+__all__ = ["AtLeastOne", "MaxPromptLength", "MaxResponseLength", "MaxSteps", "NParallelAgents", "bounds", "describe"]
 
+AtLeastOne = Annotated[int, Field(ge=1)]
 MaxSteps = Annotated[int, Field(ge=1, le=10)]
 MaxPromptLength = Annotated[int, Field(ge=1, le=128 * 1024)]
 MaxResponseLength = Annotated[int, Field(ge=1, le=8 * 1024)]

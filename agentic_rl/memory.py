@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from agentic_rl.config import Config
 from agentic_rl.engine.chat_client import ChatClient
 from agentic_rl.errors import ConfigError
+from agentic_rl.limits import MaxPromptLength
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
@@ -34,7 +35,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_PROMPT_LENGTH = 128 * 1024
 ROLES = ("system", "user", "assistant", "tool", "summary")
 _THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)\s*", re.DOTALL)
 
@@ -65,7 +65,7 @@ class MemoryConfig(Config):
     simplify_thinking: bool = False
     use_summary: bool = False
     max_summary_length: int = Field(default=1024, ge=1)
-    max_prompt_length: int = Field(default=8192, ge=1, le=MAX_PROMPT_LENGTH)
+    max_prompt_length: MaxPromptLength = 8192
     before_raw_message: int = Field(default=0, ge=0)
     end_raw_message: int = Field(default=0, le=0)
     summary_system_prompt: str = DEFAULT_SUMMARY_PROMPT

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real SmolLM2 model, its tokenizer and one in-process vLLM engine per test session."""
+"""Shared fixtures: the real SmolLM2 model, its tokenizer, one in-process vLLM engine per test session and one
+OpenAI-compatible HTTP server over it."""
 
 from __future__ import annotations
 
@@ -68,6 +69,33 @@ def engine(model_dir: Path) -> Iterator[Any]:
     eng.start_sync()
     yield eng
     anyio.run(eng.close)
+
+
+@pytest.fixture(scope="session")
+def serving(engine, tokenizer):
+    """The OpenAI-compatible serving layer over the session engine, under `support.server.MODEL_NAME`."""
+    from support.server import MODEL_NAME
+
+    from agentic_rl.server.serving import OpenAIServing
+
+    return OpenAIServing(engine, tokenizer, model_name=MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def server(serving):
+    """A real HTTP server on 127.0.0.1 over `serving`, started once per test session."""
+    from agentic_rl.server.app import create_app
+    from agentic_rl.server.thread import ServerThread
+
+    thread = ServerThread(create_app(serving))
+    thread.start()
+    yield thread
+    thread.stop()
+
+
+@pytest.fixture(scope="session")
+def base_url(server):
+    return f"http://{server.address}"
 
 
 @pytest.fixture

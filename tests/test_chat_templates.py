@@ -8,7 +8,7 @@ the environment, users and tasks never becomes the family's control tokens.
 from __future__ import annotations
 
 import pytest
-from chat_templates import FAMILIES, REFUSED, WORKING, family_tokenizer
+from support.chat_templates import FAMILIES, REFUSED, WORKING, family_tokenizer
 
 from agentic_rl.chat import ChatRenderer, Segment, check_alignment
 from agentic_rl.errors import TemplateError

@@ -189,7 +189,7 @@ def test_rollout_killed_half_way_and_mid_line_resumes_with_one_record_per_task(t
     """kill -9 once half of the tasks have records (the rest are held in their reward, so the run cannot finish
     first), then leave a half-written line as a kill in the middle of a write would; `--resume` keeps the complete
     records as they are, drops the half line and appends exactly the missing tasks."""
-    from processes import cli_command, complete_lines, kill9, run, start, wait_until
+    from support.processes import cli_command, complete_lines, kill9, run, start, wait_until
 
     data = tmp_path / "tasks.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows[:8]))
@@ -197,7 +197,7 @@ def test_rollout_killed_half_way_and_mid_line_resumes_with_one_record_per_task(t
     records = out / "trajectories.jsonl"
     proc = start(cli_command("rollout", "--model", "tiny-random-smollm2", "--data", str(data), "--limit", "8",
                              "--n-parallel", "2", "--max-steps", "1", "--max-tokens", "8", "--max-response-length", "32",
-                             "--kv-cache-gib", "0.05", "--reward", "toy_rewards:e_share_held", "--output-dir", str(out),
+                             "--kv-cache-gib", "0.05", "--reward", "support.toy_rewards:e_share_held", "--output-dir", str(out),
                              "--no-progress"), log, TOY_REWARD_HOLD_AFTER="4")  # fmt: skip
     try:
         wait_until(proc, lambda: complete_lines(records) >= 4, what="4 finished trajectories", log=log, timeout_s=400)

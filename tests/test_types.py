@@ -333,3 +333,16 @@ def test_trajectory_does_not_mutate_the_metrics_dict_it_was_given():
     traj = make(metrics=given)
     assert given == {"steps": 3}
     assert traj.metrics["steps"] == 3 and traj.metrics["llm_time"] == 0.0
+
+
+def test_every_termination_reason_is_produced_somewhere_in_the_package():
+    from pathlib import Path
+
+    from agentic_rl.types import TerminationReason
+
+    root = Path(__file__).resolve().parents[1] / "agentic_rl"
+    code = "\n".join(p.read_text(encoding="utf-8") for p in root.rglob("*.py") if p.name != "types.py")
+    unused = [m.name for m in TerminationReason if f"TerminationReason.{m.name}" not in code]
+    assert unused == []
+    assert TerminationReason.TIMEOUT.aborts_a_turn and TerminationReason.ABORTED.aborts_a_turn
+    assert not TerminationReason.ERROR.aborts_a_turn and TerminationReason.ENV_DONE == "env_done"

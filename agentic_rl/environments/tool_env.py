@@ -138,7 +138,7 @@ class ToolEnvironment(Environment):
             tool = self.tools[name]
             assert isinstance(tool, StatefulTool)
             try:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(tool.timeout_s):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(tool.call_timeout_s):
                     await self._invoke(tool.session_end, sample.id)
             except Exception:
                 logger.exception("session_end of tool %s failed for trajectory %s", name, sample.id)
@@ -148,7 +148,7 @@ class ToolEnvironment(Environment):
         logged, never raised."""
         for name, tool in self.tools.items():
             try:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(tool.timeout_s):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(tool.call_timeout_s):
                     await tool.aclose()
             except Exception:
                 logger.exception("closing tool %s failed", name)
@@ -170,14 +170,14 @@ class ToolEnvironment(Environment):
             known = ", ".join(sorted(self.tools)) or "none"
             return False, f"Error: unknown tool {call.name!r}; available tools: {known}"
         try:
-            with anyio.fail_after(tool.timeout_s):
+            with anyio.fail_after(tool.call_timeout_s):
                 if isinstance(tool, StatefulTool):
                     await self._ensure_session(sample.id, tool)
                     result = await self._invoke(tool.execute_session, sample.id, call.arguments)
                 else:
                     result = await self._invoke(tool.execute, call.arguments)
         except TimeoutError:
-            return False, f"Error: tool {call.name!r} timed out after {tool.timeout_s:g} s"
+            return False, f"Error: tool {call.name!r} timed out after {tool.call_timeout_s:g} s"
         except ToolError as exc:
             return False, f"Error: {exc}"
         except Exception as exc:  # a broken tool is reported to the model, never fatal to the trajectory

@@ -8,8 +8,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from agentic_rl.engine.chat_client import ChatClient
 from agentic_rl.errors import ConfigError, RewardError
@@ -17,8 +16,6 @@ from agentic_rl.errors import ConfigError, RewardError
 __all__ = [
     "REWARDS",
     "LLMJudgeReward",
-    "RewardFn",
-    "RewardResult",
     "answer_f1",
     "extract_short_answer",
     "extract_gsm8k_answer",
@@ -37,29 +34,6 @@ logger = logging.getLogger(__name__)
 logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call made without a signal timeout
 
 MAX_ANSWER_CHARS = 2000
-
-
-@dataclass(frozen=True, slots=True)
-class RewardResult:
-    """Outcome reward of a trajectory.
-
-    Attributes:
-        res_reward: reward of the final answer (1.0 correct, 0.0 wrong for exact-answer tasks).
-        toolcall_reward: reward for well-formed tool calls, already scaled (see `toolcall_weight` of the harness).
-    """
-
-    res_reward: float
-    toolcall_reward: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.res_reward + self.toolcall_reward
-
-
-class RewardFn(Protocol):
-    """`reward_fn(task, messages) -> float` scoring the answer; runs in a worker thread."""
-
-    def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float: ...
 
 
 def extract_gsm8k_answer(answer: str) -> str:

@@ -19,7 +19,7 @@ from agentic_rl.config import Config
 from agentic_rl.engine.base import Engine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment
-from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps
+from agentic_rl.limits import AtLeastOne
 from agentic_rl.memory import MemorySimple
 
 __all__ = ["HarnessConfig", "RewardCallable", "RolloutSpec"]
@@ -31,11 +31,13 @@ RewardCallable = Callable[[dict[str, Any], Sequence[dict[str, str]]], float]
 class HarnessConfig(Config):
     """Limits and sampling of a rollout.
 
+    The limits are >= 1 here; where a user's settings enter (the wrapper, the command line, a training config) they
+    are held to the AgentSDK's ranges (`agentic_rl.limits`).
+
     Attributes:
-        max_steps: most assistant turns per trajectory (`agentic_rl.limits.MaxSteps`: [1, 10]).
-        max_prompt_length: most tokens of the first prompt ([1, 131072]).
-        max_response_length: most tokens after the first prompt (sampled + inserted), the response budget
-            ([1, 8192]).
+        max_steps: most assistant turns per trajectory.
+        max_prompt_length: most tokens of the first prompt.
+        max_response_length: most tokens after the first prompt (sampled + inserted), the response budget.
         sampling: the `SamplingConfig` of every turn (a dict of its options is accepted). `max_tokens`, if given,
             caps each turn; it is always clamped to what is left of the window and of the response budget. A `seed`
             is offset per trajectory and turn (`derive_seed`) so that samples of one group differ. Seeded runs
@@ -57,9 +59,9 @@ class HarnessConfig(Config):
 
     model_config = ConfigDict(strict=True)
 
-    max_steps: MaxSteps = 5
-    max_prompt_length: MaxPromptLength = 128 * 1024
-    max_response_length: MaxResponseLength = 8 * 1024
+    max_steps: AtLeastOne = 5
+    max_prompt_length: AtLeastOne = 128 * 1024
+    max_response_length: AtLeastOne = 8 * 1024
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     toolcall_weight: Annotated[float, Field(allow_inf_nan=False)] = 0.1
     check_alignment: bool = True

@@ -280,6 +280,14 @@ class TrajectoryRecorder:
         )  # fmt: skip
 
 
+def _written(turn: CapturedTurn) -> str:
+    """What the model wrote in a call: the completion's text, or the chat reply with its tool calls as the
+    `<tool_call>` blocks the model produced."""
+    if turn.response_message is None:
+        return turn.text
+    return str(template_messages([turn.response_message], None)[0]["content"])
+
+
 def _step(turn: CapturedTurn, run: TokenRun) -> Step:
     """The `Step` of one captured call."""
     info = {"finish_reason": turn.finish_reason, "continued": turn.continued, "streamed": turn.streamed,
@@ -287,7 +295,7 @@ def _step(turn: CapturedTurn, run: TokenRun) -> Step:
             **({"chat_template_kwargs": turn.template_kwargs} if turn.template_kwargs else {})}  # fmt: skip
     return Step(
         chat_completions=[*(turn.messages or []), *([turn.response_message] if turn.response_message else [])],
-        action=action_text(turn.text),
+        action=action_text(_written(turn)),
         observation=(turn.messages or [{}])[-1].get("content", "") if turn.messages else "",
         model_response=turn.text, info=info, run=run, span=turn.span,
     )  # fmt: skip

@@ -36,12 +36,18 @@ class Tool(abc.ABC):
 
     Attributes:
         timeout_s: wall-clock limit of one call in seconds; past it the model gets an error observation.
+        call_timeout_s: the bound the environment puts on one call (and on `aclose`), in seconds: `timeout_s`
+            unless the tool needs more around its own limit (the sandbox adds its interpreter start-up).
     """
 
     name: str = ""
     description: str = ""
     parameters: dict[str, Any] = {"type": "object", "properties": {}}
     timeout_s: float = 10.0
+
+    @property
+    def call_timeout_s(self) -> float:
+        return self.timeout_s
 
     @property
     def schema(self) -> dict[str, Any]:

@@ -156,7 +156,7 @@ class SandboxTool(StatefulTool):
     statement), or the traceback of an exception it raised; it is cut to `max_output_bytes` with a
     ``[output truncated: ...]`` marker. See the module docstring for the isolation modes.
 
-    The environment's limit for one call (`self.timeout_s`) is `timeout_s` plus `startup_timeout_s` plus a few
+    The environment's limit for one call (`call_timeout_s`) is `timeout_s` plus `startup_timeout_s` plus a few
     seconds to kill the process, so the sandbox's own timeout message normally reaches the model first.
 
     Args:
@@ -224,7 +224,7 @@ class SandboxTool(StatefulTool):
             raise ConfigError(f"isolation must be one of {', '.join(ISOLATION_MODES)}; got {isolation!r}")
         if sys.platform != "linux":
             raise ConfigError("SandboxTool needs Linux")
-        self.exec_timeout_s = float(timeout_s)
+        self.timeout_s = float(timeout_s)
         self.max_output_bytes = int(max_output_bytes)
         self.memory_limit_mb = int(memory_limit_mb)
         self.cpu_time_limit_s = float(cpu_time_limit_s)
@@ -233,12 +233,16 @@ class SandboxTool(StatefulTool):
         self.max_code_bytes = int(max_code_bytes)
         self.startup_timeout_s = float(startup_timeout_s)
         self.requested_isolation = isolation
-        self.timeout_s = self.exec_timeout_s + self.startup_timeout_s + _KILL_GRACE_S
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
         self._mode: IsolationMode | None = None
 
     # ------------------------------------------------------------------------------------------ public API
+
+    @property
+    def call_timeout_s(self) -> float:
+        """The environment's bound on one call: `timeout_s` + `startup_timeout_s` + a grace to kill the process."""
+        return self.timeout_s + self.startup_timeout_s + _KILL_GRACE_S
 
     @property
     def isolation(self) -> SandboxIsolation:
@@ -349,7 +353,7 @@ class SandboxTool(StatefulTool):
             session = self._new_session(f"probe-{mode.isolation.mode}", mode)
             with session.lock:
                 self._spawn(session)
-                return self._run(session, PROBE_CODE, timeout_s=max(self.exec_timeout_s, self.startup_timeout_s))
+                return self._run(session, PROBE_CODE, timeout_s=max(self.timeout_s, self.startup_timeout_s))
         finally:
             if session is not None:
                 session.closed = True
@@ -434,7 +438,7 @@ class SandboxTool(StatefulTool):
         proc = session.proc
         if proc is None or proc.stdin is None or proc.stdout is None:
             raise ToolError("the session was closed")
-        timeout_s = self.exec_timeout_s if timeout_s is None else timeout_s
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         max_frame = 6 * self.max_output_bytes + (1 << 16)
         try:

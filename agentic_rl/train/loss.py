@@ -163,6 +163,9 @@ class LossOutput:
 
 
 def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids: torch.Tensor | None) -> torch.Tensor:
+    """Mean of (B, R) float32 `values` over the response tokens: `token-mean` over all of them (DAPO), `sequence-mean`
+    over each sequence's first, then over the sequences that have any (GRPO); `sequence_ids` (B,) groups rows into
+    sequences (default: one per row). Returns a scalar float32; raises `ConfigError` for another `mode`."""
     on = mask.bool()
     masked = torch.where(on, values, torch.zeros_like(values))
     if mode == "token-mean":
@@ -227,28 +230,21 @@ def grpo_loss(
     Per response token, with the trajectory's advantage A on each of its tokens (GRPO, Shao et al. 2024,
     "DeepSeekMath"):
 
-    - ratio = exp(min(new - old, LOG_RATIO_MAX));
+    - ratio = exp(min(new - old, LOG_RATIO_MAX)) (`_policy_ratio`);
     - clipped objective: J = min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A) (PPO, Schulman et al.
-      2017, "Proximal Policy Optimization Algorithms", eq. 7);
+      2017, "Proximal Policy Optimization Algorithms", eq. 7; `_clipped_surrogate`);
     - dual clip: for A < 0, J = max(J, clip_ratio_c * A) (Ye et al. 2020, "Mastering Complex Control in MOBA Games
-      with Deep Reinforcement Learning"). Without it, J = ratio * A is unbounded below for A < 0: a token
-      whose ratio is e^8 would pull with a gradient of ~3000 |A|. With it, a negative-advantage token contributes at
-      most clip_ratio_c * |A| and no gradient once ratio > clip_ratio_c;
+      with Deep Reinforcement Learning"; `_dual_clip`);
     - pg = -J.
 
     KL to the reference uses the k3 estimator exp(d) - d - 1 with d = min(ref - new, LOG_RATIO_MAX) (Schulman 2020,
-    "Approximating KL Divergence"). `token-mean` averages over all response tokens of the batch (DAPO, Yu et al.
-    2025); `sequence-mean` averages over each sequence's tokens first, then over sequences (the original GRPO).
+    "Approximating KL Divergence"; `_k3_kl`). `token-mean` averages over all response tokens of the batch (DAPO, Yu
+    et al. 2025); `sequence-mean` averages over each sequence's tokens first, then over sequences (the original
+    GRPO; `_aggregate`). loss = pg + kl_coef * KL.
 
-    Log-ratio bound: both log-ratios are clamped to at most LOG_RATIO_MAX = 20 nats before `exp`. float32 `exp`
-    overflows past ~88.7: unclamped, a token with new logprob -95 and reference -1 would give exp(94) = inf and an
-    infinite loss; e^20 ~ 4.9e8 stays finite in float32 and bfloat16 even times a large advantage and summed over
-    millions of tokens. The bound costs no useful gradient: in the policy term a token past it is already clipped
-    (ratio > 1 + clip_high for A > 0, ratio > clip_ratio_c for A < 0; any setting below e^20), so its gradient is
-    0 either way; in the KL term the true gradient there, 1 - e^d, is past -4.9e8 and would swamp every other token,
-    so the clamp stops it instead (0 gradient, `kl_clamp_fraction` counts such tokens). There is no lower bound:
-    exp of a very negative log-ratio underflows to 0 harmlessly, and the k3 term -d then stays exact. Everything is
-    computed in float32 whatever the input dtype (float16's range would overflow at e^11).
+    Both log-ratios are clamped to at most LOG_RATIO_MAX = 20 nats before `exp` (why that costs no useful gradient:
+    `_policy_ratio`, `_k3_kl`); there is no lower bound. Everything is computed in float32 whatever the input dtype
+    (float16's range would overflow at e^11).
 
     Args:
         new_logprobs: (B, R) float, log-probabilities (nats) under the policy being trained (with gradient).
@@ -279,30 +275,127 @@ def grpo_loss(
     on_response = mask.bool()  # `where`, not `* mask`: a NaN on a padding position must not reach the loss
     adv = advantages.float() if advantages.dim() == 2 else advantages.float()[:, None].expand_as(new)
     log_ratio = torch.where(on_response, new - old_logprobs.float(), 0.0)
-    ratio = torch.exp(torch.clamp(log_ratio, max=LOG_RATIO_MAX))
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
-    objective = torch.minimum(unclipped, clipped)
-    floor = clip_ratio_c * adv
-    dual = (adv < 0) & (floor > objective)
-    objective = torch.where(dual, floor, objective)
+    objective, ratio_clipped = _clipped_surrogate(_policy_ratio(log_ratio), adv, clip_low, clip_high)
+    objective, dual = _dual_clip(objective, adv, clip_ratio_c)
     pg_loss = _aggregate(-objective, mask, loss_agg_mode, sequence_ids)
     kl = torch.zeros((), device=new.device)
     kl_clamped = torch.zeros_like(on_response)
     if ref_logprobs is not None and kl_coef:
-        delta = torch.where(on_response, ref_logprobs.float() - new, 0.0)
-        kl_clamped = delta > LOG_RATIO_MAX
-        delta = torch.clamp(delta, max=LOG_RATIO_MAX)
-        kl = _aggregate(torch.exp(delta) - delta - 1.0, mask, loss_agg_mode, sequence_ids)
-    loss = pg_loss + kl_coef * kl
+        kl, kl_clamped = _k3_kl(new, ref_logprobs, mask, loss_agg_mode, sequence_ids)
+    return _loss_output(pg_loss + kl_coef * kl, pg_loss, kl, log_ratio, mask, clipped=ratio_clipped | dual, dual=dual,
+                        kl_clamped=kl_clamped)  # fmt: skip
+
+
+def _policy_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """The importance ratio new / old = exp(min(new - old, LOG_RATIO_MAX)).
+
+    float32 `exp` overflows past ~88.7, and e^20 ~ 4.9e8 stays finite in float32 and bfloat16 even times a large
+    advantage and summed over millions of tokens. The bound costs no gradient: a token past it is already clipped
+    (ratio > 1 + clip_high for A > 0, ratio > clip_ratio_c for A < 0; any setting below e^20), so its gradient is 0
+    either way. There is no lower bound: exp of a very negative log-ratio underflows to 0 harmlessly.
+
+    Args:
+        log_ratio: (B, R) float32, new - old logprob (nats), 0 off the response.
+
+    Returns:
+        (B, R) float32 ratio, in (0, e^20].
+    """
+    return torch.exp(torch.clamp(log_ratio, max=LOG_RATIO_MAX))
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped objective J = min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A) (Schulman et al.
+    2017, eq. 7).
+
+    Args:
+        ratio: (B, R) float32 importance ratio.
+        adv: (B, R) float32 advantage of each token.
+        clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high].
+
+    Returns:
+        J, (B, R) float32; and (B, R) bool, where the clip branch won (no gradient through the ratio there).
+    """
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * adv
+    return torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def _dual_clip(objective: torch.Tensor, adv: torch.Tensor, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """For A < 0, J = max(J, clip_ratio_c * A) (Ye et al. 2020, dual clip).
+
+    Without it, J = ratio * A is unbounded below for A < 0: a token whose ratio is e^8 would pull with a gradient of
+    ~3000 |A|. With it, a negative-advantage token contributes at most clip_ratio_c * |A| and no gradient once
+    ratio > clip_ratio_c.
+
+    Args:
+        objective: (B, R) float32 clipped objective J.
+        adv: (B, R) float32 advantage of each token.
+        clip_ratio_c: the bound (> 1) on the ratio of negative-advantage tokens.
+
+    Returns:
+        The dual-clipped J, (B, R) float32; and (B, R) bool, where the dual clip replaced J.
+    """
+    floor = clip_ratio_c * adv
+    dual = (adv < 0) & (floor > objective)
+    return torch.where(dual, floor, objective), dual
+
+
+def _k3_kl(
+    new: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k3 KL estimate exp(d) - d - 1, d = min(ref - new, LOG_RATIO_MAX) (Schulman 2020), aggregated like the loss.
+
+    Unclamped, a token with new logprob -95 and reference -1 would give exp(94) = inf and an infinite loss. Past the
+    bound the true gradient, 1 - e^d, is below -4.9e8 and would swamp every other token, so the clamp stops it
+    instead (0 gradient, counted in `kl_clamp_fraction`). Below it nothing is bounded: exp(d) underflows to 0
+    harmlessly and the k3 term -d stays exact.
+
+    Args:
+        new: (B, R) float32 policy logprobs (nats, with gradient).
+        ref_logprobs: (B, R) float reference-policy logprobs (nats).
+        mask: (B, R) float32 response mask.
+        mode, sequence_ids: as `_aggregate` takes them.
+
+    Returns:
+        The scalar float32 KL; and (B, R) bool, where d was clamped.
+    """
+    delta = torch.where(mask.bool(), ref_logprobs.float() - new, 0.0)
+    clamped = delta > LOG_RATIO_MAX
+    delta = torch.clamp(delta, max=LOG_RATIO_MAX)
+    return _aggregate(torch.exp(delta) - delta - 1.0, mask, mode, sequence_ids), clamped
+
+
+def _loss_output(
+    loss: torch.Tensor,
+    pg_loss: torch.Tensor,
+    kl: torch.Tensor,
+    log_ratio: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clipped: torch.Tensor,
+    dual: torch.Tensor,
+    kl_clamped: torch.Tensor,
+) -> LossOutput:
+    """The loss with its detached diagnostics, each flag counted as a share of the response tokens.
+
+    Args:
+        loss, pg_loss, kl: scalar float32 (only `loss` keeps its gradient).
+        log_ratio: (B, R) float32 new - old logprob (nats), 0 off the response.
+        mask: (B, R) float32 response mask.
+        clipped, dual, kl_clamped: (B, R) bool, tokens any clip cut off, the dual clip alone, a clamped KL log-ratio.
+
+    Returns:
+        The `LossOutput`.
+    """
+    on_response = mask.bool()
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1)
-        ratio_clipped = clipped < unclipped  # the clip branch won: no gradient through the ratio
 
         def share(flags: torch.Tensor) -> torch.Tensor:
             return (flags & on_response).sum() / tokens
 
-        out = LossOutput(loss=loss, pg_loss=pg_loss.detach(), kl=kl.detach(), clip_fraction=share(ratio_clipped | dual),
-                         dual_clip_fraction=share(dual), kl_clamp_fraction=share(kl_clamped),
-                         approx_kl_old=(-log_ratio * mask).sum() / tokens)  # fmt: skip
-    return out
+        return LossOutput(loss=loss, pg_loss=pg_loss.detach(), kl=kl.detach(), clip_fraction=share(clipped),
+                          dual_clip_fraction=share(dual), kl_clamp_fraction=share(kl_clamped),
+                          approx_kl_old=(-log_ratio * mask).sum() / tokens)  # fmt: skip

@@ -6,7 +6,8 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -16,9 +17,10 @@ from agentic_rl.config import Config
 from agentic_rl.errors import TrainingError
 from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
-from agentic_rl.train.loss import grpo_loss, response_logprobs
+from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
 from agentic_rl.train.optim import adamw, load_optimizer_state
-from agentic_rl.train.packing import pack_trajectories
+from agentic_rl.train.packing import PackedBatch, pack_trajectories
+from agentic_rl.train.step_stats import LossSums, StepStats
 from agentic_rl.types import Trajectory
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
@@ -87,6 +89,45 @@ def _micro_batches(
     return [torch.tensor(c, dtype=torch.long, device=rows.device) for c in chunks]
 
 
+@dataclass(frozen=True, slots=True)
+class _StepRows:
+    """Which rows of a packed batch one step trains, and the normalizers of its loss.
+
+    Attributes:
+        rows: (N,) int64, valid rows with at least one response token; all of them count in the normalizers.
+        computed: (M,) int64, the rows of `rows` whose forward runs (all of them with a KL term, else those whose
+            advantage is not 0).
+        total_tokens: response tokens of `rows`.
+        total_sequences: trajectories `rows` belong to.
+        computed_tokens: response tokens of `computed`.
+    """
+
+    rows: torch.Tensor
+    computed: torch.Tensor
+    total_tokens: float
+    total_sequences: int
+    computed_tokens: float
+
+    @classmethod
+    def of(cls, batch: PackedBatch, advantages: torch.Tensor, *, with_kl: bool) -> _StepRows:
+        """The rows of `batch` to train, given each row's (B,) float32 advantage and whether the loss has a KL term."""
+        rows = torch.nonzero(batch.valid & (batch.response_mask.sum(-1) > 0)).flatten()
+        # Without a KL term a row whose advantage is 0 adds exactly 0 to the loss and its gradient: skip its forward.
+        # The normalizers still count it, so the step is the same as with the row.
+        computed = rows if with_kl else rows[advantages[rows] != 0]
+        return cls(rows=rows, computed=computed, total_tokens=float(batch.response_mask[rows].sum()),
+                   total_sequences=int(torch.unique(batch.row_trajectory[rows]).numel()),
+                   computed_tokens=float(batch.response_mask[computed].sum()))  # fmt: skip
+
+    def shares(self, micro: PackedBatch, loss_agg_mode: str) -> tuple[float, float]:
+        """A micro-batch's weight in the step's loss (its share of the response tokens under `token-mean`, of the
+        sequences under `sequence-mean`) and its share of the response tokens."""
+        token_share = float(micro.response_mask.sum()) / self.total_tokens
+        if loss_agg_mode == "token-mean":
+            return token_share, token_share
+        return int(torch.unique(micro.row_trajectory).numel()) / self.total_sequences, token_share
+
+
 class GRPOTrainer:
     """Owns the training model and its optimizer.
 
@@ -152,7 +193,9 @@ class GRPOTrainer:
         """One GRPO optimizer step on a rollout: every exact token run of every valid trajectory is trained.
 
         A trajectory whose history memory rewrote trains each of its runs, each on its own prompt, all with the
-        trajectory's advantage (`pack_trajectories`, `batch_advantages`). If the gradient norm is not finite, the
+        trajectory's advantage (`pack_trajectories`, `batch_advantages`). The step packs the rollout, computes the
+        advantages, runs forward, loss and backward per micro-batch (`_accumulate_gradients`), clips the gradient
+        and takes the optimizer step (`_clip_gradients`, `_optimizer_step`). If the gradient norm is not finite, the
         optimizer step is skipped (weights unchanged) and reported in `step_skipped` / `skipped_steps`.
 
         Args:
@@ -160,16 +203,10 @@ class GRPOTrainer:
             group_ids: explicit group of each trajectory.
 
         Returns:
-            Metrics: `loss`, `pg_loss`, `kl`, `clip_fraction` (share of trained tokens any clip cut off),
-            `dual_clip_fraction`, `kl_clamp_fraction`, `grad_norm`, `reward_mean` / `reward_std` (over valid
-            trajectories), `valid_trajectories`, `valid_rows` (trained runs), `zero_advantage_rows` (of those,
-            rows whose forward was skipped: advantage 0 and no KL term add exactly nothing to the gradient),
-            `response_length` (mean sampled tokens per valid trajectory, all runs), `tokens` (= `tokens_trained`),
-            the token accounting of `TokenCounts` (`tokens_sampled` == `tokens_trained` + `tokens_excluded`, and
-            `tokens_excluded_failed`, `tokens_excluded_aborted`, `tokens_excluded_over_length`), `logprob_diff`
-            (mean |trainer - engine| logprob before the update, over the rows computed, nats; None when no row was
-            computed, e.g. every group's rewards were equal), `step_skipped` (1 if the optimizer step was skipped),
-            `skipped_steps` (so far) and `train_seconds`.
+            The step's `StepStats.as_metrics()`: `loss`, `pg_loss`, `kl`, the clip shares, `grad_norm`, rewards, row
+            and token accounting (`tokens_sampled` == `tokens_trained` + `tokens_excluded`), `logprob_diff` (None
+            when no row was computed), `step_skipped`, `skipped_steps` and `train_seconds`; `StepStats` documents
+            each key.
 
         Raises:
             TrainingError: when `max_consecutive_skips` optimizer steps in a row were skipped (the weights no longer
@@ -177,60 +214,115 @@ class GRPOTrainer:
             TrajectoryError: from packing or the loss (inconsistent records, NaN/Inf inputs).
         """
         t0 = time.perf_counter()
+        batch = self._pack(trajectories, group_ids)
+        advantages = batch_advantages(batch, scale_by_std=self.config.scale_by_std, std_floor=self.config.std_floor)
+        step = _StepRows.of(batch, advantages, with_kl=self._with_kl)
+        sums = self._accumulate_gradients(batch, advantages, step)
+        has_grads, grad_norm = self._clip_gradients(step)
+        skipped = self._optimizer_step(has_grads, grad_norm)
+        return self._step_stats(batch, step, sums, grad_norm=grad_norm, skipped=skipped, t0=t0).as_metrics()
+
+    @property
+    def _with_kl(self) -> bool:
+        """Whether the loss has a KL term (a reference model and `kl_coef` > 0)."""
+        return self.reference is not None and self.config.kl_coef > 0
+
+    def _pack(self, trajectories: Sequence[Trajectory], group_ids: Sequence[int] | None) -> PackedBatch:
+        """The rollout packed on the model's device, within the configured prompt and response widths."""
         cfg = self.config
         device = next(self.module.parameters()).device
-        batch = pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device,
-                                  max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length)  # fmt: skip
-        advantages = batch_advantages(batch, scale_by_std=cfg.scale_by_std, std_floor=cfg.std_floor)
-        rows = torch.nonzero(batch.valid & (batch.response_mask.sum(-1) > 0)).flatten()
-        total_tokens = float(batch.response_mask[rows].sum())
-        total_sequences = int(torch.unique(batch.row_trajectory[rows]).numel())
-        with_kl = self.reference is not None and cfg.kl_coef > 0
-        # Without a KL term a row whose advantage is 0 adds exactly 0 to the loss and its gradient: skip its forward.
-        # The normalizers above still count it, so the step is the same as with the row.
-        computed = rows if with_kl else rows[advantages[rows] != 0]
-        zero_advantage_rows = int(rows.numel() - computed.numel())
-        computed_tokens = float(batch.response_mask[computed].sum())
+        return pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device,
+                                 max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length)  # fmt: skip
+
+    def _accumulate_gradients(self, batch: PackedBatch, advantages: torch.Tensor, step: _StepRows) -> LossSums:
+        """Forward, loss and backward of each micro-batch of `step.computed`, the gradients adding up in `.grad`.
+
+        Each micro-batch's loss is weighted by its share of the step (`_StepRows.shares`), so the summed gradient is
+        the whole batch's.
+
+        Args:
+            batch: the packed rollout.
+            advantages: (B,) float32 advantage of each row.
+            step: the rows to train.
+
+        Returns:
+            The micro-batches' weighted loss sums.
+        """
+        cfg = self.config
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums = dict.fromkeys(("loss", "pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "kl_clamp_fraction",
-                              "diff"), 0.0)  # fmt: skip
-        chunks = _micro_batches(computed, batch.row_trajectory, cfg.micro_batch_size,
+        sums = LossSums()
+        chunks = _micro_batches(step.computed, batch.row_trajectory, cfg.micro_batch_size,
                                 whole_trajectories=cfg.loss_agg_mode == "sequence-mean")  # fmt: skip
         for i, idx in enumerate(chunks):
             micro = batch.select(idx, trim=True)
-            sync = i == len(chunks) - 1
-            context = self.model.no_sync() if (hasattr(self.model, "no_sync") and not sync) else nullcontext()
-            with context:
-                new = response_logprobs(self.model, micro)
-                ref = None
-                if with_kl:
-                    with torch.no_grad():
-                        ref = response_logprobs(self.reference, micro)
-                out = grpo_loss(new, micro.old_logprobs, advantages[idx], micro.response_mask,
-                                clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
-                                ref_logprobs=ref, kl_coef=cfg.kl_coef, loss_agg_mode=cfg.loss_agg_mode,
-                                sequence_ids=micro.row_trajectory)  # fmt: skip
-                token_share = float(micro.response_mask.sum()) / total_tokens
-                weight = (token_share if cfg.loss_agg_mode == "token-mean"
-                          else int(torch.unique(micro.row_trajectory).numel()) / total_sequences)  # fmt: skip
+            with self._gradient_sync(last=i == len(chunks) - 1):
+                new, out = self._micro_loss(micro, advantages[idx])
+                weight, token_share = step.shares(micro, cfg.loss_agg_mode)
                 (out.loss * weight).backward()
-            mask = micro.response_mask.bool()
-            sums["diff"] += float((new.detach() - micro.old_logprobs).abs()[mask].sum())
-            for key in ("loss", "pg_loss", "kl"):
-                sums[key] += float(getattr(out, key).detach()) * weight
-            for key in ("clip_fraction", "dual_clip_fraction", "kl_clamp_fraction"):  # token shares in every mode
-                sums[key] += float(getattr(out, key)) * token_share
-        if rows.numel() and not computed.numel():  # every row skipped: the optimizer still steps on a zero gradient
+            gap = (new.detach() - micro.old_logprobs).abs()[micro.response_mask.bool()]
+            sums.add(out, gap, weight=weight, token_share=token_share)
+        return sums
+
+    def _gradient_sync(self, *, last: bool) -> AbstractContextManager[Any]:
+        """A DDP wrapper's `no_sync` for every micro-batch but the last, whose backward then averages the gradients."""
+        return self.model.no_sync() if (hasattr(self.model, "no_sync") and not last) else nullcontext()
+
+    def _micro_loss(self, micro: PackedBatch, advantages: torch.Tensor) -> tuple[torch.Tensor, LossOutput]:
+        """The policy's (b, r) float32 response logprobs of a micro-batch (with gradient) and its `grpo_loss`.
+
+        Args:
+            micro: the micro-batch's rows.
+            advantages: (b,) float32 advantage of each of its rows.
+        """
+        cfg = self.config
+        new = response_logprobs(self.model, micro)
+        ref = None
+        if self._with_kl:
+            with torch.no_grad():
+                ref = response_logprobs(self.reference, micro)
+        out = grpo_loss(new, micro.old_logprobs, advantages, micro.response_mask,
+                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
+                        ref_logprobs=ref, kl_coef=cfg.kl_coef, loss_agg_mode=cfg.loss_agg_mode,
+                        sequence_ids=micro.row_trajectory)  # fmt: skip
+        return new, out
+
+    def _clip_gradients(self, step: _StepRows) -> tuple[bool, float]:
+        """Average the gradients across ranks and clip them to `max_grad_norm`.
+
+        Args:
+            step: the rows trained; if none was computed, the optimizer still steps on a zero gradient.
+
+        Returns:
+            Whether any parameter has a gradient, and the total gradient norm before clipping (0.0 without one; not
+            finite when a gradient holds NaN or Inf).
+        """
+        if step.rows.numel() and not step.computed.numel():  # every row skipped: step on a zero gradient
             for p in self.module.parameters():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(p)
         if self.dist is not None:
             self.dist.allreduce_grads_(self.module)  # every rank joins, even with no rows of its own
         has_grads = any(p.grad is not None for p in self.module.parameters())
-        grad_norm = (float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), cfg.max_grad_norm))
+        grad_norm = (float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm))
                      if has_grads else 0.0)  # fmt: skip
-        skipped = has_grads and not math.isfinite(grad_norm)  # the norm is global: every rank decides alike
+        return has_grads, grad_norm
+
+    def _optimizer_step(self, has_grads: bool, grad_norm: float) -> bool:
+        """Take the optimizer step, or skip it for a non-finite gradient norm; then clear the gradients.
+
+        Args:
+            has_grads: whether any parameter has a gradient (none: nothing to step on).
+            grad_norm: the total gradient norm (global: every rank decides alike).
+
+        Returns:
+            Whether the step was skipped.
+
+        Raises:
+            TrainingError: when `max_consecutive_skips` steps in a row have now been skipped.
+        """
+        cfg = self.config
+        skipped = has_grads and not math.isfinite(grad_norm)
         if skipped:
             self.skipped_steps += 1
             self.consecutive_skips += 1
@@ -246,21 +338,31 @@ class GRPOTrainer:
                 f"{self.consecutive_skips} optimizer steps in a row were skipped for a non-finite gradient norm "
                 f"(last: {grad_norm}; max_consecutive_skips={cfg.max_consecutive_skips}): the weights no longer move"
             )
+        return skipped
+
+    def _step_stats(self, batch: PackedBatch, step: _StepRows, sums: LossSums, *, grad_norm: float, skipped: bool,
+                    t0: float) -> StepStats:  # fmt: skip
+        """The step's metrics; `t0` is its `time.perf_counter()` start."""
         valid_rewards = batch.trajectory_rewards[batch.trajectory_valid]
         valid_lengths = batch.trajectory_tokens[batch.trajectory_valid].float()
-        return {
-            **{k: v for k, v in sums.items() if k != "diff"},
-            "grad_norm": grad_norm,
-            "reward_mean": float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
-            "reward_std": float(valid_rewards.std(unbiased=False)) if valid_rewards.numel() else 0.0,
-            "valid_trajectories": int(batch.trajectory_valid.sum()),
-            "valid_rows": int(rows.numel()),
-            "zero_advantage_rows": zero_advantage_rows,
-            "response_length": float(valid_lengths.mean()) if valid_lengths.numel() else 0.0,
-            "tokens": int(total_tokens),
-            **batch.tokens.as_metrics(),
-            "logprob_diff": sums["diff"] / computed_tokens if computed_tokens else None,
-            "step_skipped": int(skipped),
-            "skipped_steps": self.skipped_steps,
-            "train_seconds": time.perf_counter() - t0,
-        }
+        return StepStats(
+            loss=sums.loss,
+            pg_loss=sums.pg_loss,
+            kl=sums.kl,
+            clip_fraction=sums.clip_fraction,
+            dual_clip_fraction=sums.dual_clip_fraction,
+            kl_clamp_fraction=sums.kl_clamp_fraction,
+            grad_norm=grad_norm,
+            reward_mean=float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
+            reward_std=float(valid_rewards.std(unbiased=False)) if valid_rewards.numel() else 0.0,
+            valid_trajectories=int(batch.trajectory_valid.sum()),
+            valid_rows=int(step.rows.numel()),
+            zero_advantage_rows=int(step.rows.numel() - step.computed.numel()),
+            response_length=float(valid_lengths.mean()) if valid_lengths.numel() else 0.0,
+            tokens=int(step.total_tokens),
+            token_counts=batch.tokens,
+            logprob_diff=sums.logprob_gap / step.computed_tokens if step.computed_tokens else None,
+            step_skipped=int(skipped),
+            skipped_steps=self.skipped_steps,
+            train_seconds=time.perf_counter() - t0,
+        )

@@ -11,7 +11,7 @@ import threading
 import anyio
 import psutil
 import pytest
-from engines import CountingEnvironment, ScriptedEngine
+from support.engines import CountingEnvironment, ScriptedEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.rollout.harness import HarnessConfig, run_trajectory

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import torch
-from engines import DelegatingEngine, ScriptedEngine
+from support.engines import DelegatingEngine, ScriptedEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult

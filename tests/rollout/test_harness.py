@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 import pytest
-from engines import CALL_REGEX, ForcedCallEngine, RecordingEngine
+from support.engines import CALL_REGEX, ForcedCallEngine, RecordingEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from engines import CountingEnvironment, DelegatingEngine, ForcedCallEngine, ScriptedEngine
+from support.engines import CountingEnvironment, DelegatingEngine, ForcedCallEngine, ScriptedEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine, Generation
@@ -121,7 +121,7 @@ async def test_quiesce_hands_back_queued_and_suspended_work_and_resume_matches_a
         assert isinstance(cp, TrajectoryCheckpoint)
         assert cp.turn == len(cp.steps) == 2  # stopped at a turn boundary, after whole turns
         assert cp.response_ids[-1] != tokenizer.convert_tokens_to_ids("<|im_end|>")  # ends with an observation
-    assert rollout.environment.closed == {}  # suspended environments stay open
+    assert rollout.spec.environment.closed == {}  # suspended environments stay open
     finished_first = {t.idx for t in first.trajectories}
     assert sorted(finished_first | set(suspended.indices)) == list(range(10))  # nothing lost
     assert finished_first.isdisjoint(suspended.indices)
@@ -132,7 +132,7 @@ async def test_quiesce_hands_back_queued_and_suspended_work_and_resume_matches_a
     assert [_record(t) for t in resumed] == [_record(t) for t in reference.trajectories]
     assert all(t.termination_reason == TerminationReason.ENV_DONE and not t.failed for t in resumed)
     assert all(t.metrics["alignment_mismatches"] == 0 for t in resumed)
-    assert set(rollout.environment.closed.values()) == {1} and len(rollout.environment.closed) == 10
+    assert set(rollout.spec.environment.closed.values()) == {1} and len(rollout.spec.environment.closed) == 10
 
 
 async def test_quiesce_from_another_task_waits_for_in_flight_turns(tokenizer):
@@ -161,7 +161,7 @@ async def test_quiesce_from_another_task_waits_for_in_flight_turns(tokenizer):
     assert [idx for idx, _ in suspended.queued] == [3, 4]
     await rollout.discard(suspended)
     assert len(suspended) == 0
-    assert sorted(rollout.environment.closed.values()) == [1, 1, 1]
+    assert sorted(rollout.spec.environment.closed.values()) == [1, 1, 1]
     assert await rollout.quiesce() == SuspendedRollout()  # idle: nothing to hand back
 
 

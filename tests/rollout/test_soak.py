@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import psutil
 import pytest
-from engines import ScriptedEngine
+from support.engines import ScriptedEngine
 from test_faults import FaultyEnvironment, HangingTool, HugeTool, RaisingTool, reward
 
 from agentic_rl.chat import ChatRenderer
@@ -136,7 +136,7 @@ async def soak(tokenizer: Any) -> dict[str, Any]:
 def test_soak_of_1000_faulty_trajectories_loses_nothing_and_stays_flat():
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072",
-           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+           "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-5000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 import pytest
-from engines import CALL_REGEX, DelegatingEngine, SteeredEngine
+from support.engines import CALL_REGEX, DelegatingEngine, SteeredEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.tool_env import ToolEnvironment

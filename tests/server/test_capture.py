@@ -7,8 +7,8 @@ import uuid
 
 import httpx
 import pytest
-from conftest import MODEL_NAME
-from exact import assert_captured_exactly
+from support.exact import assert_captured_exactly
+from support.server import MODEL_NAME
 
 from agentic_rl.errors import RequestError
 

@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from conftest import MODEL_NAME
+from support.server import MODEL_NAME
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 COMPLETION = {"model": MODEL_NAME, "prompt": "The capital of France is", "max_tokens": 8}

@@ -15,8 +15,8 @@ import uuid
 
 import httpx
 import pytest
-from conftest import MODEL_NAME
-from exact import assert_captured_exactly
+from support.exact import assert_captured_exactly
+from support.server import MODEL_NAME
 
 from agentic_rl.parser import ToolCall, parse_tool_calls
 from agentic_rl.server.protocol import TRAJECTORY_HEADER

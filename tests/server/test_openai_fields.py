@@ -10,8 +10,8 @@ import uuid
 
 import httpx
 import pytest
-from conftest import MODEL_NAME
-from exact import assert_captured_exactly
+from support.exact import assert_captured_exactly
+from support.server import MODEL_NAME
 
 from agentic_rl.server.app import create_app
 from agentic_rl.server.serving import OpenAIServing

@@ -10,8 +10,8 @@ import uuid
 import httpx
 import openai
 import pytest
-from conftest import MODEL_NAME
-from exact import assert_captured_exactly
+from support.exact import assert_captured_exactly
+from support.server import MODEL_NAME
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "math",
           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},

@@ -10,7 +10,7 @@ import json
 
 import httpx
 import pytest
-from conftest import MODEL_NAME
+from support.server import MODEL_NAME
 
 from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, parse_tool_calls
 

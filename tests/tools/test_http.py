@@ -9,7 +9,7 @@ import time
 import anyio
 import httpx
 import pytest
-from fake_web import SERPER_KEY, FakeWeb, fake_web_fixture, fake_web_server_fixture  # noqa: F401  (fixtures)
+from support.fake_web import SERPER_KEY, FakeWeb, fake_web_fixture, fake_web_server_fixture  # noqa: F401  (fixtures)
 
 from agentic_rl.errors import ConfigError, ToolError
 from agentic_rl.tools.http import (

@@ -131,7 +131,8 @@ def test_sandbox_is_a_stateful_tool_named_python_with_a_required_code_string():
     assert function["parameters"]["required"] == ["code"]
     assert function["parameters"]["properties"]["code"]["type"] == "string"
     json.dumps(sandbox.schema)
-    assert sandbox.timeout_s > sandbox.exec_timeout_s  # the environment's limit leaves room to kill and restart
+    assert sandbox.call_timeout_s > sandbox.timeout_s  # the environment's limit leaves room to kill and restart
+    assert SandboxTool(timeout_s=7).timeout_s == 7.0  # the code's limit reads as given
     with pytest.raises(TypeError, match="stateful"):
         sandbox.execute({"code": "1"})
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from fake_web import (  # noqa: F401  (fixtures)
+from support.fake_web import (  # noqa: F401  (fixtures)
     NO_RESULTS_QUERY,
     SERPAPI_KEY,
     SERPER_KEY,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fake_web import (  # noqa: F401  (fixtures)
+from support.fake_web import (  # noqa: F401  (fixtures)
     JINA_KEY,
     OPENAI_KEY,
     FakeWeb,

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launch import free_port_pair
+from support.launch import free_port_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from wandb_records import config as wandb_config
-from wandb_records import history as wandb_history
+from support.wandb_records import config as wandb_config
+from support.wandb_records import history as wandb_history
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.train.loggers import JsonlLogger, MetricsLogger, TensorBoardLogger, build_loggers

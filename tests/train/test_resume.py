@@ -2,7 +2,7 @@
 or while saving a checkpoint) that resumes into the same weights and metrics as an uninterrupted run.
 
 The end-to-end tests run real subprocesses on the tiny random model. The killed run is stopped at a known point by
-`toy_rewards:e_share_held`: its reward calls after step 2's block, so once `metrics.jsonl` has two rows and
+`support.toy_rewards:e_share_held`: its reward calls after step 2's block, so once `metrics.jsonl` has two rows and
 `checkpoints/step_2/` exists the process is inside step 3's rollout and stays there until `kill -9`.
 """
 
@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from processes import cli_command, complete_lines, kill9, run, start, wait_until
-from train_runs import write_train_config
+from support.processes import cli_command, complete_lines, kill9, run, start, wait_until
+from support.train_runs import write_train_config
 
 from agentic_rl.cli import main
 from agentic_rl.train.checkpoints import (
@@ -118,7 +118,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def _wandb_steps(run_dir: Path) -> list[list[int]]:
     """The steps logged with metrics in each offline wandb run file of `run_dir`, oldest first."""
-    from wandb_records import history
+    from support.wandb_records import history
 
     segments = sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     return [[r["_step"] for r in history(path) if "loss" in r] for path in segments]
@@ -139,7 +139,7 @@ def _without_timing(rows: list[dict]) -> list[dict]:
 def runs(tmp_path_factory):
     """An uninterrupted 4-step run and the same run killed (kill -9) during step 3, run side by side."""
     base = tmp_path_factory.mktemp("runs")
-    settings = {"steps": STEPS, "checkpoint_every": 1, "keep_checkpoints": 2, "reward": "toy_rewards:e_share_held",
+    settings = {"steps": STEPS, "checkpoint_every": 1, "keep_checkpoints": 2, "reward": "support.toy_rewards:e_share_held",
                 "loggers": ["jsonl", "tensorboard", "wandb"]}  # fmt: skip
     configs = {name: write_train_config(base / name, **settings) for name in ("reference", "killed")}
     command = {name: cli_command("train", "--config", str(path), "--no-progress") for name, path in configs.items()}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-import derived_builders
 import pytest
 import torch
+from support import derived_builders
 
 from agentic_rl import models
 from agentic_rl.errors import ConfigError, ModelError
@@ -63,8 +63,8 @@ def test_sft_trainer_refuses_a_batch_without_trained_tokens(tokenizer):
 
 
 def test_a_derived_model_is_built_once_and_rebuilt_when_its_recipe_changes(tmp_path, monkeypatch, model_dir):
-    spec = DerivedModel(base=models.DEFAULT_MODEL, build="derived_builders:copy_build",
-                        fingerprint="derived_builders:fingerprint", description="test copy")  # fmt: skip
+    spec = DerivedModel(base=models.DEFAULT_MODEL, build="support.derived_builders:copy_build",
+                        fingerprint="support.derived_builders:fingerprint", description="test copy")  # fmt: skip
     monkeypatch.setitem(models.DERIVED, "copy-model", spec)
     derived_builders.BUILDS.clear()
     cache = tmp_path / "cache"
@@ -79,8 +79,8 @@ def test_a_derived_model_is_built_once_and_rebuilt_when_its_recipe_changes(tmp_p
     monkeypatch.setitem(derived_builders.VERSION, "value", 2)
     resolve_model("copy-model", cache_dir=cache)
     assert len(derived_builders.BUILDS) == 2  # a changed recipe rebuilds
-    broken = DerivedModel(base=models.DEFAULT_MODEL, build="derived_builders:failing_build",
-                          fingerprint="derived_builders:fingerprint", description="broken")  # fmt: skip
+    broken = DerivedModel(base=models.DEFAULT_MODEL, build="support.derived_builders:failing_build",
+                          fingerprint="support.derived_builders:fingerprint", description="broken")  # fmt: skip
     monkeypatch.setitem(models.DERIVED, "broken-model", broken)
     with pytest.raises(ModelError, match="building broken-model failed: RuntimeError: the recipe broke"):
         resolve_model("broken-model", cache_dir=cache)

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))  # engines.py: ForcedCallEngine
 
 
 @pytest.fixture
@@ -101,7 +98,7 @@ def rollout_run(engine, tokenizer, model_dir, tmp_path_factory) -> Path:
     """A run folder from a real rollout: 6 GSM8K-style tasks on the session engine, the first turn of each forced
     into a calculator call (SmolLM2 does not write them by itself), as `agentic-rl rollout` would save it."""
     import anyio
-    from engines import ForcedCallEngine
+    from support.engines import ForcedCallEngine
 
     from agentic_rl.chat import ChatRenderer
     from agentic_rl.environments.tool_env import ToolEnvironment

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 
 import anyio
 import pytest
+from support.engines import RecordingEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Generation
@@ -15,9 +14,6 @@ from agentic_rl.engine.chat_client import ChatClient, EngineChatClient
 from agentic_rl.errors import ConfigError, EngineAbortedError, EngineError, RewardError
 from agentic_rl.memory import ChatSummaryClient, MemorySummary, SummaryClient, summary_request
 from agentic_rl.rollout.rewards import LLMJudgeReward
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
-from engines import RecordingEngine  # noqa: E402
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 TASK = {"question": "What is the capital of France?", "ground_truth": "Paris"}

@@ -1,6 +1,6 @@
 """Driving an `agentic-rl` subprocess to a known point and killing it there, ordered by what it wrote, not by sleeps.
 
-The runs these helpers drive use `toy_rewards:e_share_held` (tests/train), which blocks every reward call after the
+The runs these helpers drive use `support.toy_rewards:e_share_held` (tests/support), which blocks every reward call after the
 N-th: the process then stops at a known point and stays there until killed, so "wait until the files show N results,
 then kill -9" never races the process to its end.
 """
@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-TOY_REWARDS = ROOT / "tests" / "train"  # toy_rewards.py, importable by the subprocess
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"  # support/toy_rewards.py, importable by the subprocess as `support.toy_rewards`
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    """The environment of a CLI subprocess: this one's, with `toy_rewards` importable, plus `extra`."""
-    path = os.pathsep.join([str(TOY_REWARDS), os.environ.get("PYTHONPATH", "")])
+    """The environment of a CLI subprocess: this one's, with `support.toy_rewards` importable, plus `extra`."""
+    path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 

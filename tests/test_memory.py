@@ -143,11 +143,7 @@ def test_prompt_truncation_warning_when_raw_messages_alone_exceed_the_budget(tok
 
 
 async def test_rollout_with_summary_memory_keeps_every_prompt_under_budget(engine, tokenizer, base_url):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
-    from engines import ForcedCallEngine
+    from support.engines import ForcedCallEngine
 
     from agentic_rl.chat import ChatRenderer
     from agentic_rl.environments.tool_env import ToolEnvironment

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from launch import free_port_pair
-from processes import cli_env
-from train_runs import write_train_config
+from support.launch import free_port_pair
+from support.processes import cli_env
+from support.train_runs import write_train_config
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop import load_train_config
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
+ROOT = HERE.parent
 
 
 def test_config_overrides_and_validation(tmp_path):
@@ -95,8 +95,8 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
     for png in ("reward_curve.png", "metrics.png", "response_lengths.png"):
         assert (run / png).read_bytes()[:4] == b"\x89PNG", png
 
+    from support.wandb_records import history
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from wandb_records import history
 
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()

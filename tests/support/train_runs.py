@@ -14,7 +14,7 @@ def write_train_config(folder: Path, **extra) -> Path:
     the toy `e_share` reward, fp32 engine) with the top-level fields in `extra` replaced, and return its path."""
     config = {
         "model": "tiny-random-smollm2", "data": str(ROOT.parent / "shared/data/gsm8k_train.jsonl"),
-        "tools": ["calculator"], "reward": "toy_rewards:e_share", "output_dir": str(folder / "run"), "steps": 2,
+        "tools": ["calculator"], "reward": "support.toy_rewards:e_share", "output_dir": str(folder / "run"), "steps": 2,
         "rollout": {"tasks_per_step": 2, "group_size": 3, "n_parallel_agents": 8, "max_steps": 1,
                     "max_prompt_length": 1024, "max_response_length": 64, "sampling": {"temperature": 1.0, "max_tokens": 32}},
         "engine": {"dtype": "float32", "kv_cache_gib": 0.1},

@@ -182,11 +182,7 @@ class _EngineSummaryClient:
 
 
 async def test_a_summarizing_rollout_on_the_real_engine_is_packed_run_by_run(engine, tokenizer):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rollout"))
-    from engines import ForcedCallEngine
+    from support.engines import ForcedCallEngine
 
     from agentic_rl.chat import ChatRenderer
     from agentic_rl.environments.tool_env import ToolEnvironment

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-TEMPLATES_DIR = Path(__file__).parent / "fixtures" / "templates"
+TEMPLATES_DIR = Path(__file__).parents[1] / "fixtures" / "templates"
 
 _DEEPSEEK_TOKENS = ("<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
                     "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",

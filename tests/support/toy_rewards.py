@@ -1,4 +1,4 @@
-"""Dense toy rewards for training smoke tests on a random-weight model (`toy_rewards:e_share`; `e_share_held`
+"""Dense toy rewards for training smoke tests on a random-weight model (`support.toy_rewards:e_share`; `e_share_held`
 stops a run at a known point)."""
 
 import os

@@ -1,0 +1,236 @@
+"""Request preparation: a request body validated into a `PreparedCall` the engine can run.
+
+`RequestPreparer.prepare` checks the model name and the trajectory id, builds the exact prompt ids (a chat through
+its chat template, continuing the trajectory's previous call when it can; a completion through the tokenizer),
+and sets the sampling options and the output constraint. Every refusal is a `RequestError` naming its field.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentic_rl.chat import ChatRenderer
+from agentic_rl.engine.base import Engine
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.errors import RequestError
+from agentic_rl.server.capture import TrajectoryRecorder
+from agentic_rl.server.constraints import Constraint, output_constraint
+from agentic_rl.server.protocol import (
+    TRAJECTORY_HEADER,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    parse_request,
+)
+
+__all__ = ["PreparedCall", "RequestPreparer"]
+
+_PASS_THROUGH = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "seed")
+_MAX_RENDERERS = 16
+
+
+@dataclass
+class PreparedCall:
+    """A validated request, ready for the engine.
+
+    Attributes:
+        request: the parsed request.
+        prompt_ids: the exact prompt the engine will see.
+        sampling: the engine's sampling options (output constraint included).
+        trajectory_id: the capture id, or None.
+        continued: True when `prompt_ids` extends the trajectory's previous call exactly.
+        messages: the chat messages in plain form (None for completions).
+        tools: the tool schemas the prompt was rendered with.
+        constraint: the output constraint taken from `tool_choice` / `response_format` / `structured_outputs`.
+        template_kwargs: `chat_template_kwargs` of the request.
+        id: the response id (`chatcmpl-...` or `cmpl-...`).
+        created: the response's creation time, in Unix seconds.
+        weight_version: the engine's weight version when the call was prepared (recorded with a captured call).
+    """
+
+    request: SamplingFields
+    prompt_ids: list[int]
+    sampling: SamplingConfig
+    trajectory_id: str | None
+    continued: bool
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    constraint: Constraint = field(default_factory=Constraint)
+    template_kwargs: dict[str, Any] | None = None
+    id: str = ""
+    created: int = 0
+    weight_version: int = 0
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.request, ChatCompletionRequest)
+
+
+class RequestPreparer:
+    """Turns request bodies into `PreparedCall`s for one engine and model.
+
+    Args:
+        engine: the engine the calls run on (its `max_model_len` bounds prompt plus completion, in tokens).
+        tokenizer: the engine model's tokenizer.
+        renderer: the chat renderer for requests without `chat_template_kwargs`.
+        model_name: the only `model` a request may name (others get 404).
+        recorder: the trajectory recorder that builds the prompts of tagged chat calls.
+        max_tokens_cap: an upper bound on `max_tokens` (besides the model window), or None.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        renderer: ChatRenderer,
+        *,
+        model_name: str,
+        recorder: TrajectoryRecorder,
+        max_tokens_cap: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.renderer = renderer
+        self.model_name = model_name
+        self.recorder = recorder
+        self.max_tokens_cap = max_tokens_cap
+        self._renderers: OrderedDict[str, ChatRenderer] = OrderedDict()
+
+    def prepare(
+        self, body: Any, *, trajectory_id: str | None = None, chat: bool | None = None, streaming: bool | None = None
+    ) -> PreparedCall:
+        """Validate a request and build its prompt and sampling options.
+
+        Args:
+            body: the JSON body.
+            trajectory_id: the `X-Trajectory-Id` header, if any.
+            chat: True for `/v1/chat/completions`, False for `/v1/completions`, None to tell by `messages`/`prompt`.
+            streaming: whether the caller can stream; False rejects `stream=true` (in-process calls), None allows it.
+
+        Returns:
+            The call, with a fresh `id` and `created` time.
+
+        Raises:
+            RequestError: for an invalid request (400) or an unknown model (404).
+        """
+        if chat is None:
+            has_messages = isinstance(body, dict) and "messages" in body
+            has_prompt = isinstance(body, dict) and "prompt" in body
+            if has_messages == has_prompt:
+                raise RequestError("the request needs exactly one of 'prompt' (completion) or 'messages' (chat)")
+            chat = has_messages
+        request = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+        if request.stream and streaming is False:
+            raise RequestError("stream=true is served over HTTP (or `OpenAIServing.stream`); this call returns one "
+                               "response", param="stream")  # fmt: skip
+        tid = self._trajectory_id(request, trajectory_id)
+        if isinstance(request, ChatCompletionRequest):
+            call = self._prepare_chat(request, tid)
+        else:
+            assert isinstance(request, CompletionRequest)
+            call = self._prepare_completion(request, tid)
+        call.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        call.created = int(time.time())
+        return call
+
+    def _trajectory_id(self, request: SamplingFields, header_id: str | None) -> str | None:
+        if request.model is not None and request.model != self.model_name:
+            raise RequestError(f"model {request.model!r} does not exist; this server serves {self.model_name!r}",
+                               status=404, param="model", kind="not_found_error")  # fmt: skip
+        if header_id is not None and not 1 <= len(header_id) <= 256:
+            raise RequestError(f"the {TRAJECTORY_HEADER} header must hold 1 to 256 characters, got {len(header_id)}",
+                               param="trajectory_id")  # fmt: skip
+        if header_id is not None and request.trajectory_id is not None and header_id != request.trajectory_id:
+            raise RequestError(f"the {TRAJECTORY_HEADER} header ({header_id!r}) and the body's trajectory_id "
+                               f"({request.trajectory_id!r}) name different trajectories: give one, or the same id",
+                               param="trajectory_id")  # fmt: skip
+        tid = header_id if header_id is not None else request.trajectory_id
+        if tid is not None and request.n != 1:
+            raise RequestError("trajectory capture records one sample per call: use n=1", param="n")
+        return tid
+
+    def _renderer(self, template_kwargs: dict[str, Any] | None) -> ChatRenderer:
+        if not template_kwargs:
+            return self.renderer
+        key = json.dumps(template_kwargs, sort_keys=True)
+        renderer = self._renderers.get(key)
+        if renderer is None:
+            try:
+                renderer = ChatRenderer(self.tokenizer, template_kwargs=template_kwargs)
+            except Exception as exc:
+                raise RequestError(f"the chat template fails with these chat_template_kwargs: {exc}",
+                                   param="chat_template_kwargs") from None  # fmt: skip
+            self._renderers[key] = renderer
+            while len(self._renderers) > _MAX_RENDERERS:
+                self._renderers.popitem(last=False)
+        self._renderers.move_to_end(key)
+        return renderer
+
+    def _prepare_chat(self, request: ChatCompletionRequest, tid: str | None) -> PreparedCall:
+        messages = [m.plain() for m in request.messages]
+        tools = request.tool_dicts
+        renderer = self._renderer(request.chat_template_kwargs)
+        try:
+            prompt_ids, continued = self.recorder.chat_prompt(
+                tid, messages, tools, renderer=renderer, template_kwargs=request.chat_template_kwargs
+            )
+        except Exception as exc:  # the template refused these messages (e.g. roles out of the order it wants)
+            raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
+        constraint = output_constraint(request)
+        sampling = self._sampling(request, len(prompt_ids), [renderer.end_of_turn_id], constraint)
+        return PreparedCall(request, prompt_ids, sampling, tid, continued, weight_version=self.engine.weight_version,
+                            messages=messages, tools=tools,
+                            constraint=constraint, template_kwargs=request.chat_template_kwargs)  # fmt: skip
+
+    def _prepare_completion(self, request: CompletionRequest, tid: str | None) -> PreparedCall:
+        prompt_ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        bos = self.tokenizer.bos_token_id
+        if request.add_special_tokens and bos is not None and prompt_ids[:2] == [bos, bos]:
+            plain = self.tokenizer.encode(request.prompt, add_special_tokens=False)
+            if plain[:1] == [bos] and plain[:2] != [bos, bos]:  # the text already starts with the BOS
+                prompt_ids = prompt_ids[1:]
+        if not prompt_ids:
+            raise RequestError("the prompt encodes to no tokens", param="prompt")
+        continued = self.recorder.completion_continues(tid, prompt_ids)
+        constraint = output_constraint(request)
+        sampling = self._sampling(request, len(prompt_ids), [], constraint)
+        return PreparedCall(request, prompt_ids, sampling, tid, continued, constraint=constraint,
+                            weight_version=self.engine.weight_version)
+
+    def _sampling(self, request: SamplingFields, prompt_len: int, stop_ids: list[int],
+                  constraint: Constraint) -> SamplingConfig:  # fmt: skip
+        room = self.engine.max_model_len - prompt_len
+        if room < 1:
+            raise RequestError(f"the prompt has {prompt_len} tokens; the model window (max_model_len) is "
+                               f"{self.engine.max_model_len}, which leaves no room for a completion",
+                               param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")  # fmt: skip
+        vocabulary = len(self.tokenizer)
+        if any(t >= vocabulary for t in request.stop_token_ids or []):
+            raise RequestError(f"stop_token_ids must be below the vocabulary size {vocabulary}", param="stop_token_ids")
+        max_tokens = min(request.max_tokens, room, self.max_tokens_cap or room)
+        sampling: dict[str, Any] = {name: getattr(request, name) for name in _PASS_THROUGH}
+        stops = request.stop_strings
+        sampling.update(
+            max_tokens=max_tokens,
+            min_tokens=min(request.min_tokens, max_tokens),
+            top_k=request.top_k if request.top_k > 0 else -1,
+            logprobs=_top_n(request),
+            detokenize=request.detokenize or None,  # None: the engine decides (only for stop strings)
+            stop=stops or None,
+            stop_token_ids=[*stop_ids, *(request.stop_token_ids or [])] or None,
+            structured_outputs=constraint.params,
+        )
+        return SamplingConfig(**{k: v for k, v in sampling.items() if v is not None})
+
+
+def _top_n(request: SamplingFields) -> int:
+    """How many top logprobs per sampled token the request asks for (0 for none)."""
+    if isinstance(request, ChatCompletionRequest):
+        return (request.top_logprobs or 0) if request.logprobs else 0
+    assert isinstance(request, CompletionRequest)
+    return request.logprobs or 0

@@ -1,0 +1,107 @@
+"""What one GRPO optimizer step reports: its micro-batches' loss sums and the metrics `GRPOTrainer.train_step` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from agentic_rl.train.loss import LossOutput
+from agentic_rl.train.packing import TokenCounts
+
+__all__ = ["LossSums", "StepStats"]
+
+
+@dataclass(slots=True)
+class LossSums:
+    """`LossOutput`'s scalars summed over a step's micro-batches, each weighted by that micro-batch's share.
+
+    Attributes:
+        loss, pg_loss, kl: weighted by the micro-batch's share of the loss (of the step's response tokens under
+            `token-mean`, of its sequences under `sequence-mean`).
+        clip_fraction, dual_clip_fraction, kl_clamp_fraction: weighted by the micro-batch's share of the step's
+            response tokens (they are shares of tokens in every mode).
+        logprob_gap: |trainer - engine| logprob summed over the computed response tokens (nats), unweighted.
+    """
+
+    loss: float = 0.0
+    pg_loss: float = 0.0
+    kl: float = 0.0
+    clip_fraction: float = 0.0
+    dual_clip_fraction: float = 0.0
+    kl_clamp_fraction: float = 0.0
+    logprob_gap: float = 0.0
+
+    def add(self, out: LossOutput, gap: torch.Tensor, *, weight: float, token_share: float) -> None:
+        """Add one micro-batch.
+
+        Args:
+            out: its loss.
+            gap: (n,) float32 |trainer - engine| logprob (nats) of its n response tokens, detached.
+            weight: its share of the loss (see `loss`).
+            token_share: its share of the step's response tokens.
+        """
+        self.logprob_gap += float(gap.sum())
+        self.loss += float(out.loss.detach()) * weight
+        self.pg_loss += float(out.pg_loss.detach()) * weight
+        self.kl += float(out.kl.detach()) * weight
+        self.clip_fraction += float(out.clip_fraction) * token_share
+        self.dual_clip_fraction += float(out.dual_clip_fraction) * token_share
+        self.kl_clamp_fraction += float(out.kl_clamp_fraction) * token_share
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """The metrics of one `GRPOTrainer.train_step`, one attribute per key of `as_metrics` (in its order).
+
+    Attributes:
+        loss, pg_loss, kl: the step's loss, its policy-gradient part and its mean k3 KL (see `grpo_loss`).
+        clip_fraction: share of trained tokens any clip cut off.
+        dual_clip_fraction: share of trained tokens the dual clip alone cut off.
+        kl_clamp_fraction: share of trained tokens whose KL log-ratio was clamped.
+        grad_norm: total gradient norm before clipping (0.0 without gradients; may be non-finite).
+        reward_mean, reward_std: over valid trajectories (population std; 0.0 without any).
+        valid_trajectories: trajectories that enter the loss.
+        valid_rows: trained runs (rows with response tokens).
+        zero_advantage_rows: of those, rows whose forward was skipped (advantage 0 and no KL term add exactly nothing
+            to the gradient).
+        response_length: mean sampled tokens per valid trajectory, all runs (0.0 without any).
+        tokens: response tokens trained (= `tokens_trained`).
+        token_counts: the token accounting, reported as its `TokenCounts.as_metrics` keys (`tokens_sampled` ==
+            `tokens_trained` + `tokens_excluded`, and `tokens_excluded_failed`, `tokens_excluded_aborted`,
+            `tokens_excluded_over_length`).
+        logprob_diff: mean |trainer - engine| logprob before the update over the rows computed (nats); None when no
+            row was computed (e.g. every group's rewards were equal).
+        step_skipped: 1 if the optimizer step was skipped for a non-finite gradient norm.
+        skipped_steps: optimizer steps skipped so far.
+        train_seconds: wall time of the step.
+    """
+
+    loss: float
+    pg_loss: float
+    kl: float
+    clip_fraction: float
+    dual_clip_fraction: float
+    kl_clamp_fraction: float
+    grad_norm: float
+    reward_mean: float
+    reward_std: float
+    valid_trajectories: int
+    valid_rows: int
+    zero_advantage_rows: int
+    response_length: float
+    tokens: int
+    token_counts: TokenCounts
+    logprob_diff: float | None
+    step_skipped: int
+    skipped_steps: int
+    train_seconds: float
+
+    def as_metrics(self) -> dict[str, Any]:
+        """`{key: value}` in attribute order, `token_counts` spread into its own keys."""
+        metrics: dict[str, Any] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            metrics.update(value.as_metrics() if isinstance(value, TokenCounts) else {field.name: value})
+        return metrics
