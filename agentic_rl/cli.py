@@ -59,6 +59,8 @@ def _config_command(sub: Any, name: str, help_text: str, config: str, example: s
 def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
     """The `agentic-rl` parser; with `typed_only`, `rollout` options left out of the command line stay unset (to
     tell which options were given)."""
+    from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents, bounds
+
     parser = argparse.ArgumentParser(prog="agentic-rl", description="Agentic RL rollouts on a colocated vLLM engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -78,10 +80,11 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         help="which column holds each task field (question, answer or ground_truth, id, system_prompt), e.g. "
              "question=problem,answer=solution; default: GSM8K and verl column names")  # fmt: skip
     add("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
-    add("--n-parallel", type=_bounded(int, 1, 64), default=16, help="trajectories in flight")
-    add("--max-steps", type=_bounded(int, 1, 10), default=3, help="assistant turns per trajectory")
-    add("--max-prompt-length", type=_bounded(int, 1, 128 * 1024), default=2048)
-    add("--max-response-length", type=_bounded(int, 1, 8192), default=1024, help="token budget after the prompt")
+    add("--n-parallel", type=_bounded(int, *bounds(NParallelAgents)), default=16, help="trajectories in flight")
+    add("--max-steps", type=_bounded(int, *bounds(MaxSteps)), default=3, help="assistant turns per trajectory")
+    add("--max-prompt-length", type=_bounded(int, *bounds(MaxPromptLength)), default=2048)
+    add("--max-response-length", type=_bounded(int, *bounds(MaxResponseLength)), default=1024,
+        help="token budget after the prompt")
     add("--max-tokens", type=_bounded(int, 1), default=384, help="cap of one turn in tokens")
     add("--temperature", type=_bounded(float, 0.0, 2.0), default=0.7)
     add("--top-p", type=_bounded(float, 1e-8, 1.0), default=1.0)
@@ -255,8 +258,8 @@ def _run_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> int:
 
     console = Console()
     plan = _plan_rollout(args, typed)
-    wrapper, model_dir = _start_agent(plan, console)
-    trajectories, wall = _generate(plan, wrapper, console)
+    spec, model_dir = _start_agent(plan, console)
+    trajectories, wall = _generate(plan, spec, console)
     summary = _write_summary(plan, model_dir, trajectories, wall)
     _print_summary(console, plan, summary, wall)
     if summary["failed"] == summary["tasks"]:
@@ -304,6 +307,18 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any]) -> _RolloutPl
                         reward_fn=reward_fn, judge=judge, system_prompt=system_prompt, out_dir=out_dir)  # fmt: skip
 
 
+def _harness_config(args: argparse.Namespace) -> Any:
+    """The limits and the typed sampling options of every turn, from the rollout's arguments.
+
+    Raises:
+        ConfigError: for a bad combination the argument checks cannot see.
+    """
+    from agentic_rl.rollout.spec import HarnessConfig
+
+    return HarnessConfig(max_steps=args.max_steps, max_prompt_length=args.max_prompt_length,
+                         max_response_length=args.max_response_length, sampling=_sampling_options(args))  # fmt: skip
+
+
 def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling options of every turn, from the rollout's arguments."""
     return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "max_tokens": args.max_tokens,
@@ -311,42 +326,44 @@ def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
-    """The rollout machinery: a `ToolAgentEngineWrapper` over an engine on the model, started unless no task is left
-    to run; with the llm_judge reward, judging with the run's own engine.
+    """The `RolloutSpec` of the built-in tool agent over an engine on the model, started unless no task is left to
+    run (then None); with the llm_judge reward, judging with the run's own engine.
 
     Returns:
-        The wrapper and the model's folder.
+        The spec (or None) and the model's folder.
     """
     from transformers import AutoTokenizer
 
+    from agentic_rl.chat import ChatRenderer
     from agentic_rl.models import resolve_model
-    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+    from agentic_rl.rollout.agent import start_engine, tool_agent_spec
     from agentic_rl.tools.registry import build_tools
 
     args = plan.args
+    config = _harness_config(args)
     model_dir = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    wrapper = ToolAgentEngineWrapper(
-        "cli_agent", tokenizer, _sampling_options(args), args.max_prompt_length, args.max_response_length,
-        args.n_parallel, args.max_steps, model=model_dir, tools=build_tools(plan.tool_names, corpus=args.corpus),
-        reward_fn=plan.reward_fn, system_prompt=plan.system_prompt,
-        engine_options={**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}, serve=False,
-    )  # fmt: skip
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model_dir)))
     resumed = f" ({len(plan.done)} done before, resuming {plan.out_dir})" if plan.resuming else ""
     console.print(f"model {model_dir}, {len(plan.tasks)} tasks from {args.data}{resumed}; starting the engine...")
-    if plan.todo:
-        wrapper.initialize()
-    if plan.judge and plan.todo:
+    if not plan.todo:
+        return None, model_dir
+    options = {**_dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}
+    engine = start_engine(model_dir, options, max_prompt_length=args.max_prompt_length,
+                          max_response_length=args.max_response_length)  # fmt: skip
+    reward_fn = plan.reward_fn
+    if plan.judge:
         from agentic_rl.engine.chat_client import EngineChatClient
         from agentic_rl.rollout.rewards import LLMJudgeReward
 
-        wrapper.reward_fn = LLMJudgeReward(client=EngineChatClient(wrapper.engine, wrapper.renderer))
-    return wrapper, model_dir
+        reward_fn = LLMJudgeReward(client=EngineChatClient(engine, renderer))
+    spec = tool_agent_spec(renderer, engine, tools=build_tools(plan.tool_names, corpus=args.corpus), config=config,
+                           reward_fn=reward_fn, system_prompt=plan.system_prompt)  # fmt: skip
+    return spec, model_dir
 
 
-def _generate(plan: _RolloutPlan, wrapper: Any, console: Any) -> tuple[list[Any], float]:
+def _generate(plan: _RolloutPlan, spec: Any, console: Any) -> tuple[list[Any], float]:
     """Run the tasks left under a progress bar, each trajectory appended to `trajectories.jsonl` as it finishes (an
-    interrupted run keeps them); the wrapper is closed after.
+    interrupted run keeps them); the engine and the tools are closed after.
 
     Returns:
         The trajectories of this run and its wall-clock seconds (none and 0.0 when no task was left).
@@ -354,6 +371,8 @@ def _generate(plan: _RolloutPlan, wrapper: Any, console: Any) -> tuple[list[Any]
     import anyio
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agentic_rl.rollout.agent import close_tool_agent
+    from agentic_rl.rollout.session import Rollout
     from agentic_rl.types import trajectory_to_dict
 
     records = (plan.out_dir / "trajectories.jsonl").open("a" if plan.resuming else "w", encoding="utf-8")
@@ -366,11 +385,11 @@ def _generate(plan: _RolloutPlan, wrapper: Any, console: Any) -> tuple[list[Any]
     async def rollout() -> tuple[list[Any], float]:
         t0 = time.perf_counter()
         try:
-            trajectories = await wrapper.generate_agent_trajectories_async(
+            result = await Rollout(spec, n_parallel_agents=plan.args.n_parallel).run(
                 [plan.tasks[i] for i in plan.todo], on_result=finished, indices=plan.todo)  # fmt: skip
         finally:
-            await wrapper.close()
-        return trajectories, time.perf_counter() - t0
+            await close_tool_agent(spec, engine=spec.engine)
+        return result.trajectories, time.perf_counter() - t0
 
     columns = [TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with records, Progress(*columns, console=console, disable=plan.args.no_progress) as progress:

@@ -94,13 +94,6 @@ class _TaskOrder:
         return batch
 
 
-def _rollout_seed(config: TrainConfig, rank: int, step: int) -> int:
-    """The sampling seed of training step `step` (0-based) on `rank`: fixed by the config, different per step and
-    rank (the turn loop offsets it per trajectory and turn), so a resumed run samples what the uninterrupted one
-    would have."""
-    return config.seed + 1000 * rank + 7_368_787 * step
-
-
 def run_training(
     config: TrainConfig, *, on_step: Callable[[dict[str, Any]], None] | None = None, resume: bool = False
 ) -> list[dict[str, Any]]:
@@ -179,7 +172,9 @@ async def train(
     finally:
         for sink in run.sinks:
             sink.close()
-        await run.rollouts.close()
+        from agentic_rl.rollout.agent import close_tool_agent
+
+        await close_tool_agent(run.spec, engine=run.engine)
     return run.history
 
 
@@ -198,7 +193,7 @@ class _Run:
     tokenizer: Any
     trainer: Any  # a GRPOTrainer
     engine: TrainableEngine
-    rollouts: Any  # the rollout machinery (`_start_rollouts`), closed when the run ends
+    spec: Any  # the `RolloutSpec` every rollout of the run shares (`_start_rollouts`), closed when the run ends
     sinks: list[Any]  # rank 0's metric sinks (`build_loggers`), filled when the run starts
     history: list[dict[str, Any]]  # the metrics rows so far
 
@@ -232,7 +227,7 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
     model_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     task_order = _TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
-    rollouts, engine = _start_rollouts(config, dist, tokenizer, model_dir, start, state)
+    spec, engine = _start_rollouts(config, dist, tokenizer, model_dir, start, state)
     trainer = _make_trainer(config, dist, tokenizer, model_dir, device)
     history: list[dict[str, Any]] = []
     if state is not None:  # after the trainer copied the initial model as its KL reference
@@ -243,7 +238,7 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
         await engine.update_weights(trainer.named_weights())
     return _Run(config=config, dist=dist, out=out, start=start, done=state["step"] if state is not None else 0,
                 eval_tasks=eval_tasks, task_order=task_order, task_ids=task_ids, tokenizer=tokenizer, trainer=trainer,
-                engine=engine, rollouts=rollouts, sinks=[], history=history)  # fmt: skip
+                engine=engine, spec=spec, sinks=[], history=history)  # fmt: skip
 
 
 def _first_redone(state: dict[str, Any] | None) -> int:
@@ -304,41 +299,51 @@ def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict
 
 def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, start: Checkpoint | None,
                     state: dict[str, Any] | None) -> tuple[Any, TrainableEngine]:  # fmt: skip
-    """Start the rollout machinery: a `ToolAgentEngineWrapper` with the config's tools, reward and limits over a
-    colocated engine (`_engine_options`) that loads the checkpoint's weights when resuming (`start`), else the
-    model's. `_rollout` makes each step's rollout from it; `train` closes it.
+    """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
+    (`_engine_options`) that loads the checkpoint's weights when resuming (`start`), else the model's, and the
+    `RolloutSpec` of the built-in tool agent with the config's tools, reward and limits. `_rollout` makes each
+    step's rollout from it; `train` closes it.
 
     Returns:
-        The machinery and its engine.
+        The spec and its engine.
 
     Raises:
         ConfigError: if the engine cannot take new weights.
     """
+    from agentic_rl.chat import ChatRenderer
+    from agentic_rl.rollout.agent import start_engine, tool_agent_spec
     from agentic_rl.rollout.rewards import resolve_reward
-    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+    from agentic_rl.rollout.spec import HarnessConfig
     from agentic_rl.tools.registry import build_tools
 
     r = config.rollout
-    wrapper = ToolAgentEngineWrapper(
-        "trainer", tokenizer, r.sampling, r.max_prompt_length, r.max_response_length, r.n_parallel_agents,
-        r.max_steps, model=start.path if start is not None else model_dir, tools=build_tools(config.tools),
-        reward_fn=resolve_reward(config.reward), engine_options=_engine_options(config, dist, model_dir, state),
-        serve=False, toolcall_weight=r.toolcall_weight,
-    )  # fmt: skip
-    wrapper.initialize()
-    if not isinstance(wrapper.engine, TrainableEngine):
-        raise ConfigError(f"training needs an engine that takes new weights, got {type(wrapper.engine).__name__}")
-    return wrapper, wrapper.engine
+    harness = HarnessConfig(max_steps=r.max_steps, max_prompt_length=r.max_prompt_length,
+                            max_response_length=r.max_response_length, sampling=r.sampling,
+                            toolcall_weight=r.toolcall_weight)  # fmt: skip
+    renderer = ChatRenderer(tokenizer)
+    engine = start_engine(start.path if start is not None else model_dir, _engine_options(config, dist, model_dir, state),
+                          max_prompt_length=r.max_prompt_length, max_response_length=r.max_response_length)  # fmt: skip
+    if not isinstance(engine, TrainableEngine):
+        raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
+    spec = tool_agent_spec(renderer, engine, tools=build_tools(config.tools), config=harness,
+                           reward_fn=resolve_reward(config.reward))  # fmt: skip
+    return spec, engine
 
 
 def _rollout(run: _Run, step: int | None) -> Any:
-    """A `Rollout` over the run's engine, tools and reward: training step `step`'s (0-based: the config's sampling
-    with the step's seed, `_rollout_seed`), or with `step=None` the held-out evaluation's (greedy, unseeded)."""
+    """A `Rollout` over the run's spec: training step `step`'s (0-based: the config's sampling with the seed
+    `derive_seed(config.seed, rank, step)`, which the turn loop offsets per trajectory and turn, so a resumed run
+    samples what the uninterrupted one would have), or with `step=None` the held-out evaluation's (greedy,
+    unseeded)."""
+    from agentic_rl.engine.sampling import derive_seed
+    from agentic_rl.rollout.session import Rollout
+
     if step is None:
         update: dict[str, Any] = {"temperature": 0.0, "seed": None}
     else:
-        update = {"seed": _rollout_seed(run.config, run.dist.rank, step)}
-    return run.rollouts.make_rollout(sampling=run.config.rollout.sampling.model_copy(update=update))
+        update = {"seed": derive_seed(run.config.seed, rank=run.dist.rank, step=step)}
+    sampling = run.config.rollout.sampling.model_copy(update=update)
+    return Rollout(run.spec.with_sampling(sampling), n_parallel_agents=run.config.rollout.n_parallel_agents)
 
 
 def _make_trainer(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, device: Any) -> Any:

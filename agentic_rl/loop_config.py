@@ -15,6 +15,7 @@ from agentic_rl.config import Config
 from agentic_rl.data import DataColumns
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
+from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
 
@@ -29,10 +30,10 @@ class RolloutSection(Config):
         default=4, ge=2, description="samples per task: GRPO's baseline is the group's mean reward, so a group of one "
         "has advantage 0 and trains nothing",
     )  # fmt: skip
-    n_parallel_agents: int = Field(default=16, ge=1, le=64)
-    max_steps: int = Field(default=2, ge=1, le=10)
-    max_prompt_length: int = Field(default=1024, ge=1, le=128 * 1024)
-    max_response_length: int = Field(default=512, ge=1, le=8192)
+    n_parallel_agents: NParallelAgents = 16
+    max_steps: MaxSteps = 2
+    max_prompt_length: MaxPromptLength = 1024
+    max_response_length: MaxResponseLength = 512
     sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=1.0, max_tokens=256))
     toolcall_weight: float = Field(
         default=0.1, ge=0, allow_inf_nan=False,

@@ -13,7 +13,7 @@ import anyio
 
 from agentic_rl.errors import ConfigError
 
-__all__ = ["check_n_parallel_agents", "run_batch", "run_tasks"]
+__all__ = ["batch_indices", "check_n_parallel_agents", "run_batch", "run_tasks"]
 
 T = TypeVar("T")
 
@@ -27,6 +27,18 @@ def check_n_parallel_agents(n_parallel_agents: Any) -> int:
     if isinstance(n_parallel_agents, bool) or not isinstance(n_parallel_agents, int) or n_parallel_agents < 1:
         raise ConfigError(f"n_parallel_agents must be an int >= 1, got {n_parallel_agents!r}")
     return n_parallel_agents
+
+
+def batch_indices(tasks: Sequence[Any], indices: Sequence[int] | None) -> list[int]:
+    """Each task's batch index: `indices`, or 0, 1, ... when None.
+
+    Raises:
+        ConfigError: if `indices` is not one distinct int per task.
+    """
+    order = list(range(len(tasks))) if indices is None else list(indices)
+    if len(order) != len(tasks) or len(set(order)) != len(order):
+        raise ConfigError(f"indices must give one distinct index per task: {len(tasks)} tasks, indices {order[:10]}")
+    return order
 
 
 async def run_batch(
@@ -90,9 +102,7 @@ async def run_tasks(
     Raises:
         ConfigError: if `n_parallel_agents` is not an int >= 1, or `indices` is not one distinct int per task.
     """
-    order = list(range(len(tasks))) if indices is None else list(indices)
-    if len(order) != len(tasks) or len(set(order)) != len(order):
-        raise ConfigError(f"indices must give one distinct index per task: {len(tasks)} tasks, indices {order[:10]}")
+    order = batch_indices(tasks, indices)
 
     async def one(idx: int, task: Any) -> T:
         return await run_one(task, idx)

@@ -23,7 +23,7 @@ import anyio
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.harness import TrajectoryCheckpoint, run_trajectory
-from agentic_rl.rollout.runner import check_n_parallel_agents, run_batch
+from agentic_rl.rollout.runner import batch_indices, check_n_parallel_agents, run_batch
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.rollout.tasks import checked_task, failed_trajectory
 from agentic_rl.types import StepTrajectory, TerminationReason
@@ -93,16 +93,28 @@ class Rollout:
         return self._done is not None and not self._done.is_set()
 
     async def run(
-        self, tasks: Sequence[dict[str, Any]], *, on_result: Callable[[StepTrajectory], None] | None = None
+        self,
+        tasks: Sequence[dict[str, Any]],
+        *,
+        on_result: Callable[[StepTrajectory], None] | None = None,
+        indices: Sequence[int] | None = None,
     ) -> RolloutResult:
-        """Run one trajectory per task (task i gets index i) until all end or `quiesce` stops the call.
+        """Run one trajectory per task until all end or `quiesce` stops the call.
 
         A malformed task gives a failed trajectory (`invalid_task`) without stopping the others.
 
+        Args:
+            tasks: the tasks.
+            on_result: called with each trajectory as it ends.
+            indices: each task's batch index (`Trajectory.idx`, which also offsets its sampling seed); default 0,
+                1, ... A run that continues an interrupted one passes its remaining tasks' original positions.
+
         Raises:
-            ConfigError: if a `run` or `resume` of this rollout is already in progress.
+            ConfigError: if a `run` or `resume` of this rollout is already in progress, or `indices` is not one
+                distinct index per task.
         """
-        return await self._drive([(idx, task) for idx, task in enumerate(tasks)], [], on_result)
+        order = batch_indices(tasks, indices)
+        return await self._drive(list(zip(order, tasks, strict=True)), [], on_result)
 
     async def resume(
         self, suspended: SuspendedRollout, *, on_result: Callable[[StepTrajectory], None] | None = None
