@@ -357,7 +357,8 @@ class Step:
         reward: step reward.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).
-        run: the trajectory's `TokenRun` this turn was sampled in (None for a step that sampled nothing).
+        run: the trajectory's `TokenRun` this turn was sampled in (None for a step built by hand without one: it has
+            no tokens, and `step_rows` refuses it).
         span: `[start, end)` of this turn's sampled ids in `run.response_ids`.
     """
 

@@ -90,6 +90,7 @@ async def test_engine_reporting_nan_logprobs_fails_only_that_trajectory(tokenize
     assert trajs[1].error.startswith("TrajectoryError: response_logprobs contains")
     # the ids stay (counted as sampled and excluded), the invalid logprobs do not; the turns stay for inspection
     assert trajs[1].response_logprobs is None and trajs[1].num_generated_tokens > 0 and len(trajs[1].steps) == 2
+    assert all(any(step.run is run for run in trajs[1].runs or trajs[1].token_runs()) for step in trajs[1].steps)
 
 
 def _loss_inputs() -> dict[str, Any]:

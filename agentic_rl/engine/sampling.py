@@ -32,9 +32,11 @@ def derive_seed(seed: int, *, rank: int = 0, step: int = 0, trajectory: int = 0,
         choice: the choice of an `n > 1` server request (stride 1).
 
     Returns:
-        An int in [0, 2**31 - 2].
+        `seed` itself at the origin (all coordinates 0); else `(seed + offset) mod (2**31 - 1)`, in [0, 2**31 - 2].
     """
     offset = 1000 * rank + 7_368_787 * step + 1_000_003 * trajectory + 7_919 * turn + choice
+    if offset == 0:  # the first request of a run samples with the run's own seed, whatever its sign
+        return seed
     return (seed + offset) % _SEED_MODULUS
 
 

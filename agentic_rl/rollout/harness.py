@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,7 @@ class _State:
     })  # fmt: skip
     recorder: RunRecorder = field(default_factory=RunRecorder)
     messages: list[dict[str, Any]] = field(default_factory=list)  # what the current run renders
+    segments: list[Segment] = field(default_factory=list)  # the current run, one segment per append (alignment check)
     memory: MemorySimple | None = None
     turn: int = 0  # the next turn to generate
     observation: Any = None  # what the model saw last
@@ -266,8 +268,9 @@ def _finish(
                                         failed=failed, error=error, **common)  # fmt: skip
     except TrajectoryError as exc:  # e.g. the engine reported a NaN logprob: this trajectory fails, not the batch
         logger.error("trajectory %s (task %r) failed: invalid record: %s", state.idx, state.task.get("id"), exc)
-        kept = [TokenRun(r.prompt_ids, r.response_ids, r.response_mask, None, r.weight_versions) for r in runs]
-        return StepTrajectory.from_runs(kept, termination_reason=TerminationReason.ERROR, failed=True,
+        for run in runs:  # in place: the steps keep pointing at the trajectory's runs
+            run.response_logprobs = None
+        return StepTrajectory.from_runs(runs, termination_reason=TerminationReason.ERROR, failed=True,
                                         error=f"TrajectoryError: {exc}", **common)  # fmt: skip
 
 
@@ -275,22 +278,11 @@ def _check_alignment(spec: RolloutSpec, state: _State) -> None:
     """Compare the current run with a full re-render of its messages (metrics `alignment_mismatches`,
     `retokenize_drift`)."""
     tools = state.sample.tools if state.sample is not None else None
-    report = check_alignment(spec.renderer, state.messages, _segments(state.recorder.current), tools)
+    report = check_alignment(spec.renderer, state.messages, state.segments, tools)
     state.metrics["alignment_mismatches"] = report.mismatches
     state.metrics["retokenize_drift"] = report.retokenize_drift
     if report.mismatches:
         logger.warning("trajectory %s: %d token alignment mismatches (%s)", state.idx, report.mismatches, report.detail)
-
-
-def _segments(run: TokenRun) -> list[Segment]:
-    """The run as segments of one source each: the prompt, then each stretch of sampled or inserted ids."""
-    segments = [Segment(tuple(run.prompt_ids), sampled=False)]
-    start = 0
-    for j in range(1, len(run.response_ids) + 1):
-        if j == len(run.response_ids) or run.response_mask[j] != run.response_mask[start]:
-            segments.append(Segment(tuple(run.response_ids[start:j]), sampled=bool(run.response_mask[start])))
-            start = j
-    return segments
 
 
 # ---- the turn loop ------------------------------------------------------------------------------------------------
@@ -312,6 +304,18 @@ async def _turn_loop(spec: RolloutSpec, state: _State, pause: anyio.Event | None
     return TerminationReason.MAX_STEPS
 
 
+def _start_run(state: _State, prompt_ids: list[int]) -> None:
+    """Begin a new exact run (the first, or after memory rewrote the history)."""
+    state.recorder.start(prompt_ids)
+    state.segments = [Segment(tuple(prompt_ids), sampled=False)]
+
+
+def _insert(state: _State, ids: Sequence[int]) -> None:
+    """Append inserted ids (a stop string's tail, an observation and its glue) to the current run."""
+    state.recorder.insert(ids)
+    state.segments.append(Segment(tuple(ids), sampled=False))
+
+
 def _stopped(state: _State, stop: _Stop) -> TerminationReason:
     reason, limit = stop
     if limit:
@@ -323,7 +327,7 @@ def _start(spec: RolloutSpec, state: _State) -> _Stop | None:
     """Render the first prompt and start the first run; stop if it is too long."""
     assert state.sample is not None
     state.messages = list(state.sample.messages)
-    state.recorder.start(spec.renderer.prompt_ids(state.sample.messages, state.sample.tools))
+    _start_run(state, spec.renderer.prompt_ids(state.sample.messages, state.sample.tools))
     state.observation = state.sample.messages[-1]["content"]
     return _prompt_too_long(len(state.recorder.current.prompt_ids), spec.config.max_prompt_length,
                             spec.engine.max_model_len)  # fmt: skip
@@ -380,8 +384,9 @@ async def _generate(
             "sampled tokens; an aborted turn is never trained"
         )
     run, span = state.recorder.sample(ids[: end.kept], generation.logprobs[: end.kept], version)
+    state.segments.append(Segment(tuple(ids[: end.kept]), sampled=True))
     if end.tail_ids:
-        state.recorder.insert(end.tail_ids)
+        _insert(state, end.tail_ids)
     state.metrics["generated_tokens"] += end.kept
     state.metrics["weight_version"] = min(state.metrics.get("weight_version", version), version)
     assistant = {"role": "assistant", "content": end.content}
@@ -427,7 +432,7 @@ def _observe(spec: RolloutSpec, state: _State, turn: int, result: StepResult, en
     state.sample.messages.extend(result.observation)
     if fits:
         state.messages.extend(result.observation)
-        state.recorder.insert(obs_ids)
+        _insert(state, obs_ids)
     if state.memory is not None:  # an observation that did not fit makes the next turn start a new, shorter run
         for message in result.observation:
             state.memory.add_message({"role": message["role"], "content": message.get("content") or "(empty)"})
@@ -496,5 +501,5 @@ async def _apply_memory(spec: RolloutSpec, state: _State) -> None:
         prompt_messages = memory.get_prompt_messages()
     wanted = to_template_messages(prompt_messages)
     if wanted != [{"role": m["role"], "content": m["content"]} for m in state.messages]:
-        state.recorder.start(spec.renderer.prompt_ids(wanted, state.sample.tools))
+        _start_run(state, spec.renderer.prompt_ids(wanted, state.sample.tools))
         state.messages = wanted

@@ -306,15 +306,18 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
 
     @property
     def spec(self) -> RolloutSpec:
-        """The `RolloutSpec` this wrapper runs trajectories with (its `reward_fn` is the wrapper's current one).
+        """The `RolloutSpec` this wrapper runs trajectories with: always the wrapper's current `engine`,
+        `harness_config`, `reward_fn` and `memory_factory`, also when they were set after `initialize()`.
 
         Raises:
             ConfigError: before `initialize()`.
         """
         if self._spec is None or self.engine is None:
             raise ConfigError("call initialize() before generating trajectories")
-        if self._spec.reward_fn is not self.reward_fn:  # the reward may be swapped after initialize()
-            self._spec = dataclasses.replace(self._spec, reward_fn=self.reward_fn)
+        current = {"engine": self.engine, "config": self.harness_config, "reward_fn": self.reward_fn,
+                   "memory_factory": self.memory_factory}  # fmt: skip
+        if any(getattr(self._spec, name) is not value for name, value in current.items()):  # set after initialize()
+            self._spec = dataclasses.replace(self._spec, **current)
         return self._spec
 
     @property

@@ -237,8 +237,9 @@ def pack_trajectories(
         if reason is not None:
             counts[f"excluded_{reason}"] += sampled
             rows.append(_Row(_EMPTY, _EMPTY, _EMPTY, None, i))
-        else:
-            rows.extend(_run_row(run, i, counts, max_prompt_length, max_response_length) for run in runs)
+        else:  # a run that sampled nothing (memory rewrote the history, then no room was left) trains nothing
+            trained = [run for run in runs if run.num_sampled] or runs[-1:]
+            rows.extend(_run_row(run, i, counts, max_prompt_length, max_response_length) for run in trained)
         counts["sampled"] += sampled
         per_trajectory.append(sampled)
         valid_list.append(reason is None)

@@ -208,6 +208,8 @@ async def test_wrapper_make_rollout_uses_the_wrappers_engine_environment_and_set
     assert rollout.spec.config.turn_timeout_s == 30
     result = await rollout.run(_tasks(3))
     assert [(t.metrics["res_reward"], t.metrics["steps"]) for t in result.trajectories] == [(1.0, 3)] * 3
+    wrapper.harness_config = wrapper.harness_config.model_copy(update={"max_steps": 1})
+    assert wrapper.make_rollout().spec.config.max_steps == 1  # settings changed after initialize() apply
 
 
 # ---------------------------------------------------------------------------------------------- real engine

@@ -213,3 +213,13 @@ async def test_a_summarizing_rollout_on_the_real_engine_is_packed_run_by_run(eng
     assert sampled_in_context(batch) == sampled_by_steps(traj)  # each sampled token once, in its exact context
     assert runs[-1].prompt_ids == traj.prompt_tokens.tolist()
     assert runs[-1].response_ids == traj.response_tokens.tolist()
+
+
+def test_a_run_that_sampled_nothing_gives_no_row():
+    # memory rewrote the history, then no room was left: the last run has a prompt and no response
+    traj = rewritten()
+    empty = TokenRun([1, 2, 40, 41, 42])
+    traj = StepTrajectory.from_runs([*traj.runs, empty], steps=traj.steps, task={"id": "q"})
+    batch = pack_trajectories([traj], pad_token_id=PAD, max_prompt_length=4)
+    assert batch.input_ids.shape[0] == 2 and not bool(batch.truncated.any())
+    assert batch.tokens == TokenCounts(sampled=8, trained=8)
