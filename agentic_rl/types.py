@@ -115,6 +115,11 @@ class TokenRun:
         if self.weight_versions is not None:
             self.weight_versions.extend([INSERTED_VERSION] * len(ids))
 
+    def copy(self) -> TokenRun:
+        """A copy whose lists are its own (later appends to this run do not reach it)."""
+        return TokenRun(*(None if values is None else list(values) for values in (
+            self.prompt_ids, self.response_ids, self.response_mask, self.response_logprobs, self.weight_versions)))
+
     @property
     def total_length(self) -> int:
         """Prompt plus response tokens."""

@@ -47,7 +47,7 @@ class _State:
     steps: list[Step] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=lambda: {
         "llm_time": 0.0, "env_time": 0.0, "reward_time": 0.0, "tool_calls": 0, "tool_errors": 0,
-        "well_formed_calls": 0, "generated_tokens": 0,
+        "well_formed_calls": 0,
     })  # fmt: skip
     recorder: RunRecorder = field(default_factory=RunRecorder)
     messages: list[dict[str, Any]] = field(default_factory=list)  # what the current run renders
@@ -255,7 +255,8 @@ def _finish(
     toolcall_reward = config.toolcall_weight * metrics["well_formed_calls"] / attempted if attempted and not failed else 0.0
     if not failed and config.check_alignment and state.recorder.runs:
         _check_alignment(spec, state)
-    metrics.update(steps=len(state.steps), res_reward=reward, toolcall_reward=toolcall_reward, total_time=total_s)
+    metrics.update(steps=len(state.steps), res_reward=reward, toolcall_reward=toolcall_reward, total_time=total_s,
+                   generated_tokens=sum(run.num_sampled for run in state.recorder.runs))
     if state.steps:
         state.steps[-1].done = True
         state.steps[-1].reward = reward + toolcall_reward
@@ -387,7 +388,6 @@ async def _generate(
     state.segments.append(Segment(tuple(ids[: end.kept]), sampled=True))
     if end.tail_ids:
         _insert(state, end.tail_ids)
-    state.metrics["generated_tokens"] += end.kept
     state.metrics["weight_version"] = min(state.metrics.get("weight_version", version), version)
     assistant = {"role": "assistant", "content": end.content}
     state.sample.messages.append(assistant)

@@ -243,7 +243,7 @@ class TrajectoryRecorder:
             captured = self._captured.setdefault(trajectory_id, _Captured())
             recorder = captured.recorder
             if turn.continued and recorder.runs and recorder.current.extends(turn.prompt_ids):
-                recorder.extend_to(turn.prompt_ids)
+                recorder.insert(turn.prompt_ids[recorder.current.total_length :])  # the observation and its glue
             else:
                 recorder.start(turn.prompt_ids)
             _, span = recorder.sample(turn.response_ids, turn.logprobs, turn.weight_version)
@@ -264,9 +264,7 @@ class TrajectoryRecorder:
         """
         with self._lock:
             captured = self._captured.pop(trajectory_id) if pop else self._captured[trajectory_id]
-            runs = [dataclasses.replace(run, **{name: list(getattr(run, name)) for name in (
-                "prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions")})
-                for run in captured.recorder.runs]  # fmt: skip
+            runs = [run.copy() for run in captured.recorder.runs]
             turns = list(captured.turns)
         steps = [_step(t, runs[t.run]) for t in turns]
         if steps:
