@@ -352,10 +352,10 @@ class Step:
     Attributes:
         chat_completions: the full conversation up to and including this step's assistant message.
         thought: the text inside `<think>...</think>` of the model response, or "".
-        action: the tool call(s) the model wrote this turn, as text from the first `<tool_call>` on, or "" for a
-            final answer.
+        action: the tool call(s) the model wrote this turn, as text from the first `<tool_call>` on ("" for a final
+            answer in the built-in harness); None when not recorded.
         observation: what the model saw before acting: the user question on turn 0, later the previous
-            action's result.
+            action's result; None when not recorded.
         model_response: the full assistant text of this turn.
         info: details of this turn: finish reason, sampled token count, weight version, `llm_time_s` and
             `env_time_s` (seconds in the engine and in the environment), tool-call counts and errors.
@@ -369,8 +369,8 @@ class Step:
 
     chat_completions: list[dict[str, str]] = field(default_factory=list)
     thought: str = ""
-    action: Any = ""
-    observation: Any = ""
+    action: Any = None
+    observation: Any = None
     model_response: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     reward: float = 0.0

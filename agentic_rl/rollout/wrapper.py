@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ from agentic_rl.rollout.tasks import checked_task, failed_trajectory
 from agentic_rl.server.group import EngineServers
 from agentic_rl.types import StepTrajectory, TerminationReason, Trajectory
 
-__all__ = ["BaseEngineWrapper", "ToolAgentEngineWrapper"]
+__all__ = ["BaseEngineWrapper", "ToolAgentEngineWrapper", "collect_trajectories"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,6 @@ class _WrapperArgs(Config):
     model_config = ConfigDict(strict=True)
 
     agent_name: Annotated[StrictStr, Field(min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-    sampling_params: SamplingConfig
     max_prompt_length: MaxPromptLength
     max_response_length: MaxResponseLength
     n_parallel_agents: NParallelAgents
@@ -46,7 +46,7 @@ class _WrapperArgs(Config):
 
 _ALLOWED = {
     "agent_name": "a non-empty string of letters, digits and underscores, not starting with a digit",
-    "sampling_params": "a dict of SamplingConfig options",
+    "sampling_params": "a dict (of options for the agent's engine)",
     "max_prompt_length": describe(MaxPromptLength),
     "max_response_length": describe(MaxResponseLength),
     "n_parallel_agents": describe(NParallelAgents),
@@ -57,16 +57,30 @@ _ALLOWED = {
 class BaseEngineWrapper(abc.ABC):
     """Base of every agent wrapper: validated settings, task checking and concurrent trajectory generation.
 
-    Subclasses implement `initialize()` (set up the engine and environment) and `generate_trajectory()` (one
-    task -> one trajectory); `generate_agent_trajectories_async` runs the tasks with at most `n_parallel_agents`
-    in flight.
+    A subclass implements `initialize()` (set up the engine and environment) and one of:
+
+    - `generate_agent_trajectories_async(tasks)`, the AgentSDK's method: all tasks -> one trajectory each, in task
+      order, as a plain function or a coroutine function; or
+    - `generate_trajectory(task, idx)`: one validated task -> one trajectory. The base class's
+      `generate_agent_trajectories_async` then validates the tasks, runs at most `n_parallel_agents` at once and
+      turns a task that raises into a failed trajectory (the others still run).
+
+    A class that defines neither cannot be instantiated (`TypeError` naming both).
+
+    Training your own agent (`TrainConfig.agent`): the trainer builds the class with the rollout section's settings
+    (and the config's `agent.kwargs`), hands it the run's engine with `use_engine()` before `initialize()` (so
+    `initialize()` must build an engine only when `self.engine` is None), and sets each rollout's sampling options
+    with `set_sampling()` (read `self.sampling_params` when generating, not once in `initialize()`). A trajectory is
+    trained only if its token runs are exact: every token with mask 1 was sampled by that engine, in that context,
+    with the engine's logprobs (`Trajectory.from_runs`, or the token fields of one run); any other record is refused
+    with the reason, counted and left out of the loss.
 
     Args:
         agent_name: letters, digits and underscores, not starting with a digit.
         tokenizer: a `transformers` `PreTrainedTokenizer` or `PreTrainedTokenizerFast`.
-        sampling_params: a dict of `SamplingConfig` options for every turn (`max_tokens` caps a turn), or a
-            `SamplingConfig`; kept as a dict of the options given (`sampling_params`) and typed (`sampling`). An
-            unknown option (e.g. `max_token`) or a bad value raises here, before any engine starts.
+        sampling_params: a dict of options for the agent's engine, kept as given (copied). The base class does not
+            interpret it: what hands the options to our engine checks them (`ToolAgentEngineWrapper`,
+            `HarnessConfig`), and an agent of your own reads whichever options it understands.
         max_prompt_length: most tokens of a first prompt, in [1, 131072].
         max_response_length: most tokens after the first prompt, in [1, 8192].
         n_parallel_agents: trajectories in flight at once, in [1, 64].
@@ -74,7 +88,16 @@ class BaseEngineWrapper(abc.ABC):
 
     Raises:
         ConfigError: naming the parameter, its value and the allowed range or type.
+        TypeError: for a class that defines neither `generate_agent_trajectories_async` nor `generate_trajectory`.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> BaseEngineWrapper:
+        if not _defines_generation(cls):
+            raise TypeError(
+                f"Can't instantiate {cls.__name__}: define generate_agent_trajectories_async(self, tasks) (all tasks, "
+                "plain or async) or generate_trajectory(self, task, idx) (one task, async)"
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -94,31 +117,50 @@ class BaseEngineWrapper(abc.ABC):
             )
         values = {
             "agent_name": agent_name,
-            "sampling_params": {} if sampling_params is None else sampling_params,
             "max_prompt_length": max_prompt_length,
             "max_response_length": max_response_length,
             "n_parallel_agents": n_parallel_agents,
             "max_steps": max_steps,
         }
-        if not isinstance(values["sampling_params"], (dict, SamplingConfig)):
-            raise ConfigError(f"sampling_params={sampling_params!r} is invalid: expected {_ALLOWED['sampling_params']}")
         try:
             args = _WrapperArgs(**values)
         except ConfigError as exc:
             field = exc.path[1]
-            if field == "sampling_params":  # name the option: `sampling_params.max_token is not a known field`
-                raise ConfigError(str(exc).removeprefix("_WrapperArgs.")) from None
             raise ConfigError(f"{field}={values[field]!r} is invalid: expected {_ALLOWED[field]}") from None
         self.agent_name = args.agent_name
         self.tokenizer = tokenizer
-        self.sampling = args.sampling_params
-        self.sampling_params = self.sampling.model_dump(exclude_unset=True)
+        self.sampling_params: dict[str, Any] = {}
+        self.set_sampling({} if sampling_params is None else sampling_params)
         self.max_prompt_length = args.max_prompt_length
         self.max_response_length = args.max_response_length
         self.n_parallel_agents = args.n_parallel_agents
         self.max_steps = args.max_steps
+        self.engine: Engine | None = None  # the engine trajectories are sampled with (`use_engine`, `initialize`)
         self.engines: list[Engine] = []  # filled by initialize()
         self._servers: EngineServers | None = None
+
+    def set_sampling(self, sampling_params: dict[str, Any] | SamplingConfig) -> None:
+        """Set the sampling options of the next trajectories (`sampling_params`, copied).
+
+        The trainer calls it before each rollout: the config's options with the step's seed, or greedy ones for a
+        held-out evaluation. Subclasses that keep typed options override it (and call this one).
+
+        Raises:
+            ConfigError: if `sampling_params` is not a dict (or a `SamplingConfig`).
+        """
+        if isinstance(sampling_params, SamplingConfig):
+            sampling_params = sampling_params.model_dump(exclude_unset=True)
+        if not isinstance(sampling_params, dict):
+            raise ConfigError(f"sampling_params={sampling_params!r} is invalid: expected {_ALLOWED['sampling_params']}")
+        self.sampling_params = dict(sampling_params)
+
+    def use_engine(self, engine: Engine, renderer: Any = None) -> None:
+        """Sample with `engine` (and render with `renderer`, a `ChatRenderer` of the tokenizer's template) instead of
+        building an engine: the trainer calls it before `initialize()` with the engine it syncs weights into."""
+        self.engine = engine
+        self.engines = [engine]
+        if renderer is not None:
+            self.renderer = renderer
 
     # ---- OpenAI-compatible access to the engines ------------------------------------------------------------
 
@@ -173,9 +215,15 @@ class BaseEngineWrapper(abc.ABC):
     def initialize(self) -> None:
         """Set up the engine(s) and environment. Called once before generating."""
 
-    @abc.abstractmethod
     async def generate_trajectory(self, task: dict[str, Any], idx: int) -> Trajectory:
-        """Run one validated task; must return a failed trajectory rather than raise."""
+        """Run one validated task (`idx`: its position in the batch). Define it, or override
+        `generate_agent_trajectories_async`; an exception fails this task only."""
+        raise NotImplementedError(f"{type(self).__name__} does not define generate_trajectory")
+
+    async def close(self) -> None:  # noqa: B027  (an optional hook)
+        """Release what `initialize()` started (the trainer calls it when the run ends; it closes the engine it
+        handed over itself). The default stops the HTTP servers."""
+        self.stop_servers()
 
     async def generate_agent_trajectories_async(
         self,
@@ -225,6 +273,37 @@ class BaseEngineWrapper(abc.ABC):
 
     def _check_ready(self) -> None:  # noqa: B027  (an optional hook: the base wrapper is always ready)
         """Raise `ConfigError` before any task starts if the wrapper cannot generate yet (override as needed)."""
+
+
+def _defines_generation(cls: type) -> bool:
+    """Whether `cls` overrides `generate_agent_trajectories_async` or `generate_trajectory` of the base class."""
+    return any(getattr(cls, name) is not getattr(BaseEngineWrapper, name)
+               for name in ("generate_agent_trajectories_async", "generate_trajectory"))  # fmt: skip
+
+
+async def collect_trajectories(agent: BaseEngineWrapper, tasks: Sequence[dict[str, Any]]) -> list[Any]:
+    """`agent.generate_agent_trajectories_async(tasks)`, however the agent defines it: awaited when it is a
+    coroutine function (or returns an awaitable), run in a worker thread when it is a plain function (it may block).
+
+    Returns:
+        What the agent returned, as a list (not checked here).
+
+    Raises:
+        TypeError: if the agent returns something that is not a list or tuple.
+    """
+    method = agent.generate_agent_trajectories_async
+    if inspect.iscoroutinefunction(method):
+        result = await method(tasks)
+    else:
+        import anyio
+
+        result = await anyio.to_thread.run_sync(method, list(tasks))
+        if inspect.isawaitable(result):
+            result = await result
+    if not isinstance(result, (list, tuple)):
+        raise TypeError(f"{type(agent).__name__}.generate_agent_trajectories_async returned {type(result).__name__}, "
+                        "expected a list of trajectories")  # fmt: skip
+    return list(result)
 
 
 class ToolAgentEngineWrapper(BaseEngineWrapper):
@@ -303,6 +382,31 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         self.memory_factory: Callable[[], Any] | None = None
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self._spec: RolloutSpec | None = None
+
+    def set_sampling(self, sampling_params: dict[str, Any] | SamplingConfig) -> None:
+        """Set the sampling options of the next trajectories, checked as `SamplingConfig` options (typed in
+        `sampling`).
+
+        Raises:
+            ConfigError: naming an unknown option (e.g. `sampling_params.max_token is not a known field`) or a bad
+                value.
+        """
+        if not isinstance(sampling_params, (dict, SamplingConfig)):
+            super().set_sampling(sampling_params)  # raises: not a dict
+        try:
+            sampling = SamplingConfig.of(sampling_params)
+        except ConfigError as exc:  # name the option as the caller wrote it
+            raise ConfigError("sampling_params." + str(exc).removeprefix("SamplingConfig.")) from None
+        super().set_sampling(sampling)
+        self.sampling = sampling
+        if hasattr(self, "harness_config"):
+            self.harness_config = self.harness_config.model_copy(update={"sampling": sampling})
+
+    def use_engine(self, engine: Engine, renderer: Any = None) -> None:
+        """Sample with `engine` instead of building one (the renderer is built from the tokenizer in
+        `initialize()`)."""
+        self.engine = engine
+        self.engines = [engine]
 
     @property
     def spec(self) -> RolloutSpec:

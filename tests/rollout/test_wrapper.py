@@ -407,3 +407,132 @@ async def test_tool_agent_wrapper_used_before_initialize_raises_one_config_error
     wrapper = ToolAgentEngineWrapper("agent", tiny_tokenizer, model="unused")
     with pytest.raises(ConfigError, match="initialize"):
         await wrapper.generate_agent_trajectories_async([task(0), task(1)])
+
+
+# --------------------------------------------------------------------------------------------------- the AgentSDK contract
+
+
+class AgentSDKExampleWrapper(BaseEngineWrapper):
+    """The AgentSDK's subclass example as its API documents it: `initialize` and a plain
+    `generate_agent_trajectories_async(self, tasks)` that returns a list."""
+
+    def initialize(self):
+        self.ready = True
+
+    def generate_agent_trajectories_async(self, tasks):
+        trajectories = []
+        for i, t in enumerate(tasks):
+            trajectories.append(
+                Trajectory(prompt_tokens=[1, 2], response_tokens=[3, 4], response_masks=[1, 1], idx=i,
+                           trajectory_reward=1.0, chat_completions=[{"role": "user", "content": t["question"]}])
+            )  # fmt: skip
+        return trajectories
+
+
+class AsyncBatchWrapper(BaseEngineWrapper):
+    """The same contract with an `async def` override."""
+
+    def initialize(self):
+        pass
+
+    async def generate_agent_trajectories_async(self, tasks):
+        await anyio.sleep(0)
+        return [Trajectory(prompt_tokens=[1], response_tokens=[2], response_masks=[1], idx=i) for i in range(len(tasks))]
+
+
+def test_agentsdk_example_subclass_instantiates_and_runs_as_written(tiny_tokenizer):
+    from agentic_rl.rollout.wrapper import collect_trajectories
+
+    agent = AgentSDKExampleWrapper("mock_agent", tiny_tokenizer, sampling_params={"mock": "sampling_params"})
+    assert agent.sampling_params == {"mock": "sampling_params"}  # free-form: the base class does not interpret it
+    agent.initialize()
+    tasks = [task(0), task(1), task(2)]
+    out = agent.generate_agent_trajectories_async(tasks)
+    assert [t.idx for t in out] == [0, 1, 2]
+    assert [t.chat_completions[0]["content"] for t in out] == [t["question"] for t in tasks]
+    assert [t.idx for t in anyio.run(collect_trajectories, agent, tasks)] == [0, 1, 2]
+
+
+def test_async_batch_override_is_collected(tiny_tokenizer):
+    from agentic_rl.rollout.wrapper import collect_trajectories
+
+    agent = AsyncBatchWrapper("agent", tiny_tokenizer)
+    agent.initialize()
+    assert [t.idx for t in anyio.run(collect_trajectories, agent, [task(0), task(1)])] == [0, 1]
+
+
+def test_per_task_override_is_collected_with_failure_isolation(tiny_tokenizer):
+    from agentic_rl.rollout.wrapper import collect_trajectories
+
+    out = anyio.run(collect_trajectories, EchoWrapper("agent", tiny_tokenizer), [task(0), {"id": 1}])
+    assert not out[0].failed
+    assert out[1].failed and out[1].termination_reason == TerminationReason.INVALID_TASK
+
+
+def test_collect_refuses_a_result_that_is_not_a_list(tiny_tokenizer):
+    from agentic_rl.rollout.wrapper import collect_trajectories
+
+    class Returns(AgentSDKExampleWrapper):
+        def generate_agent_trajectories_async(self, tasks):
+            return None
+
+    with pytest.raises(TypeError, match="returned NoneType, expected a list"):
+        anyio.run(collect_trajectories, Returns("agent", tiny_tokenizer), [task(0)])
+
+
+def test_a_class_that_defines_no_generation_method_names_both(tiny_tokenizer):
+    class OnlyInitialize(BaseEngineWrapper):
+        def initialize(self):
+            pass
+
+    with pytest.raises(TypeError, match=r"generate_agent_trajectories_async\(self, tasks\).*generate_trajectory"):
+        OnlyInitialize("agent", tiny_tokenizer)
+
+
+def test_a_class_without_initialize_stays_abstract(tiny_tokenizer):
+    class NoInitialize(BaseEngineWrapper):
+        def generate_agent_trajectories_async(self, tasks):
+            return []
+
+    with pytest.raises(TypeError, match="initialize"):
+        NoInitialize("agent", tiny_tokenizer)
+
+
+def test_set_sampling_replaces_the_options_with_a_copy(tiny_tokenizer):
+    agent = AgentSDKExampleWrapper("agent", tiny_tokenizer, {"temperature": 1.0})
+    options = {"temperature": 0.0, "seed": 7}
+    agent.set_sampling(options)
+    options["seed"] = 8
+    assert agent.sampling_params == {"temperature": 0.0, "seed": 7}
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"max_token": 8}, r"sampling_params\.max_token is not a known field"),
+    ({"temperature": -1}, r"sampling_params\.temperature=-1 is invalid"),
+])  # fmt: skip
+def test_tool_agent_wrapper_checks_its_engine_options(tiny_tokenizer, params, message):
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+
+    with pytest.raises(ConfigError, match=message):
+        ToolAgentEngineWrapper("agent", tiny_tokenizer, params, model="unused")
+    wrapper = ToolAgentEngineWrapper("agent", tiny_tokenizer, {"temperature": 0.5}, model="unused")
+    with pytest.raises(ConfigError, match=message):
+        wrapper.set_sampling(params)
+    assert wrapper.sampling.temperature == 0.5  # a refused update changes nothing
+
+
+def test_tool_agent_wrapper_set_sampling_reaches_its_harness(tiny_tokenizer):
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+
+    wrapper = ToolAgentEngineWrapper("agent", tiny_tokenizer, {"temperature": 0.5}, model="unused")
+    wrapper.set_sampling({"temperature": 0.0, "seed": 3})
+    assert wrapper.sampling_params == {"temperature": 0.0, "seed": 3}
+    assert (wrapper.harness_config.sampling.temperature, wrapper.harness_config.sampling.seed) == (0.0, 3)
+
+
+def test_step_defaults_follow_the_agentsdk_api():
+    from agentic_rl.types import Step
+
+    step = Step()
+    assert step.action is None
+    assert step.observation is None
