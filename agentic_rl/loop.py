@@ -23,7 +23,14 @@ import anyio
 
 from agentic_rl.engine.base import TrainableEngine
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop_config import EngineSection, RolloutSection, TrainConfig, load_run_config, load_train_config
+from agentic_rl.loop_config import (
+    EngineSection,
+    RolloutSection,
+    TrainConfig,
+    config_tasks,
+    load_run_config,
+    load_train_config,
+)
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint
 
@@ -43,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
 _TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
-               "tokens_excluded_aborted", "tokens_excluded_over_length")  # fmt: skip
+               "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length")  # fmt: skip
 
 
 def resume_point(config: TrainConfig) -> Checkpoint | None:
@@ -172,9 +179,10 @@ async def train(
     finally:
         for sink in run.sinks:
             sink.close()
-        from agentic_rl.rollout.agent import close_tool_agent
-
-        await close_tool_agent(run.spec, engine=run.engine)
+        try:
+            await run.rollout.aclose()
+        finally:
+            await run.engine.close()
     return run.history
 
 
@@ -193,7 +201,7 @@ class _Run:
     tokenizer: Any
     trainer: Any  # a GRPOTrainer
     engine: TrainableEngine
-    spec: Any  # the `RolloutSpec` every rollout of the run shares (`_start_rollouts`), closed when the run ends
+    rollout: Any  # the `TrainingRollout` every rollout of the run goes through (`_start_rollouts`), closed at the end
     sinks: list[Any]  # rank 0's metric sinks (`build_loggers`), filled when the run starts
     history: list[dict[str, Any]]  # the metrics rows so far
 
@@ -202,6 +210,7 @@ class _StepResult(NamedTuple):
     """What one training step leaves for its metrics row (`_train_step`)."""
 
     trajectories: list[Any]  # this rank's trajectories (`group_size` per task)
+    refused: int  # records refused for training (`refuse_untrainable`)
     stats: dict[str, Any]  # `GRPOTrainer.train_step`'s statistics
     rollout_s: float  # wall-clock seconds of the rollout
     sync_s: float  # wall-clock seconds of the weight sync (and waking the engine)
@@ -218,8 +227,8 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
 
     from agentic_rl.models import resolve_model
 
-    tasks = _load_config_tasks(config, "data")
-    eval_tasks = _load_config_tasks(config, "eval_data", limit=config.eval_limit) if config.eval_data else []
+    tasks = config_tasks(config, "data")
+    eval_tasks = config_tasks(config, "eval_data", limit=config.eval_limit) if config.eval_data else []
     device = _local_device(config.device)
     torch.manual_seed(config.seed)
     out = Path(config.output_dir)
@@ -227,7 +236,7 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
     model_dir = resolve_model(config.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     task_order = _TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
-    spec, engine = _start_rollouts(config, dist, tokenizer, model_dir, start, state)
+    rollout, engine = await _start_rollouts(config, dist, tokenizer, model_dir, start, state)
     trainer = _make_trainer(config, dist, tokenizer, model_dir, device)
     history: list[dict[str, Any]] = []
     if state is not None:  # after the trainer copied the initial model as its KL reference
@@ -238,7 +247,7 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
         await engine.update_weights(trainer.named_weights())
     return _Run(config=config, dist=dist, out=out, start=start, done=state["step"] if state is not None else 0,
                 eval_tasks=eval_tasks, task_order=task_order, task_ids=task_ids, tokenizer=tokenizer, trainer=trainer,
-                engine=engine, spec=spec, sinks=[], history=history)  # fmt: skip
+                engine=engine, rollout=rollout, sinks=[], history=history)  # fmt: skip
 
 
 def _first_redone(state: dict[str, Any] | None) -> int:
@@ -297,53 +306,60 @@ def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict
     return options
 
 
-def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, start: Checkpoint | None,
-                    state: dict[str, Any] | None) -> tuple[Any, TrainableEngine]:  # fmt: skip
+async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, start: Checkpoint | None,
+                          state: dict[str, Any] | None) -> tuple[Any, TrainableEngine]:  # fmt: skip
     """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
     (`_engine_options`) that loads the checkpoint's weights when resuming (`start`), else the model's, and the
-    `RolloutSpec` of the built-in tool agent with the config's tools, reward and limits. `_rollout` makes each
-    step's rollout from it; `train` closes it.
+    `TrainingRollout` over it (`build_training_rollout`): the built-in tool agent with the config's tools, reward and
+    limits, a user's `environment` under the same harness, or a user's `agent`. The classes the config names are
+    loaded before the engine starts; `train` closes both.
 
     Returns:
-        The spec and its engine.
+        The rollout and its engine.
 
     Raises:
-        ConfigError: if the engine cannot take new weights.
+        ConfigError: if the engine cannot take new weights, or a class the config names cannot be loaded or built.
     """
     from agentic_rl.chat import ChatRenderer
-    from agentic_rl.rollout.agent import start_engine, tool_agent_spec
+    from agentic_rl.rollout.agent import start_engine
     from agentic_rl.rollout.rewards import resolve_reward
     from agentic_rl.rollout.spec import HarnessConfig
-    from agentic_rl.tools.registry import build_tools
+    from agentic_rl.rollout.training import build_training_rollout, load_classes
 
     r = config.rollout
     harness = HarnessConfig(max_steps=r.max_steps, max_prompt_length=r.max_prompt_length,
                             max_response_length=r.max_response_length, sampling=r.sampling,
                             toolcall_weight=r.toolcall_weight)  # fmt: skip
     renderer = ChatRenderer(tokenizer)
+    reward_fn = resolve_reward(config.reward) if config.agent is None else None
+    load_classes(tools=config.tools, environment=config.environment, agent=config.agent)
     engine = start_engine(start.path if start is not None else model_dir, _engine_options(config, dist, model_dir, state),
                           max_prompt_length=r.max_prompt_length, max_response_length=r.max_response_length)  # fmt: skip
-    if not isinstance(engine, TrainableEngine):
-        raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
-    spec = tool_agent_spec(renderer, engine, tools=build_tools(config.tools), config=harness,
-                           reward_fn=resolve_reward(config.reward))  # fmt: skip
-    return spec, engine
+    try:
+        if not isinstance(engine, TrainableEngine):
+            raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
+        rollout = build_training_rollout(engine, renderer, tokenizer, harness=harness, n_parallel_agents=r.n_parallel_agents,
+                                         tools=config.tools, reward_fn=reward_fn, environment=config.environment,
+                                         agent=config.agent)  # fmt: skip
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await engine.close()
+        raise
+    return rollout, engine
 
 
-def _rollout(run: _Run, step: int | None) -> Any:
-    """A `Rollout` over the run's spec: training step `step`'s (0-based: the config's sampling with the seed
+def _sampling(run: _Run, step: int | None) -> Any:
+    """The sampling options of training step `step`'s rollout (0-based: the config's, with the seed
     `derive_seed(config.seed, rank, step)`, which the turn loop offsets per trajectory and turn, so a resumed run
     samples what the uninterrupted one would have), or with `step=None` the held-out evaluation's (greedy,
     unseeded)."""
     from agentic_rl.engine.sampling import derive_seed
-    from agentic_rl.rollout.session import Rollout
 
     if step is None:
         update: dict[str, Any] = {"temperature": 0.0, "seed": None}
     else:
         update = {"seed": derive_seed(run.config.seed, rank=run.dist.rank, step=step)}
-    sampling = run.config.rollout.sampling.model_copy(update=update)
-    return Rollout(run.spec.with_sampling(sampling), n_parallel_agents=run.config.rollout.n_parallel_agents)
+    return run.config.rollout.sampling.model_copy(update=update)
 
 
 def _make_trainer(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, device: Any) -> Any:
@@ -372,20 +388,25 @@ async def _train_step(run: _Run, step: int, tasks: list[dict[str, Any]]) -> _Ste
     """Training step `step` (0-based) on this rank: roll out `tasks` (`_rollout`), one GRPO step on the
     trajectories in a worker thread, then the new weights into the engine (asleep during the GRPO step when
     `engine.sleep_while_training`)."""
+    from agentic_rl.rollout.training import refuse_untrainable
+
     sleep = run.config.engine.sleep_while_training
     t0 = time.perf_counter()
-    trajectories = (await _rollout(run, step).run(tasks)).trajectories
+    run.rollout.ledger.clear()
+    trajectories = await run.rollout.run(tasks, _sampling(run, step))
     rollout_s = time.perf_counter() - t0
+    refused = refuse_untrainable(trajectories, run.rollout.ledger)
     if sleep:
         await run.engine.sleep()
-    stats = await anyio.to_thread.run_sync(run.trainer.train_step, trajectories)
+    groups = [i // run.config.rollout.group_size for i in range(len(trajectories))]  # `_step_tasks`' order
+    stats = await anyio.to_thread.run_sync(functools.partial(run.trainer.train_step, trajectories, group_ids=groups))
     t0 = time.perf_counter()
     if sleep:
         await run.engine.wake_up(["weights"])
     await run.engine.update_weights(run.trainer.named_weights())
     if sleep:
         await run.engine.wake_up(["kv_cache"])
-    return _StepResult(trajectories, stats, rollout_s, time.perf_counter() - t0)
+    return _StepResult(trajectories, refused, stats, rollout_s, time.perf_counter() - t0)
 
 
 def _measured_mean(values: Sequence[float]) -> float | None:
@@ -403,7 +424,7 @@ _ACROSS_RANKS: dict[str, Callable[[Sequence[float]], Any]] = {
 # this rank's GRPO step (rank 0's row is the one logged); "run": the step, the engine's weight version, the
 # trajectories of all ranks.
 _ROW: dict[str, str] = {
-    "step": "run", "reward_mean": "mean", "reward_std": "mean", "accuracy": "mean", "failed": "count",
+    "step": "run", "reward_mean": "mean", "reward_std": "mean", "accuracy": "mean", "failed": "count", "refused": "count",
     "loss": "local", "pg_loss": "local", "kl": "local", "grad_norm": "local", "clip_fraction": "local",
     "dual_clip_fraction": "local", "kl_clamp_fraction": "local", "response_length": "mean", "tokens_per_s": "sum",
     "rollout_seconds": "mean", "train_seconds": "mean", "sync_seconds": "mean", "logprob_diff": "measured",
@@ -437,7 +458,8 @@ def _metrics_row(run: _Run, step: int, result: _StepResult) -> dict[str, Any]:
     local = {
         "reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"],
         "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
-        "failed": sum(t.failed for t in trajectories), "response_length": stats["response_length"],
+        "failed": sum(t.failed for t in trajectories), "refused": result.refused,
+        "response_length": stats["response_length"],
         "tokens_per_s": generated / max(result.rollout_s, 1e-9), "rollout_seconds": result.rollout_s,
         "train_seconds": stats["train_seconds"], "sync_seconds": result.sync_s,
         "logprob_diff": math.nan if stats["logprob_diff"] is None else stats["logprob_diff"],  # NaN: no row here
@@ -502,7 +524,7 @@ async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
     """
     from agentic_rl.train.distributed import shard
 
-    trajectories = (await _rollout(run, None).run(shard(run.eval_tasks, run.dist))).trajectories
+    trajectories = await run.rollout.run(shard(run.eval_tasks, run.dist), _sampling(run, None))
     local = {
         "solved": float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
         "with_tool_calls": float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
@@ -522,24 +544,6 @@ def _finished(out: Path, start: Checkpoint | None, world_size: int) -> bool:
     takes the usual path, which runs no step and writes what is missing. Every rank decides alike."""
     return (start is not None and start.path.name == checkpoints.FINAL
             and all((out / f"weights_rank{rank}.sha256").is_file() for rank in range(world_size)))  # fmt: skip
-
-
-def _load_config_tasks(config: TrainConfig, field: str, limit: int | None = None) -> list[dict[str, Any]]:
-    """The tasks of `config.<field>` (`data` or `eval_data`), read before any engine starts.
-
-    Raises:
-        ConfigError: naming the field and its value, for a spec or file that gives no tasks.
-    """
-    from agentic_rl.data import load_tasks
-
-    spec = getattr(config, field)
-    try:
-        tasks = load_tasks(spec, limit=limit, columns=config.data_columns)
-    except (ConfigError, OSError, ValueError) as exc:
-        raise ConfigError(f"TrainConfig.{field}={spec!r}: {exc}") from exc
-    if not tasks:
-        raise ConfigError(f"TrainConfig.{field}={spec!r} holds no tasks")
-    return tasks
 
 
 def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Checkpoint | None, dict[str, Any] | None]:

@@ -8,18 +8,20 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentic_rl.config import Config
-from agentic_rl.data import DataColumns
+from agentic_rl.data import DataColumns, load_tasks
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents
+from agentic_rl.plugins import PluginRef
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
 
-__all__ = ["EngineSection", "RolloutSection", "TrainConfig", "load_run_config", "load_train_config"]
+__all__ = ["EngineSection", "RolloutSection", "TrainConfig", "config_tasks", "load_run_config", "load_train_config"]
 
 
 class RolloutSection(Config):
@@ -64,8 +66,24 @@ class TrainConfig(Config):
         description="which column holds each task field, for data and eval_data (e.g. {question: problem, "
         "answer: solution} or 'question=problem,answer=solution'); default: GSM8K and verl column names",
     )
-    tools: list[str] = Field(default_factory=lambda: ["calculator"])
+    tools: list[str | PluginRef] = Field(
+        default_factory=lambda: ["calculator"],
+        description="the tools offered to the model: built-in names (TOOL_NAMES), or Tool / StatefulTool classes of "
+        "your own as 'package.module:Class' or {class: package.module:Class, kwargs: {...}}",
+    )
     reward: str = Field(default="gsm8k", description="a name in REWARDS, or 'package.module:function'")
+    environment: PluginRef | None = Field(
+        default=None,
+        description="an Environment of your own, run under the harness: 'package.module:Class' or {class: ..., "
+        "kwargs: {...}}; it gets the tools when its constructor takes a 'tools' argument (tools default to none "
+        "then); None: the built-in ToolEnvironment over tools",
+    )
+    agent: PluginRef | None = Field(
+        default=None,
+        description="a BaseEngineWrapper subclass of your own that rolls out the tasks: 'package.module:Class' or "
+        "{class: ..., kwargs: {...}}; built with the rollout section's limits and sampling, handed the run's engine "
+        "(use_engine) and initialized; it brings its own environment, tools and reward",
+    )
     output_dir: str = "runs/train"
     steps: int = Field(default=3, ge=1)
     seed: int = 0
@@ -87,6 +105,21 @@ class TrainConfig(Config):
     rollout: RolloutSection = Field(default_factory=RolloutSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     optimizer: GRPOConfig = Field(default_factory=GRPOConfig)
+
+    @model_validator(mode="after")
+    def _one_way_to_roll_out(self) -> TrainConfig:
+        """An agent of your own brings its own environment, tools and reward; an environment of your own gets no
+        tools unless they are named."""
+        given = self.model_fields_set
+        if self.agent is not None:
+            defaults = {"environment": None, "tools": ["calculator"], "reward": "gsm8k"}
+            clashing = [name for name, value in defaults.items() if name in given and getattr(self, name) != value]
+            if clashing:
+                raise ValueError(f"agent {self.agent.path!r} brings its own environment, tools and reward: remove "
+                                 f"{', '.join(clashing)} (pass settings to the agent with agent.kwargs)")  # fmt: skip
+        elif self.environment is not None and "tools" not in given:
+            self.tools = []
+        return self
 
 
 def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -116,3 +149,19 @@ def load_run_config(run_dir: str | Path) -> TrainConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path} is not a training config")
     return TrainConfig.model_validate({**raw, "output_dir": str(run_dir)})
+
+
+def config_tasks(config: TrainConfig, field: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The tasks of `config.<field>` (`data` or `eval_data`), read before any engine starts.
+
+    Raises:
+        ConfigError: naming the field and its value, for a spec or file that gives no tasks.
+    """
+    spec = getattr(config, field)
+    try:
+        tasks = load_tasks(spec, limit=limit, columns=config.data_columns)
+    except (ConfigError, OSError, ValueError) as exc:
+        raise ConfigError(f"TrainConfig.{field}={spec!r}: {exc}") from exc
+    if not tasks:
+        raise ConfigError(f"TrainConfig.{field}={spec!r} holds no tasks")
+    return tasks

@@ -262,8 +262,8 @@ def _finish(
         state.steps[-1].reward = reward + toolcall_reward
     messages = list(state.sample.messages) if state.sample is not None else []
     runs = state.recorder.runs or [TokenRun([])]
-    common = {"idx": state.idx, "chat_completions": messages, "metrics": metrics, "task": state.task,
-              "steps": state.steps}  # fmt: skip
+    task = _rewarded_task(state)
+    common = {"idx": state.idx, "chat_completions": messages, "metrics": metrics, "task": task, "steps": state.steps}
     try:
         return StepTrajectory.from_runs(runs, trajectory_reward=reward + toolcall_reward, termination_reason=reason,
                                         failed=failed, error=error, **common)  # fmt: skip
@@ -273,6 +273,15 @@ def _finish(
             run.response_logprobs = None
         return StepTrajectory.from_runs(runs, termination_reason=TerminationReason.ERROR, failed=True,
                                         error=f"TrajectoryError: {exc}", **common)  # fmt: skip
+
+
+def _rewarded_task(state: _State) -> dict[str, Any]:
+    """The task as `environment.reset` augmented (or replaced) it, which the reward read; without the
+    `trajectory_id` the harness added to the request."""
+    if state.sample is None or not isinstance(state.sample.task, dict):
+        return state.task
+    added = "trajectory_id" not in state.task
+    return {k: v for k, v in state.sample.task.items() if not (added and k == "trajectory_id")}
 
 
 def _check_alignment(spec: RolloutSpec, state: _State) -> None:
@@ -349,7 +358,7 @@ async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None
         step.info["truncated"] = True  # a half-written tool call must not run
         return stop
     t0 = time.perf_counter()
-    result = await spec.environment.step(state.sample)
+    result = StepResult.of(await spec.environment.step(state.sample))
     step.info["env_time_s"] = time.perf_counter() - t0
     state.metrics["env_time"] += step.info["env_time_s"]
     step.info.update(result.info)

@@ -1,4 +1,5 @@
-"""Tools by name, for command lines and config files."""
+"""Tools by name, for command lines and config files: a built-in name, or a `Tool` class of your own named
+`package.module:Class` (with keyword arguments: a `PluginRef`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentic_rl.errors import ConfigError
+from agentic_rl.plugins import PluginRef
 from agentic_rl.tools.base import Tool
 
 __all__ = ["TOOL_NAMES", "build_tools"]
@@ -15,16 +17,19 @@ __all__ = ["TOOL_NAMES", "build_tools"]
 TOOL_NAMES = ("calculator", "search", "visit", "web_search", "web_visit")
 
 
-def build_tools(names: Sequence[str], *, corpus: str | os.PathLike[str] | None = None) -> list[Tool]:
-    """One new tool instance per name in `names` (see `TOOL_NAMES`).
+def build_tools(names: Sequence[str | PluginRef], *, corpus: str | os.PathLike[str] | None = None) -> list[Tool]:
+    """One new tool instance per entry of `names`.
 
     Args:
-        names: tool names, in the order the model should see them.
+        names: in the order the model should see them, each a built-in name (`TOOL_NAMES`), a
+            `package.module:Class` naming a `Tool` (or `StatefulTool`) subclass built without arguments, or a
+            `PluginRef` (class and keyword arguments).
         corpus: `{id, title, text}` JSON Lines file of the local `search` and `visit` tools (default: the shared
             HotpotQA corpus, `DEFAULT_CORPUS_PATH`).
 
     Raises:
-        ConfigError: naming every unknown name and the known ones.
+        ConfigError: naming every unknown name and the known ones; for a class of your own, naming the entry and
+            what is missing (module, attribute, not a `Tool` subclass, a constructor that raised).
     """
     from agentic_rl.tools.calculator import CalculatorTool
     from agentic_rl.tools.search import DEFAULT_CORPUS_PATH, LocalSearchTool, SerperSearchTool
@@ -38,7 +43,17 @@ def build_tools(names: Sequence[str], *, corpus: str | os.PathLike[str] | None =
         "web_search": SerperSearchTool,
         "web_visit": VisitTool,
     }
-    unknown = [name for name in names if name not in factories]
+    refs = {i: _plugin(entry) for i, entry in enumerate(names) if not (isinstance(entry, str) and entry in factories)}
+    unknown = [str(names[i]) for i, ref in refs.items() if ref is None]
     if unknown:
-        raise ConfigError(f"unknown tool(s): {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
-    return [factories[name]() for name in names]
+        raise ConfigError(f"unknown tool(s): {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}, "
+                          "or a Tool class as 'package.module:Class'")  # fmt: skip
+    return [factories[entry]() if i not in refs else refs[i].build(what=f"tools[{i}]", base=Tool)  # type: ignore[union-attr]
+            for i, entry in enumerate(names)]  # fmt: skip
+
+
+def _plugin(entry: str | PluginRef) -> PluginRef | None:
+    """The class reference an entry names (None: an unknown built-in name)."""
+    if isinstance(entry, PluginRef):
+        return entry
+    return PluginRef.model_validate(entry) if isinstance(entry, str) and ":" in entry else None

@@ -20,7 +20,7 @@ from agentic_rl.types import TerminationReason, TokenRun, Trajectory
 
 __all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "exclusion_reason", "pack_trajectories"]
 
-ExclusionReason = Literal["failed", "aborted"]
+ExclusionReason = Literal["failed", "aborted", "refused"]
 
 
 def exclusion_reason(trajectory: Trajectory) -> ExclusionReason | None:
@@ -29,13 +29,17 @@ def exclusion_reason(trajectory: Trajectory) -> ExclusionReason | None:
     `aborted`: the engine aborted one of its turns (a step whose `info["finish_reason"]` is `abort`, or a
     termination reason that `TerminationReason.aborts_a_turn`); the turn's tokens are a cut-off sample and the
     reward judged an answer the policy did not finish, so the whole trajectory is left out, even if it was not
-    marked failed. `failed`: `trajectory.failed` for any other reason (an error in the engine, environment or reward).
+    marked failed. `refused`: a failed trajectory whose record the trainer refused (`metrics["refused"]` says why:
+    its tokens are not exactly what the engine sampled). `failed`: `trajectory.failed` for any other reason (an error
+    in the engine, environment or reward).
     """
     steps = getattr(trajectory, "steps", None) or ()
     reason = trajectory.termination_reason
     aborted = reason in TerminationReason.__members__.values() and TerminationReason(reason).aborts_a_turn
     if aborted or any(s.info.get("finish_reason") == "abort" for s in steps):
         return "aborted"
+    if trajectory.failed and trajectory.metrics.get("refused"):
+        return "refused"
     return "failed" if trajectory.failed else None
 
 
@@ -48,6 +52,7 @@ class TokenCounts:
         trained: sampled tokens that enter the loss (`response_mask` 1 in the packed batch).
         excluded_failed: sampled tokens of failed trajectories.
         excluded_aborted: sampled tokens of trajectories with an aborted engine turn (see `exclusion_reason`).
+        excluded_refused: sampled tokens of records refused for training (see `exclusion_reason`).
         excluded_over_length: sampled tokens of valid trajectories cut by `max_prompt_length` (a run whose prompt is
             longer is left out whole) or `max_response_length` (a run keeps its first R response tokens).
     """
@@ -56,19 +61,21 @@ class TokenCounts:
     trained: int = 0
     excluded_failed: int = 0
     excluded_aborted: int = 0
+    excluded_refused: int = 0
     excluded_over_length: int = 0
 
     @property
     def excluded(self) -> int:
         """Sampled tokens that do not enter the loss, for any reason."""
-        return self.excluded_failed + self.excluded_aborted + self.excluded_over_length
+        return self.excluded_failed + self.excluded_aborted + self.excluded_refused + self.excluded_over_length
 
     def as_metrics(self) -> dict[str, int]:
-        """`tokens_sampled`, `tokens_trained`, `tokens_excluded` and `tokens_excluded_{failed,aborted,over_length}`."""
+        """`tokens_sampled`, `tokens_trained`, `tokens_excluded` and
+        `tokens_excluded_{failed,aborted,refused,over_length}`."""
         return {
             "tokens_sampled": self.sampled, "tokens_trained": self.trained, "tokens_excluded": self.excluded,
             "tokens_excluded_failed": self.excluded_failed, "tokens_excluded_aborted": self.excluded_aborted,
-            "tokens_excluded_over_length": self.excluded_over_length,
+            "tokens_excluded_refused": self.excluded_refused, "tokens_excluded_over_length": self.excluded_over_length,
         }  # fmt: skip
 
 
@@ -226,7 +233,8 @@ def pack_trajectories(
         group_ids = _default_groups(trajectories)
     if len(group_ids) != n:
         raise TrajectoryError(f"group_ids has {len(group_ids)} entries for {n} trajectories")
-    counts = {"sampled": 0, "trained": 0, "excluded_failed": 0, "excluded_aborted": 0, "excluded_over_length": 0}
+    counts = {"sampled": 0, "trained": 0, "excluded_failed": 0, "excluded_aborted": 0, "excluded_refused": 0,
+              "excluded_over_length": 0}  # fmt: skip
     per_trajectory: list[int] = []
     valid_list: list[bool] = []
     rows: list[_Row] = []

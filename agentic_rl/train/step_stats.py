@@ -69,7 +69,7 @@ class StepStats:
         response_length: mean sampled tokens per valid trajectory, all runs (0.0 without any).
         tokens: response tokens trained (= `tokens_trained`).
         token_counts: the token accounting, reported as its `TokenCounts.as_metrics` keys (`tokens_sampled` ==
-            `tokens_trained` + `tokens_excluded`, and `tokens_excluded_failed`, `tokens_excluded_aborted`,
+            `tokens_trained` + `tokens_excluded`, and `tokens_excluded_failed`, `tokens_excluded_aborted`, `tokens_excluded_refused`,
             `tokens_excluded_over_length`).
         logprob_diff: mean |trainer - engine| logprob before the update over the rows computed (nats); None when no
             row was computed (e.g. every group's rewards were equal).

@@ -120,27 +120,30 @@ def test_sampled_equals_trained_plus_excluded_for_every_reason():
     wiped = StepTrajectory.from_runs([TokenRun([1], [5, 6, 7, 8], [1, 1, 1, 1], None, None)], failed=True, idx=4,
                                      steps=[Step(info={"sampled_tokens": 4})])  # fmt: skip
     long = continuous(5, reward=0.0, n=6)  # cut to 4 response tokens: 4 trained, 2 over length
-    trajs = [good, failed, timeout, abort_turn, wiped, long]
-    assert [exclusion_reason(t) for t in trajs] == [None, "failed", "aborted", "aborted", "failed", None]
+    refused = continuous(6, reward=1.0, n=7, failed=True)  # the trainer refused its record: 7 refused
+    refused.metrics["refused"] = "token 3 differs from what the engine sampled"
+    trajs = [good, failed, timeout, abort_turn, wiped, long, refused]
+    assert [exclusion_reason(t) for t in trajs] == [None, "failed", "aborted", "aborted", "failed", None, "refused"]
     # the turn loop's own reason for a turn the engine aborted
     assert exclusion_reason(continuous(6, reward=0.0, n=2, failed=True, termination_reason="aborted")) == "aborted"
 
     batch = pack_trajectories(trajs, pad_token_id=PAD, max_response_length=4)
     # good's run 1 keeps [10 11 20 21] (2 sampled, [12] over length), run 2 keeps [13 14 22 15] (3 sampled, [16 17]
     # over length); long keeps 4 of its 6. Failed: 8 + the wiped record's 4; aborted: 5 + 3.
-    expected = TokenCounts(sampled=34, trained=2 + 3 + 4, excluded_failed=12, excluded_aborted=8,
+    expected = TokenCounts(sampled=41, trained=2 + 3 + 4, excluded_failed=12, excluded_aborted=8, excluded_refused=7,
                            excluded_over_length=1 + 2 + 2)  # fmt: skip
     assert batch.tokens == expected
     assert expected.sampled == expected.trained + expected.excluded
     assert int(batch.response_mask.sum()) == expected.trained
-    assert batch.trajectory_valid.tolist() == [True, False, False, False, False, True]
-    assert batch.trajectory_tokens.tolist() == [8, 8, 5, 3, 4, 6]
+    assert batch.trajectory_valid.tolist() == [True, False, False, False, False, True, False]
+    assert batch.trajectory_tokens.tolist() == [8, 8, 5, 3, 4, 6, 7]
     assert batch.tokens.as_metrics() == {
-        "tokens_sampled": 34, "tokens_trained": 9, "tokens_excluded": 25, "tokens_excluded_failed": 12,
-        "tokens_excluded_aborted": 8, "tokens_excluded_over_length": 5,
+        "tokens_sampled": 41, "tokens_trained": 9, "tokens_excluded": 32, "tokens_excluded_failed": 12,
+        "tokens_excluded_aborted": 8, "tokens_excluded_refused": 7, "tokens_excluded_over_length": 5,
     }  # fmt: skip
     unlimited = pack_trajectories(trajs, pad_token_id=PAD)
-    assert unlimited.tokens == TokenCounts(sampled=34, trained=14, excluded_failed=12, excluded_aborted=8)
+    assert unlimited.tokens == TokenCounts(sampled=41, trained=14, excluded_failed=12, excluded_aborted=8,
+                                           excluded_refused=7)  # fmt: skip
 
 
 def test_excluded_trajectories_are_left_out_of_group_statistics():

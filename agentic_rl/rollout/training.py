@@ -1,0 +1,234 @@
+"""What a training run rolls out with: the built-in tool agent, a user's environment or tools under the harness, or
+a user's `BaseEngineWrapper` subclass, behind one interface (`TrainingRollout`), and the gate every record passes
+before it is trained (`refuse_untrainable`).
+
+The training loop builds one with `build_training_rollout` from its config; everything a run samples goes through
+its engine wrapped in a `RecordingEngine`, so that the gate can check each record's sampled tokens against what the
+engine sampled.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agentic_rl.chat import ChatRenderer
+from agentic_rl.engine.base import Engine
+from agentic_rl.engine.ledger import RecordingEngine, SampleLedger
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.environments.base import Environment
+from agentic_rl.environments.tool_env import ToolEnvironment
+from agentic_rl.errors import ConfigError, TrainingError
+from agentic_rl.plugins import PluginRef
+from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
+from agentic_rl.rollout.tasks import failed_trajectory
+from agentic_rl.rollout.wrapper import BaseEngineWrapper, collect_trajectories
+from agentic_rl.types import TerminationReason, Trajectory
+
+__all__ = ["AgentRollout", "SpecRollout", "TrainingRollout", "build_training_rollout", "load_classes",
+           "refuse_untrainable"]  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingRollout(Protocol):
+    """Tasks in, one trajectory per task out (in task order), sampled with the given options."""
+
+    ledger: SampleLedger  # what the engine sampled for this rollout source
+
+    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig) -> list[Trajectory]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class SpecRollout:
+    """The harness's turn loop over a `RolloutSpec` (the built-in tool agent, or a user's environment and tools)."""
+
+    spec: RolloutSpec
+    n_parallel_agents: int
+    ledger: SampleLedger
+
+    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig) -> list[Trajectory]:
+        from agentic_rl.rollout.session import Rollout
+
+        rollout = Rollout(self.spec.with_sampling(sampling), n_parallel_agents=self.n_parallel_agents)
+        return list((await rollout.run(list(tasks))).trajectories)
+
+    async def aclose(self) -> None:
+        await self.spec.environment.aclose()
+
+
+@dataclass
+class AgentRollout:
+    """A user's `BaseEngineWrapper` subclass: its `generate_agent_trajectories_async`, on the run's engine."""
+
+    agent: BaseEngineWrapper
+    ledger: SampleLedger
+
+    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig) -> list[Trajectory]:
+        """The agent's trajectories of `tasks`, in task order.
+
+        Raises:
+            TrainingError: if the agent raised or returned a list of another length (the trajectories could not be
+                matched to their tasks).
+        """
+        self.agent.set_sampling(sampling.model_dump(exclude_none=True))
+        name = type(self.agent).__name__
+        try:
+            out = await collect_trajectories(self.agent, tasks)
+        except Exception as exc:
+            raise TrainingError(f"agent {name} failed to roll out {len(tasks)} tasks: {type(exc).__name__}: {exc}") from exc
+        if len(out) != len(tasks):
+            raise TrainingError(f"agent {name} returned {len(out)} trajectories for {len(tasks)} tasks; it must return "
+                                "one per task, in task order")  # fmt: skip
+        for i, t in enumerate(out):  # something that is not a trajectory is a refused record of its task
+            if not isinstance(t, Trajectory):
+                error = f"refused for training: {name} returned {type(t).__name__}, not a Trajectory"
+                out[i] = failed_trajectory(i, tasks[i], TerminationReason.ERROR, error)
+                out[i].metrics["refused"] = error
+        return out
+
+    async def aclose(self) -> None:
+        await self.agent.close()
+
+
+def refuse_untrainable(trajectories: Sequence[Trajectory], ledger: SampleLedger) -> int:
+    """Refuse, in place, every record whose sampled tokens are not exactly what the engine sampled: no logprobs,
+    a run whose lengths disagree, a token or logprob that differs from the engine's, or a context the engine never
+    sampled in (`SampleLedger.check_run`). A refused trajectory gets `failed=True`, the reason in `error` and in
+    `metrics["refused"]`, and is logged; packing leaves its tokens out (counted as `tokens_excluded_refused`).
+    Failed trajectories are left as they are (they are not trained anyway).
+
+    Returns:
+        How many trajectories this call refused.
+    """
+    refused = 0
+    for t in trajectories:
+        if t.failed:
+            continue
+        reason = _untrainable_reason(t, ledger)
+        if reason is None:
+            continue
+        refused += 1
+        t.failed = True
+        t.error = f"refused for training: {reason}"
+        t.metrics["refused"] = reason
+        logger.warning("trajectory %s refused for training: %s", t.idx, reason)
+    return refused
+
+
+def _untrainable_reason(trajectory: Trajectory, ledger: SampleLedger) -> str | None:
+    runs = trajectory.token_runs()
+    for i, run in enumerate(runs):
+        try:
+            run.check()
+        except Exception as exc:
+            return f"run {i} is inconsistent: {exc}"
+        reason = ledger.check_run(run)
+        if reason is not None:
+            return f"run {i}: {reason}" if len(runs) > 1 else reason
+    return None
+
+
+def load_classes(*, tools: Sequence[str | PluginRef], environment: PluginRef | None, agent: PluginRef | None) -> None:
+    """Import every class a training config names, and check its kind, without building anything: what a run does
+    before it starts its engine, so that a bad dotted path fails in seconds.
+
+    Raises:
+        ConfigError: naming the entry, the path and what is missing (see `load_object`), or an unknown built-in
+            tool name.
+    """
+    from agentic_rl.tools.base import Tool
+    from agentic_rl.tools.registry import TOOL_NAMES
+
+    for i, entry in enumerate(tools):
+        if isinstance(entry, str) and ":" not in entry:
+            if entry not in TOOL_NAMES:
+                raise ConfigError(f"unknown tool {entry!r}: use one of {', '.join(TOOL_NAMES)} or a Tool class as "
+                                  "'package.module:Class'")  # fmt: skip
+            continue
+        PluginRef.model_validate(entry).load(what=f"tools[{i}]", base=Tool)
+    if environment is not None:
+        environment.load(what="environment", base=Environment)
+    if agent is not None:
+        agent.load(what="agent", base=BaseEngineWrapper)
+
+
+def build_training_rollout(
+    engine: Engine,
+    renderer: ChatRenderer,
+    tokenizer: Any,
+    *,
+    harness: HarnessConfig,
+    n_parallel_agents: int,
+    tools: Sequence[str | PluginRef],
+    reward_fn: RewardCallable | None,
+    environment: PluginRef | None = None,
+    agent: PluginRef | None = None,
+) -> TrainingRollout:
+    """The rollout source of a training run, sampling through `engine` recorded in a fresh `SampleLedger`.
+
+    Args:
+        engine: the run's engine (the one the trainer syncs weights into).
+        renderer: the model's chat template.
+        tokenizer: the model's tokenizer (handed to an agent's constructor).
+        harness: limits and sampling of the harness (the built-in agent and a user's environment).
+        n_parallel_agents: trajectories in flight at once.
+        tools: tool names or classes (`build_tools`), for the built-in `ToolEnvironment`, or for a user's
+            environment whose constructor takes `tools`.
+        reward_fn: the final answer's reward, under the harness.
+        environment: a user's `Environment` class and its keyword arguments, run under the harness.
+        agent: a user's `BaseEngineWrapper` subclass and its keyword arguments: built with the harness's limits,
+            given the engine (`use_engine`), then `initialize()`d.
+
+    Raises:
+        ConfigError: naming the class and what is wrong with it (see `PluginRef.build`); for an environment that
+            takes no `tools` while tools were given.
+    """
+    from agentic_rl.tools.registry import build_tools
+
+    ledger = SampleLedger()
+    recording = RecordingEngine(engine, ledger)
+    if agent is not None:
+        return AgentRollout(_build_agent(agent, recording, renderer, tokenizer, harness, n_parallel_agents), ledger)
+    built_tools = build_tools(tools)
+    env = _build_environment(environment, built_tools, renderer)
+    return SpecRollout(RolloutSpec(recording, env, renderer, harness, reward_fn=reward_fn), n_parallel_agents, ledger)
+
+
+def _build_environment(ref: PluginRef | None, tools: list[Any], renderer: ChatRenderer) -> Environment:
+    """The built-in `ToolEnvironment` over `tools`, or the user's environment (given `tools` when its constructor
+    takes them)."""
+    if ref is None:
+        return ToolEnvironment.for_renderer(tools, renderer)
+    cls = ref.load(what="environment", base=Environment)
+    extra: dict[str, Any] = {}
+    if issubclass(cls, ToolEnvironment):
+        extra = {"tools": tools, "tools_in_system_prompt": not renderer.supports_tools}
+    elif "tools" in inspect.signature(cls).parameters:
+        extra = {"tools": tools}
+    elif tools:
+        raise ConfigError(f"environment {ref.path!r} takes no 'tools' argument, but tools were given: set tools: [] "
+                          "or give the environment its tools through environment.kwargs")  # fmt: skip
+    return ref.build(what="environment", base=Environment, **extra)
+
+
+def _build_agent(ref: PluginRef, engine: Engine, renderer: ChatRenderer, tokenizer: Any, harness: HarnessConfig,
+                 n_parallel_agents: int) -> BaseEngineWrapper:  # fmt: skip
+    """The user's agent, built with the harness's limits and sampling, on `engine`, initialized."""
+    cls = ref.load(what="agent", base=BaseEngineWrapper)
+    settings = {"agent_name": cls.__name__, "tokenizer": tokenizer,
+                "sampling_params": harness.sampling.model_dump(exclude_none=True),
+                "max_prompt_length": harness.max_prompt_length, "max_response_length": harness.max_response_length,
+                "n_parallel_agents": n_parallel_agents, "max_steps": harness.max_steps}  # fmt: skip
+    agent = ref.build(what="agent", base=BaseEngineWrapper, **settings)
+    agent.use_engine(engine, renderer)
+    try:
+        agent.initialize()
+    except Exception as exc:
+        raise ConfigError(f"agent {ref.path!r}: initialize() failed: {type(exc).__name__}: {exc}") from exc
+    return agent
