@@ -44,7 +44,7 @@ def _hasher(ids: Sequence[int]) -> Any:
     return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16)
 
 
-def context_key(ids: Sequence[int]) -> bytes:
+def _context_key(ids: Sequence[int]) -> bytes:
     """The ledger key of a context: the 16-byte blake2b digest of `ids` packed as int64."""
     return _hasher(ids).digest()
 
@@ -110,10 +110,7 @@ class SampleLedger:
             logprobs: their logprobs (nats), one per id.
             weight_version: the engine's `weight_version` when the request was sent.
         """
-        self.record_key(context_key(prompt_ids), token_ids, logprobs, weight_version)
-
-    def record_key(self, key: bytes, token_ids: Sequence[int], logprobs: Sequence[float], weight_version: int) -> None:
-        """Like `record`, for a prompt whose `context_key` is `key`."""
+        key = _context_key(prompt_ids)
         sample = RecordedSample(array("q", token_ids), array("f", logprobs), int(weight_version))
         with self._lock:
             self._samples.setdefault(key, []).append(sample)
@@ -121,7 +118,7 @@ class SampleLedger:
 
     def samples(self, prompt_ids: Sequence[int]) -> list[RecordedSample]:
         """The outputs recorded for exactly the context `prompt_ids`, oldest first ([] when none)."""
-        return self._samples_at(context_key(prompt_ids))
+        return self._samples_at(_context_key(prompt_ids))
 
     def _samples_at(self, key: bytes) -> list[RecordedSample]:
         with self._lock:
@@ -248,10 +245,10 @@ class _RunChecker:
         return 0, best[1]
 
     def _differs(self, sample: RecordedSample, position: int, n: int) -> tuple[int, str] | None:
-        """None when `sample`'s first `n` ids, logprobs and version match the run's from `position`, else how far
-        they matched and where they first differ."""
+        """None when `sample`'s first `n` ids, logprobs and version match the run's from `position`, else a score
+        (how far it matched: the ids, then the logprobs, then the versions) and where they first differ."""
         ids = self.ids[position : position + n]
-        same = _common_prefix(sample.token_ids[:n], ids)
+        same = n if sample.token_ids[:n] == array("q", ids) else _common_prefix(sample.token_ids, ids)
         if same < n:
             return same, (f"response token {position + same} is {ids[same]}, the engine sampled "
                           f"{sample.token_ids[same]} there")  # fmt: skip
@@ -265,8 +262,10 @@ class _RunChecker:
         if self.versions is not None:
             for j in range(n):
                 if self.versions[position + j] != sample.weight_version:
-                    return n + 1, (f"weight version of response token {position + j} is "
-                                   f"{self.versions[position + j]}, the engine sampled it at {sample.weight_version}")
+                    return n + 1, (
+                        f"weight version of response token {position + j} is "
+                        f"{self.versions[position + j]}, the engine sampled it at {sample.weight_version}"
+                    )
         return None
 
 

@@ -122,7 +122,9 @@ async def test_a_tampered_logprob_fails_but_float32_rounding_passes():
 async def test_missing_logprobs_and_inconsistent_lengths_are_named():
     engine = RecordingEngine(FakeEngine())
     run = await _two_turns(engine)
-    assert "no logprobs" in _reason(engine.ledger, TokenRun(run.prompt_ids, run.response_ids, run.response_mask, None, None))
+    assert "no logprobs" in _reason(
+        engine.ledger, TokenRun(run.prompt_ids, run.response_ids, run.response_mask, None, None)
+    )
     n = len(run.response_ids)
     short = TokenRun(run.prompt_ids, run.response_ids, run.response_mask[:-1], run.response_logprobs, None)
     assert _reason(engine.ledger, short) == f"response_mask has {n - 1} entries, response_ids has {n}"
@@ -194,7 +196,9 @@ async def test_clear_drops_every_recorded_output():
 
 
 def test_the_proxy_has_exactly_the_capabilities_of_its_inner_engine():
-    plain, streaming, trainable = (RecordingEngine(e) for e in (FakeEngine(), FakeStreamingEngine(), FakeTrainableEngine()))
+    plain, streaming, trainable = (
+        RecordingEngine(e) for e in (FakeEngine(), FakeStreamingEngine(), FakeTrainableEngine())
+    )
     assert all(isinstance(p, (Engine, RecordingEngine)) for p in (plain, streaming, trainable))
     assert not isinstance(plain, StreamingEngine) and not isinstance(plain, TrainableEngine)
     assert isinstance(streaming, StreamingEngine) and not isinstance(streaming, TrainableEngine)
@@ -226,3 +230,133 @@ async def test_a_stream_is_recorded_whole_or_as_far_as_it_was_read():
     run = TokenRun(prompt)
     run.sample(whole.token_ids, whole.logprobs, 0)
     assert "never sampled" in _reason(engine.ledger, run)  # the rest was never delivered
+
+
+# ---- the real engine --------------------------------------------------------------------------------------------
+
+CALL = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "2 \+ 2"\}\}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "math",
+          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]  # fmt: skip
+
+
+def _assert_every_run_passes(ledger: SampleLedger, trajectories) -> int:
+    """Every run of every finished, non-failed trajectory passes; returns how many runs were checked."""
+    finished = [t for t in trajectories if not t.failed]
+    assert finished, [t.error for t in trajectories]
+    checked = 0
+    for traj in finished:
+        for run in traj.token_runs():
+            check = ledger.check_run(run)
+            assert check.ok, check.reason
+            assert check.weight_versions == run.weight_versions
+            checked += 1
+        # the top-level tensors (logprobs through a float32 tensor, no weight versions) pass too
+        (fields,) = traj.token_runs(fields_only=True)
+        check = ledger.check_run(fields)
+        assert check.ok, check.reason
+        assert check.weight_versions == traj.token_runs()[-1].weight_versions
+    return checked
+
+
+def _tampered(run: TokenRun) -> TokenRun:
+    """A copy of `run` with its last sampled token changed."""
+    bad = run.copy()
+    last = max(i for i, m in enumerate(bad.response_mask) if m)
+    bad.response_ids[last] = (bad.response_ids[last] + 1) % 1000
+    return bad
+
+
+def _tool_spec(engine: Engine, tokenizer, *, memory_factory=None, max_steps: int = 3, **sampling):
+    from agentic_rl.chat import ChatRenderer
+    from agentic_rl.rollout.agent import tool_agent_spec
+    from agentic_rl.rollout.spec import HarnessConfig
+    from agentic_rl.tools.calculator import CalculatorTool
+
+    config = HarnessConfig(max_steps=max_steps, max_prompt_length=1024, max_response_length=1024,
+                           sampling={"temperature": 0.7, "max_tokens": 64, "seed": 3, **sampling})  # fmt: skip
+    renderer = ChatRenderer(tokenizer)
+    return tool_agent_spec(renderer, engine, tools=[CalculatorTool()], config=config, memory_factory=memory_factory)
+
+
+async def test_tool_agent_rollouts_on_the_real_engine_pass_and_a_changed_token_fails(engine, tokenizer, make_task):
+    from support.engines import ForcedCallEngine
+
+    from agentic_rl.rollout.session import Rollout
+
+    recording = RecordingEngine(engine)
+    assert isinstance(recording, StreamingEngine) and isinstance(recording, TrainableEngine)
+    assert recording.max_model_len == engine.max_model_len and recording.weight_version == engine.weight_version
+    forced = ForcedCallEngine(recording, tokenizer, forced_turns=1)  # the turns still come from the real engine
+    tasks = [make_task(i) for i in range(4)]
+    result = await Rollout(_tool_spec(forced, tokenizer), n_parallel_agents=4).run(tasks)
+    # a stop string inside the forced call: the harness keeps only a prefix of the generation
+    stopped = await Rollout(_tool_spec(forced, tokenizer, stop=["calculator"]), n_parallel_agents=4).run(tasks)
+    assert len(recording.ledger) == len(forced.calls)
+    assert _assert_every_run_passes(recording.ledger, result.trajectories + stopped.trajectories) >= 4
+    assert all(t.steps[0].info["unrecorded_tokens"] >= 1 for t in stopped.trajectories if not t.failed)
+
+    run = next(t for t in result.trajectories if not t.failed).token_runs()[0]
+    assert "the engine sampled" in recording.ledger.check_run(_tampered(run)).reason
+    recording.ledger.clear()
+    assert "never sampled" in recording.ledger.check_run(run).reason
+
+
+async def test_memory_runs_on_the_real_engine_pass(engine, tokenizer):
+    from support.engines import ForcedCallEngine
+
+    from agentic_rl.chat import ChatRenderer
+    from agentic_rl.engine.chat_client import EngineChatClient
+    from agentic_rl.memory import MemoryConfig, MemorySummary
+    from agentic_rl.rollout.harness import run_trajectory
+
+    recording = RecordingEngine(engine)
+    forced = ForcedCallEngine(recording, tokenizer, forced_turns=100)  # keeps calling tools: the history grows
+    config = MemoryConfig(use_summary=True, max_prompt_length=420, max_summary_length=32, before_raw_message=2,
+                          end_raw_message=-2)  # fmt: skip
+    client = EngineChatClient(recording, ChatRenderer(tokenizer), sampling={"temperature": 0.7})
+    spec = _tool_spec(forced, tokenizer, max_steps=6,
+                      memory_factory=lambda: MemorySummary(config, chat_client=client, tokenizer=tokenizer))  # fmt: skip
+    task = {
+        "id": "long",
+        "question": "Add up 12 + 30, then keep checking it with the calculator.",
+        "ground_truth": "42",
+    }
+    traj = await run_trajectory(task, 0, spec)
+    assert not traj.failed, traj.error
+    assert traj.metrics["summaries"] >= 1 and len(traj.runs) > 1  # memory started new runs
+    assert _assert_every_run_passes(recording.ledger, [traj]) == len(traj.runs)
+    assert "the engine sampled" in recording.ledger.check_run(_tampered(traj.runs[0])).reason
+
+
+async def test_captured_trajectories_of_the_server_over_a_recording_engine_pass(engine, tokenizer):
+    from support.server import MODEL_NAME
+
+    from agentic_rl.server.serving import OpenAIServing
+
+    recording = RecordingEngine(engine)
+    serving = OpenAIServing(recording, tokenizer, model_name=MODEL_NAME)
+
+    async def chat(tid: str, messages: list[dict], stream: bool, **extra) -> dict:
+        body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 48, "tools": TOOLS, **extra}
+        if not stream:
+            return (await serving.chat_completion(body, trajectory_id=tid))["choices"][0]["message"]
+        call = serving.prepare({**body, "stream": True}, trajectory_id=tid, chat=True, streaming=True)
+        chunks = [chunk async for chunk in await serving.stream(call)]
+        assert chunks
+        return serving.recorder.build(tid).chat_completions[-1]
+
+    def _call_id(message: dict) -> str:
+        return (message.get("tool_calls") or [{}])[0].get("id", "call_0")
+
+    trajectories = []
+    for stream in (False, True):
+        tid = f"ledger-{stream}"
+        messages = [{"role": "user", "content": "What is 2 + 2? Use the calculator."}]
+        assistant = await chat(tid, messages, stream, structured_outputs={"regex": CALL}, max_tokens=128)
+        messages += [assistant, {"role": "tool", "tool_call_id": _call_id(assistant), "content": "4"}]
+        await chat(tid, messages, stream)
+        await chat(tid, [{"role": "user", "content": "Summary: 2 + 2 = 4. Say it."}], stream)  # a new run
+        trajectories.append(serving.recorder.build(tid, pop=True))
+    assert all(len(t.runs) >= 2 for t in trajectories)
+    assert _assert_every_run_passes(recording.ledger, trajectories) >= 4
+    assert "the engine sampled" in recording.ledger.check_run(_tampered(trajectories[1].runs[0])).reason
