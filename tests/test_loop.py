@@ -82,7 +82,8 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
         assert 0 <= r["dual_clip_fraction"] <= r["clip_fraction"] <= 1
         assert (r["step_skipped"], r["skipped_steps"]) == (0, 0)
         assert r["tokens_sampled"] == r["tokens_trained"] + r["tokens_excluded"] > 0
-        assert r["tokens_excluded"] == sum(r[f"tokens_excluded_{k}"] for k in ("failed", "aborted", "over_length"))
+        assert r["tokens_excluded"] == sum(r[f"tokens_excluded_{k}"] for k in ("failed", "aborted", "refused", "over_length"))
+        assert r["refused"] == 0  # every record of the built-in harness is what the engine sampled
         # the recorded rollout holds exactly the tokens the step accounted for (one run each: no memory here)
         record = [json.loads(line) for line in (run / f"rollouts/step_{r['step']}.jsonl").read_text().splitlines()]
         kept = [t for t in record if not t["failed"] and all(s["info"].get("finish_reason") != "abort" for s in t["steps"])]
@@ -162,7 +163,10 @@ def _assert_identical_moved_weights(run: Path, world: int) -> None:
 
 @pytest.mark.slow
 def test_two_torchrun_ranks_end_with_identical_weights(tmp_path):
-    path = write_train_config(tmp_path)
+    """Each rank builds a user's agent (examples/custom_agent.py) on its own engine; the built-in agent trains on
+    two nodes below."""
+    agent = {"class": "examples.custom_agent:ReflectingAgent", "kwargs": {"reward": "support.toy_rewards:e_share"}}
+    path = write_train_config(tmp_path, agent=agent, reward="gsm8k")  # the agent brings its own reward
     port = free_port_pair()
     cmd = _train_command(path, "--nproc_per_node=2", f"--master_port={port}")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=cli_env(), cwd=ROOT)
@@ -170,7 +174,7 @@ def test_two_torchrun_ranks_end_with_identical_weights(tmp_path):
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["trajectories"] == 2 * 2 * 3  # two ranks, each 2 tasks x 3 samples
-    assert all(r["grad_norm"] > 0 for r in rows)
+    assert all(r["grad_norm"] > 0 and r["refused"] == 0 for r in rows)
     _assert_identical_moved_weights(run, world=2)
 
 

@@ -122,15 +122,15 @@ def refuse_untrainable(trajectories: Sequence[Trajectory], ledger: SampleLedger)
 
 
 def _untrainable_reason(trajectory: Trajectory, ledger: SampleLedger) -> str | None:
+    """Why `trajectory` cannot be trained (None: it can). A run that passes but recorded no weight versions gets
+    the ledger's."""
     runs = trajectory.token_runs()
     for i, run in enumerate(runs):
-        try:
-            run.check()
-        except Exception as exc:
-            return f"run {i} is inconsistent: {exc}"
-        reason = ledger.check_run(run)
-        if reason is not None:
-            return f"run {i}: {reason}" if len(runs) > 1 else reason
+        check = ledger.check_run(run)
+        if check.reason is not None:
+            return f"run {i}: {check.reason}" if len(runs) > 1 else check.reason
+        if run.weight_versions is None and trajectory.runs:
+            run.weight_versions = check.weight_versions
     return None
 
 
