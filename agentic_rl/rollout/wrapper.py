@@ -60,7 +60,8 @@ class BaseEngineWrapper(abc.ABC):
     A subclass implements `initialize()` (set up the engine and environment) and one of:
 
     - `generate_agent_trajectories_async(tasks)`, the AgentSDK's method: all tasks -> one trajectory each, in task
-      order, as a plain function or a coroutine function; or
+      order, as a plain function or a coroutine function (the trainer runs a plain one in a worker thread: from
+      there, reach async code such as `engine.generate` with `anyio.from_thread.run`); or
     - `generate_trajectory(task, idx)`: one validated task -> one trajectory. The base class's
       `generate_agent_trajectories_async` then validates the tasks, runs at most `n_parallel_agents` at once and
       turns a task that raises into a failed trajectory (the others still run).
