@@ -29,7 +29,9 @@ async def _wait_until(condition) -> None:
 
 
 def _threads() -> set[tuple[int | None, str]]:
-    return {(t.ident, t.name) for t in threading.enumerate()}
+    """Live threads, without tqdm's monitor (a daemon that tqdm starts for any progress bar, e.g. one the engine
+    shows, and that ends by itself once no bar is left)."""
+    return {(t.ident, t.name) for t in threading.enumerate() if t.name != "tqdm_monitor"}
 
 
 def _child_pids() -> set[int]:
