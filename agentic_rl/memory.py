@@ -249,8 +249,8 @@ class MemorySimple:
 
             tokenizer = AutoTokenizer.from_pretrained(self.config.train_model_tokenizer_path)
         self.tokenizer = tokenizer
-        self.prompt_ids: PromptIds | None = None
-        self.tools: list[dict[str, Any]] | None = None
+        self._prompt_ids: PromptIds | None = None
+        self._tools: list[dict[str, Any]] | None = None
         self.messages: list[dict[str, str]] = []
         for m in messages:
             self.add_message(m)
@@ -277,8 +277,8 @@ class MemorySimple:
             tools: the OpenAI function schemas the template renders into agent prompts (the trajectory's
                 `Sample.tools`); summary requests are rendered without them.
         """
-        self.prompt_ids = prompt_ids
-        self.tools = list(tools) if tools else None
+        self._prompt_ids = prompt_ids
+        self._tools = list(tools) if tools else None
 
     def count_tokens(self, messages: Sequence[dict[str, str]]) -> int:
         """Prompt length of `messages` in tokens, with the generation prompt: as `render_with`'s `prompt_ids`
@@ -287,12 +287,12 @@ class MemorySimple:
         Raises:
             ConfigError: with neither `render_with` nor a tokenizer.
         """
-        return self._length(to_template_messages(messages), self.tools)
+        return self._length(to_template_messages(messages), self._tools)
 
     def _length(self, messages: Sequence[dict[str, str]], tools: Sequence[dict[str, Any]] | None) -> int:
         """Tokens of the prompt that renders template-ready `messages` with `tools`."""
-        if self.prompt_ids is not None:
-            return len(self.prompt_ids(messages, tools))
+        if self._prompt_ids is not None:
+            return len(self._prompt_ids(messages, tools))
         if self.tokenizer is None:
             raise ConfigError("measuring lengths needs render_with(), a tokenizer or config.train_model_tokenizer_path")
         if getattr(self.tokenizer, "chat_template", None):
@@ -336,7 +336,7 @@ class MemorySimple:
         return out
 
     def _warn_if_long(self, messages: list[dict[str, str]]) -> None:
-        if self.prompt_ids is None and self.tokenizer is None:
+        if self._prompt_ids is None and self.tokenizer is None:
             return
         length = self.count_tokens(messages)
         if length > self.config.max_prompt_length:
@@ -439,8 +439,11 @@ class MemorySummary(MemorySimple):
                                                 max_tokens=self.config.max_summary_length)  # fmt: skip
 
     def summary_request_budget(self) -> int | None:
-        """Most tokens of a summary request's rendered prompt, None for no limit (see
-        `MemoryConfig.max_summary_request_length`)."""
+        """The summary request's budget (see `MemoryConfig.max_summary_request_length`).
+
+        Returns:
+            Most tokens of the summary request's rendered prompt, or None for no limit.
+        """
         if self.config.max_summary_request_length is not None:
             return self.config.max_summary_request_length
         window = getattr(self.chat_client, "window", None)
