@@ -500,9 +500,13 @@ def _turn_sampling(spec: RolloutSpec, idx: int, turn: int, room: int) -> Samplin
 
 
 async def _apply_memory(spec: RolloutSpec, state: _State) -> None:
-    """Ask memory for the prompt messages; if it rewrote the history, start a new exact run from them."""
+    """Ask memory for the prompt messages; if it rewrote the history, start a new exact run from them.
+
+    The memory measures its budget on the prompt exactly as the run renders it: this renderer, the sample's tools.
+    """
     memory = state.memory
     assert memory is not None and state.sample is not None
+    memory.render_with(spec.renderer.prompt_ids, state.sample.tools)
     if isinstance(memory, MemorySummary):
         prompt_messages = await memory.aget_prompt_messages()
         state.metrics["summaries"], state.metrics["summary_fallbacks"] = memory.summaries, memory.fallbacks
