@@ -342,8 +342,10 @@ def _xml_function(text: str, start: int, tools: Any, find: _Next) -> tuple[Parse
                 problem = f"parameter {key!r} of {name!r} is given twice"
             arguments[key] = value
             pos = end
-        elif text.startswith(_FUNCTION_CLOSE, pos) or pos >= len(text) or any(
-            text.startswith(marker, pos) for marker in (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, _FUNCTION_OPEN)
+        elif (
+            text.startswith(_FUNCTION_CLOSE, pos)
+            or pos >= len(text)
+            or any(text.startswith(marker, pos) for marker in (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, _FUNCTION_OPEN))
         ):
             end = pos + (len(_FUNCTION_CLOSE) if text.startswith(_FUNCTION_CLOSE, pos) else 0)
             properties = _properties(tools, name)
