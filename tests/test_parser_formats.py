@@ -242,3 +242,24 @@ def test_a_written_call_reads_back_as_the_same_call(arguments, call_format):
     text = format_tool_call("f", arguments, call_format)
     (call,) = parse_tool_calls("Calling.\n" + text, TOOLS)
     assert isinstance(call, ToolCall) and call.name == "f" and call.arguments == arguments
+
+
+_FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "<think>",
+              "</think>", ">", "<", "\n", " ", "f", "i", "{", "}", '"', "1", "null", "true", '{"name": "f"}']  # fmt: skip
+
+
+@settings(deadline=None, max_examples=400)
+@given(st.lists(st.sampled_from(_FRAGMENTS) | st.text(max_size=4), max_size=40).map("".join))
+def test_any_mix_of_both_forms_and_reasoning_never_raises(text):
+    start, calls = find_tool_calls(text, TOOLS)
+    assert (start >= 0) == bool(calls)
+    assert start < 0 or text.startswith("<tool_call>", start)
+    for call in calls:
+        if isinstance(call, ToolCall):
+            assert call.name.strip() == call.name != "" and "\n" not in call.raw[:1]
+            assert isinstance(call.arguments, dict) != bool(call.arguments_error)
+        else:
+            assert isinstance(call, ToolCallError) and call.message
+    thought, rest = split_thought(text)
+    assert isinstance(thought, str) and isinstance(rest, str)
+    assert action_text(text) == (text[start:] if start >= 0 else "")

@@ -29,7 +29,10 @@ XML_CALL = (
     "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
     "</function>\n</tool_call>"
 )
-SKETCH = "<think>\nI could call\n" + XML_CALL + "\nbut I know it already.\n</think>\n\n"
+SKETCH = (
+    '<think>\nI could call\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}\n</tool_call>\n'
+    "or\n" + XML_CALL + "\nbut I know it already.\n</think>\n\n"
+)
 REPLIES = {
     "[xml]": "Let me look it up.\n" + XML_CALL,
     "[sketch]": SKETCH + "It is sunny in Oslo.",
