@@ -124,18 +124,20 @@ def test_parser_treats_empty_arguments_string_as_no_arguments():
     assert calls[0] == ToolCall(name="noop", arguments={}, raw=calls[0].raw)
 
 
-def test_parser_rejects_arguments_string_that_is_not_valid_json():
+def test_parser_keeps_a_call_whose_arguments_string_is_not_valid_json_and_says_why():
     calls = parse_tool_calls(call_text({"name": "calculator", "arguments": "{expression: 1+1"}))
     assert len(calls) == 1
-    assert isinstance(calls[0], ToolCallError)
-    assert "not valid JSON" in calls[0].message
-    assert "'calculator'" in calls[0].message
+    assert isinstance(calls[0], ToolCall)
+    assert calls[0].name == "calculator" and calls[0].arguments == "{expression: 1+1"
+    assert "not valid JSON" in calls[0].arguments_error
+    assert "'calculator'" in calls[0].arguments_error
 
 
-def test_parser_rejects_arguments_string_that_decodes_to_a_non_object():
+def test_parser_keeps_a_call_whose_arguments_string_decodes_to_a_non_object_and_says_why():
     calls = parse_tool_calls(call_text({"name": "f", "arguments": "[1, 2]"}))
-    assert isinstance(calls[0], ToolCallError)
-    assert "must be a JSON object, got list" in calls[0].message
+    assert isinstance(calls[0], ToolCall)
+    assert calls[0].arguments == "[1, 2]"  # as written, as vLLM keeps it
+    assert "must be a JSON object, got list" in calls[0].arguments_error
 
 
 def test_parser_accepts_parameters_as_alias_of_arguments():
@@ -228,11 +230,12 @@ def test_parser_reports_empty_or_non_string_name(name):
     ("arguments", "type_name"),
     [([1, 2], "list"), (3, "int"), (2.5, "float"), (True, "bool")],
 )
-def test_parser_reports_arguments_that_are_not_an_object(arguments, type_name):
+def test_parser_keeps_a_call_whose_arguments_are_not_an_object_and_says_why(arguments, type_name):
     calls = parse_tool_calls(call_text({"name": "calculator", "arguments": arguments}))
     assert len(calls) == 1
-    assert isinstance(calls[0], ToolCallError)
-    assert f"must be a JSON object, got {type_name}" in calls[0].message
+    assert isinstance(calls[0], ToolCall)
+    assert calls[0].arguments == arguments
+    assert f"must be a JSON object, got {type_name}" in calls[0].arguments_error
 
 
 @pytest.mark.parametrize(("body", "type_name"), [("42", "int"), ('"calculator"', "str"), ("null", "NoneType")])
@@ -305,8 +308,9 @@ def test_parser_mixes_good_and_bad_calls_in_order():
         + call_text({"name": "e", "parameters": {"k": "v"}})
     )
     calls = parse_tool_calls(text)
-    assert [type(c) for c in calls] == [ToolCall, ToolCallError, ToolCallError, ToolCallError, ToolCall]
+    assert [type(c) for c in calls] == [ToolCall, ToolCallError, ToolCallError, ToolCall, ToolCall]
     assert calls[0].name == "a"
+    assert calls[3].arguments == [1] and "must be a JSON object, got list" in calls[3].arguments_error
     assert calls[4].arguments == {"k": "v"}
 
 
@@ -465,8 +469,8 @@ def test_parser_reports_an_integer_past_the_digit_limit():
 )
 def test_parser_reports_hostile_json_in_an_arguments_string(arguments, reason):
     calls = parse_tool_calls(call_text({"name": "f", "arguments": arguments}))
-    assert len(calls) == 1 and isinstance(calls[0], ToolCallError)
-    assert calls[0].message.startswith("\"arguments\" of 'f' is a string that is not valid JSON: " + reason)
+    assert len(calls) == 1 and isinstance(calls[0], ToolCall) and calls[0].arguments == arguments
+    assert calls[0].arguments_error.startswith("\"arguments\" of 'f' is a string that is not valid JSON: " + reason)
 
 
 # --------------------------------------------------------------------------------------------------- fuzzing
@@ -494,7 +498,7 @@ def _check_results(text, calls):
         assert isinstance(call, (ToolCall, ToolCallError))
         if isinstance(call, ToolCall):
             assert isinstance(call.name, str) and call.name.strip() == call.name != ""
-            assert isinstance(call.arguments, dict)
+            assert isinstance(call.arguments, dict) != bool(call.arguments_error)  # an object, or the reason why not
         else:
             assert isinstance(call.message, str) and call.message
 

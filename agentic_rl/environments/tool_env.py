@@ -29,10 +29,13 @@ MAX_OBSERVATION_CHARS = 8192
 
 
 class ToolEnvironment(Environment):
-    """Runs the `<tool_call>` blocks of the latest assistant message and returns one tool message per call.
+    """Runs the tool calls of the latest assistant message and returns one tool message per call.
 
-    A turn with no tool call is the final answer and ends the trajectory. Malformed calls (invalid JSON, no name,
-    unknown tool, non-object arguments) and failing or slow tools come back to the model as error text.
+    Calls are read as `parser.parse_tool_calls` reads them: JSON (Hermes) or XML (Qwen3-Coder) inside `<tool_call>`,
+    XML parameter values typed by each tool's parameter schema, calls inside `<think>` reasoning ignored. A turn with
+    no tool call is the final answer and ends the trajectory. Malformed calls (invalid JSON, no name, unknown tool)
+    and failing or slow tools come back to the model as error text; so do arguments that are not a JSON object (a
+    plain string, a list), with the parameter schema the tool expected.
 
     Args:
         tools: the tools offered; names must be unique.
@@ -115,7 +118,7 @@ class ToolEnvironment(Environment):
     async def step(self, sample: Sample) -> StepResult:
         if not sample.messages or sample.messages[-1]["role"] != "assistant":
             raise EnvStepError("step() needs the latest message to be the assistant's")
-        calls = parse_tool_calls(sample.messages[-1]["content"])
+        calls = parse_tool_calls(sample.messages[-1]["content"], self.schemas)
         if not calls:
             return StepResult([], True, {"tool_calls": 0, "tool_errors": 0, "well_formed_calls": 0})
         observation = []
@@ -127,7 +130,7 @@ class ToolEnvironment(Environment):
                 ok, text = False, f"Error: {call.message}"
             errors += not ok
             observation.append({"role": "tool", "content": self._cap(text)})
-        well_formed = sum(isinstance(c, ToolCall) for c in calls)
+        well_formed = sum(isinstance(c, ToolCall) and not c.arguments_error for c in calls)
         info = {"tool_calls": len(calls), "tool_errors": errors, "well_formed_calls": well_formed}
         return StepResult(observation, False, info)
 
@@ -169,6 +172,9 @@ class ToolEnvironment(Environment):
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
             return False, f"Error: unknown tool {call.name!r}; available tools: {known}"
+        if call.arguments_error:
+            expected = json.dumps(tool.parameters, ensure_ascii=False)
+            return False, f"Error: {call.arguments_error}; {call.name!r} takes a JSON object of arguments: {expected}"
         try:
             with anyio.fail_after(tool.call_timeout_s):
                 if isinstance(tool, StatefulTool):

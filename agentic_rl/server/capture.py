@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentic_rl.chat import ChatRenderer
-from agentic_rl.parser import action_text
+from agentic_rl.parser import HERMES, action_text, format_tool_call, tool_call_format
 from agentic_rl.tools.prompt import tools_system_prompt
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
@@ -96,13 +96,18 @@ def _normalize(message: dict[str, Any]) -> tuple[Any, ...]:
     return message.get("role"), message.get("content") or "", calls
 
 
-def template_messages(messages: Sequence[dict[str, Any]], renderer: ChatRenderer | None) -> list[dict[str, Any]]:
+def template_messages(
+    messages: Sequence[dict[str, Any]], renderer: ChatRenderer | None, call_format: str | None = None
+) -> list[dict[str, Any]]:
     """Messages in the form the chat template takes.
 
     Assistant `tool_calls` get their `arguments` as objects for templates that render tool calls; for templates
-    that do not (or `renderer=None`), the calls are written into the content as `<tool_call>` blocks (the format
-    the model produced), giving plain `{"role", "content"}` messages.
+    that do not (or `renderer=None`), the calls are written into the content as `<tool_call>` blocks in the format
+    the model produced (`call_format`; None: the one `renderer`'s template teaches, `HERMES` without a renderer),
+    giving plain `{"role", "content"}` messages.
     """
+    if call_format is None:
+        call_format = tool_call_format(renderer.tokenizer.chat_template) if renderer is not None else HERMES
     out: list[dict[str, Any]] = []
     for m in messages:
         calls = m.get("tool_calls") or []
@@ -125,9 +130,9 @@ def template_messages(messages: Sequence[dict[str, Any]], renderer: ChatRenderer
             })  # fmt: skip
         else:
             blocks = [
-                "<tool_call>\n" + json.dumps({"name": f.get("name"), "arguments": _arguments(f.get("arguments"))}) + "\n</tool_call>"
+                format_tool_call(f.get("name"), _arguments(f.get("arguments")), call_format, ensure_ascii=True)
                 for f in functions
-            ]  # fmt: skip
+            ]
             content = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
             out.append({"role": "assistant", "content": content})
     return out
@@ -266,34 +271,35 @@ class TrajectoryRecorder:
             captured = self._captured.pop(trajectory_id) if pop else self._captured[trajectory_id]
             runs = [run.copy() for run in captured.recorder.runs]
             turns = list(captured.turns)
-        steps = [_step(t, runs[t.run]) for t in turns]
+        call_format = tool_call_format(self.renderer.tokenizer.chat_template)
+        steps = [_step(t, runs[t.run], call_format) for t in turns]
         if steps:
             steps[-1].done = True
         last = turns[-1]
         chat = [*(last.messages or []), *([last.response_message] if last.response_message else [])]
         return StepTrajectory.from_runs(
-            runs, idx=idx, chat_completions=template_messages(chat, None),
+            runs, idx=idx, chat_completions=template_messages(chat, None, call_format),
             metrics={"steps": len(turns), "generated_tokens": sum(run.num_sampled for run in runs)},
             termination_reason=TerminationReason.CAPTURED, task={"trajectory_id": trajectory_id}, steps=steps,
         )  # fmt: skip
 
 
-def _written(turn: CapturedTurn) -> str:
+def _written(turn: CapturedTurn, call_format: str) -> str:
     """What the model wrote in a call: the completion's text, or the chat reply with its tool calls as the
-    `<tool_call>` blocks the model produced."""
+    `<tool_call>` blocks the model produced (in `call_format`)."""
     if turn.response_message is None:
         return turn.text
-    return str(template_messages([turn.response_message], None)[0]["content"])
+    return str(template_messages([turn.response_message], None, call_format)[0]["content"])
 
 
-def _step(turn: CapturedTurn, run: TokenRun) -> Step:
+def _step(turn: CapturedTurn, run: TokenRun, call_format: str) -> Step:
     """The `Step` of one captured call."""
     info = {"finish_reason": turn.finish_reason, "continued": turn.continued, "streamed": turn.streamed,
             "weight_version": turn.weight_version, **({"tools": turn.tools} if turn.tools else {}),
             **({"chat_template_kwargs": turn.template_kwargs} if turn.template_kwargs else {})}  # fmt: skip
     return Step(
         chat_completions=[*(turn.messages or []), *([turn.response_message] if turn.response_message else [])],
-        action=action_text(_written(turn)),
+        action=action_text(_written(turn, call_format)),
         observation=(turn.messages or [{}])[-1].get("content", "") if turn.messages else "",
         model_response=turn.text, info=info, run=run, span=turn.span,
     )  # fmt: skip

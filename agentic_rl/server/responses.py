@@ -16,7 +16,7 @@ from typing import Any
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Generation
 from agentic_rl.engine.turns import read_turn
-from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, parse_tool_calls
+from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, find_tool_calls
 from agentic_rl.server.capture import CapturedTurn, TrajectoryRecorder
 from agentic_rl.server.prepare import PreparedCall
 from agentic_rl.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -76,7 +76,7 @@ class ResponseBuilder:
         if stops:
             text = text[: max(0, len(text) - (max(len(s) for s in stops) - 1))]
         if call.chat and call.constraint.parse_tools:
-            at = text.find(TOOL_CALL_OPEN)
+            at = find_tool_calls(text)[0]  # calls inside <think> reasoning stay content
             if at >= 0:
                 text = text[:at]
             else:
@@ -88,10 +88,15 @@ class ResponseBuilder:
         return text
 
     def message(self, call: PreparedCall, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
-        """The assistant message for `text`, and the finish reason (`tool_calls` when it calls tools)."""
-        calls = []
+        """The assistant message for `text`, and the finish reason (`tool_calls` when it calls tools).
+
+        Calls are read as `parser.find_tool_calls` reads them (JSON or Qwen3-Coder XML inside `<tool_call>`, XML values
+        typed by the request's tool schemas, none inside `<think>` reasoning); the content is the text before them.
+        """
+        calls, at = [], -1
         if call.constraint.parse_tools and finish_reason == "stop" and TOOL_CALL_OPEN in text:
-            calls = [c for c in parse_tool_calls(text) if isinstance(c, ToolCall)]
+            at, parsed = find_tool_calls(text, call.tools)
+            calls = [c for c in parsed if isinstance(c, ToolCall)]
             if not all(_encodable(c.name) for c in calls):
                 calls = []
         if not calls:
@@ -101,7 +106,7 @@ class ResponseBuilder:
              "function": {"name": c.name, "arguments": _dumps(c.arguments)}}
             for c in calls
         ]  # fmt: skip
-        content = text[: text.find(TOOL_CALL_OPEN)].rstrip() or None
+        content = text[:at].rstrip() or None
         return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
 
     # ---- logprobs -------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ FAMILIES = (
            refusal=r"generation prompt '<\|im_start\|>assistant\\n<think>\\n' is not how it writes that assistant "
                    r"turn once the turn is in the history \(it opens a <think> block"),
     Family("Qwen2.5", "Qwen-Qwen2.5-7B-Instruct.jinja", "<|im_end|>", added=_QWEN_MARKERS),
+    Family("Qwen3-Coder (test template)", "qwen3-coder-style.jinja", "<|im_end|>", added=_QWEN_MARKERS),
     Family("DeepSeek-R1-Distill-Qwen", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "<｜end▁of▁sentence｜>",
            bos="<｜begin▁of▁sentence｜>", special=_DEEPSEEK_TOKENS, added=("<think>", "</think>"), thinks=True,
            refusal=r"generation prompt '<｜Assistant｜><think>\\n' is not how it writes that assistant turn once the "
