@@ -7,7 +7,6 @@ With the CLI, the only module that imports both `rollout` and `train`. Runs on o
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import math
@@ -32,7 +31,7 @@ from agentic_rl.loop_config import (
     load_train_config,
 )
 from agentic_rl.train import checkpoints
-from agentic_rl.train.checkpoints import Checkpoint
+from agentic_rl.train.checkpoints import Checkpoint, weights_digest
 
 __all__ = [
     "EngineSection",
@@ -69,15 +68,6 @@ def _check_fresh(out: Path) -> None:
     if earlier:
         raise ConfigError(f"{out} already holds a training run ({', '.join(earlier)}): continue it with "
                           f"'agentic-rl train --resume {out}', or choose another output_dir")  # fmt: skip
-
-
-def weights_digest(model: Any) -> str:
-    """sha256 over every parameter's bytes, in name order (equal digests = identical weights)."""
-    digest = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        digest.update(name.encode())
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def _task_id(task: Any) -> Any:
@@ -170,9 +160,10 @@ async def train(
         if run.eval_tasks and state is None:
             _log(run, {"step": 0, **await _evaluate(run, run.out / "rollouts" / "eval_step_0.jsonl")}, step=0)
         for step in range(run.done, config.steps):
-            result = await _train_step(run, step, _step_tasks(run, step))
+            tasks = _step_tasks(run, step)
+            result = await _train_step(run, step, tasks)
             row = _metrics_row(run, step, result)
-            await _record_step(run, step, row, result.trajectories)
+            await _record_step(run, step, row, result.trajectories, [_task_id(t) for t in tasks])
             if on_step is not None:
                 on_step(row)
         _finish(run)
@@ -309,10 +300,9 @@ def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict
 async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, start: Checkpoint | None,
                           state: dict[str, Any] | None) -> tuple[Any, TrainableEngine]:  # fmt: skip
     """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
-    (`_engine_options`) that loads the checkpoint's weights when resuming (`start`), else the model's, and the
-    `TrainingRollout` over it (`build_training_rollout`): the built-in tool agent with the config's tools, reward and
-    limits, a user's `environment` under the same harness, or a user's `agent`. The classes the config names are
-    loaded before the engine starts; `train` closes both.
+    (`_engine_options`, the checkpoint's weights when resuming) and the `TrainingRollout` over it
+    (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes are
+    loaded before the engine starts). `train` closes both.
 
     Returns:
         The rollout and its engine.
@@ -396,6 +386,8 @@ async def _train_step(run: _Run, step: int, tasks: list[dict[str, Any]]) -> _Ste
     trajectories = await run.rollout.run(tasks, _sampling(run, step))
     rollout_s = time.perf_counter() - t0
     refused = refuse_untrainable(trajectories, run.rollout.ledger)
+    if all(t.failed for t in trajectories):  # each says why in its `error` (rollouts/step_K.jsonl)
+        logger.warning("step %d: every trajectory of this rank failed or was refused: none trains", step + 1)
     if sleep:
         await run.engine.sleep()
     groups = [i // run.config.rollout.group_size for i in range(len(trajectories))]  # `_step_tasks`' order
@@ -472,7 +464,7 @@ def _metrics_row(run: _Run, step: int, result: _StepResult) -> dict[str, Any]:
     return {key: sources[source][key] for key, source in _ROW.items()}
 
 
-async def _record_step(run: _Run, step: int, row: dict[str, Any], trajectories: list[Any]) -> None:
+async def _record_step(run: _Run, step: int, row: dict[str, Any], trajectories: list[Any], task_ids: list[Any]) -> None:
     """After step `step` (0-based): evaluate when due (every `eval_every` steps and after the last; into `row`), keep
     the row, and (rank 0) log it, write the step's trajectories and, every `checkpoint_every` steps, a checkpoint."""
     config, done = run.config, step + 1
@@ -482,7 +474,7 @@ async def _record_step(run: _Run, step: int, row: dict[str, Any], trajectories: 
     if not run.dist.is_main:
         return
     _log(run, row, step=done)
-    _write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", trajectories)
+    _write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", trajectories, task_ids)
     if config.checkpoint_every and done % config.checkpoint_every == 0:
         _save_checkpoint(run, f"step_{done}", done)
         checkpoints.prune_checkpoints(run.out / "checkpoints", config.keep_checkpoints)
@@ -506,13 +498,16 @@ def _log(run: _Run, row: dict[str, Any], *, step: int) -> None:
         sink.log(row, step=step)
 
 
-def _write_trajectories(path: Path, trajectories: list[Any]) -> None:
-    """Write `trajectories` as JSON Lines (`trajectory_to_dict`), replacing `path`."""
+def _write_trajectories(path: Path, trajectories: list[Any], task_ids: Sequence[Any] | None = None) -> None:
+    """Write `trajectories` as JSON Lines (`trajectory_to_dict`) into `path`; records without one get `task_ids`."""
     from agentic_rl.types import trajectory_to_dict
 
     with path.open("w") as f:
-        for t in trajectories:
-            f.write(json.dumps(trajectory_to_dict(t), ensure_ascii=False) + "\n")
+        for i, t in enumerate(trajectories):
+            record = trajectory_to_dict(t)
+            if task_ids is not None:
+                record.setdefault("task_id", task_ids[i])
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
 
 
 async def _evaluate(run: _Run, records: Path) -> dict[str, float]:

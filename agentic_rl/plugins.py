@@ -22,8 +22,10 @@ __all__ = ["PluginRef", "load_object"]
 
 def _split(path: str, what: str) -> tuple[str, str]:
     module, sep, name = path.partition(":")
-    if not sep or not module or not name or " " in path:
-        raise ConfigError(f"{what} {path!r} is not a dotted path: write 'package.module:Name'")
+    if not sep:
+        raise ConfigError(f"{what} {path!r} has no ':' between the module and the name: write 'package.module:Name'")
+    if not module or not name or " " in path:
+        raise ConfigError(f"{what} {path!r} is not a 'package.module:Name' path")
     return module, name
 
 

@@ -78,9 +78,10 @@ class TokenRun:
         response_ids: token ids after the prompt: sampled ids and inserted observation / template-glue ids.
         response_mask: 1 where the engine sampled the token, 0 where it was inserted.
         response_logprobs: the engine's logprob (nats) of each sampled token, 0.0 where inserted; None when not
-            recorded (a trajectory built by hand without logprobs).
+            recorded (a trajectory built by hand without logprobs; also what a run built with response ids and
+            without this argument holds).
         weight_versions: the engine weight version that sampled each token, `INSERTED_VERSION` (-1) where inserted;
-            None when not recorded.
+            None when not recorded (as for `response_logprobs`).
     """
 
     prompt_ids: list[int]
@@ -88,6 +89,15 @@ class TokenRun:
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] | None = field(default_factory=list)
     weight_versions: list[int] | None = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # A run built with response tokens but without logprobs or versions did not record them (None); an empty
+        # list stays for a run that starts empty and is filled as it goes (`RunRecorder`).
+        if self.response_ids:
+            if self.response_logprobs == []:
+                self.response_logprobs = None
+            if self.weight_versions == []:
+                self.weight_versions = None
 
     def sample(self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int) -> tuple[int, int]:
         """Append tokens the engine sampled; returns their span `[start, end)` in `response_ids`.

@@ -22,9 +22,9 @@ def test_load_object_finds_a_class_and_a_nested_attribute():
 
 
 @pytest.mark.parametrize(("path", "message"), [
-    ("no_colon_here", r"tools\[2\] 'no_colon_here' is not a dotted path: write 'package\.module:Name'"),
-    (":Name", "is not a dotted path"),
-    ("pkg.mod:", "is not a dotted path"),
+    ("no_colon_here", r"tools\[2\] 'no_colon_here' has no ':' between the module and the name"),
+    (":Name", "is not a .package.module:Name. path"),
+    ("pkg.mod:", "is not a .package.module:Name. path"),
     ("surely_missing_pkg.mod:Thing", r"tools\[2\] 'surely_missing_pkg.mod:Thing': cannot import module "
                                      r"'surely_missing_pkg.mod'.*No module named 'surely_missing_pkg'"),
     ("agentic_rl.tools.calculator:Nope", r"module 'agentic_rl.tools.calculator' has no attribute 'Nope'"),
@@ -93,7 +93,7 @@ def test_train_config_reads_environment_tools_and_agent():
     ({"agent": "a.b:Agent", "tools": ["calculator", "search"]}, r"brings its own environment, tools and reward: remove tools"),
     ({"agent": "a.b:Agent", "environment": "a.b:Env"}, r"remove environment"),
     ({"agent": "a.b:Agent", "reward": "exact"}, r"remove reward"),
-    ({"agent": "not-dotted"}, r"TrainConfig.agent='not-dotted' is invalid: .*not a dotted path"),
+    ({"agent": "not-dotted"}, r"TrainConfig.agent='not-dotted' is invalid: .*has no ':' between the module and the name"),
     ({"environment": {"class": "a.b:Env", "args": {}}}, r"TrainConfig.environment.args is not a known field"),
 ])  # fmt: skip
 def test_train_config_refuses_what_cannot_work(fields, message):
@@ -112,3 +112,19 @@ def test_load_classes_checks_every_entry_before_anything_starts():
         load_classes(tools=[], environment=PluginRef(path="agentic_rl.tools.calculator:CalculatorTool"), agent=None)
     with pytest.raises(ConfigError, match=r"agent 'agentic_rl.environments.base:Environment' must name a subclass of BaseEngineWrapper"):
         load_classes(tools=[], environment=None, agent=PluginRef(path="agentic_rl.environments.base:Environment"))
+
+
+def test_load_classes_refuses_unknown_kwargs_and_a_tools_clash_before_anything_starts():
+    calc = PluginRef.model_validate({"class": "agentic_rl.tools.calculator:CalculatorTool", "kwargs": {"bogus": 1}})
+    with pytest.raises(ConfigError, match=r"tools\[0\] 'agentic_rl.tools.calculator:CalculatorTool' takes no argument\(s\) bogus"):
+        load_classes(tools=[calc], environment=None, agent=None)
+    env = PluginRef.model_validate({"class": "agentic_rl.environments.tool_env:ToolEnvironment",
+                                    "kwargs": {"system_prompt": "x", "colour": 2}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"takes no argument\(s\) colour \(it takes: tools, system_prompt"):
+        load_classes(tools=[], environment=env, agent=None)
+    no_tools = PluginRef(path="examples.guess_game:GuessEnvironment")
+    with pytest.raises(ConfigError, match=r"takes no 'tools' argument, but tools were given"):
+        load_classes(tools=["calculator"], environment=no_tools, agent=None)
+    wrapper = PluginRef.model_validate({"class": "agentic_rl.rollout.wrapper:ToolAgentEngineWrapper",
+                                        "kwargs": {"toolcall_weight": 0.2}})  # fmt: skip
+    load_classes(tools=[], environment=None, agent=wrapper)  # a known keyword passes

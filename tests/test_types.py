@@ -80,8 +80,8 @@ def test_step_defaults():
     step = Step()
     assert step.chat_completions == []
     assert step.thought == ""
-    assert step.action == ""
-    assert step.observation == ""
+    assert step.action is None  # the AgentSDK API defaults action and observation to None
+    assert step.observation is None
     assert step.model_response == ""
     assert step.info == {}
     assert step.reward == 0.0

@@ -81,7 +81,7 @@ class AgentRollout:
         try:
             out = await collect_trajectories(self.agent, tasks)
         except Exception as exc:
-            raise TrainingError(f"agent {name} failed to roll out {len(tasks)} tasks: {type(exc).__name__}: {exc}") from exc
+            raise TrainingError(f"agent {name} failed to roll out {len(tasks)} tasks: {_describe(exc)}") from exc
         if len(out) != len(tasks):
             raise TrainingError(f"agent {name} returned {len(out)} trajectories for {len(tasks)} tasks; it must return "
                                 "one per task, in task order")  # fmt: skip
@@ -96,6 +96,22 @@ class AgentRollout:
         await self.agent.close()
 
 
+def _describe(exc: BaseException) -> str:
+    """`Type: message` of an exception; for an exception group, of the errors inside it (at most three)."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves: list[BaseException] = []
+        pending = list(exc.exceptions)
+        while pending:
+            e = pending.pop(0)
+            if isinstance(e, BaseExceptionGroup):
+                pending[:0] = list(e.exceptions)
+            else:
+                leaves.append(e)
+        more = f" (and {len(leaves) - 3} more)" if len(leaves) > 3 else ""
+        return "; ".join(f"{type(e).__name__}: {e}" for e in leaves[:3]) + more
+    return f"{type(exc).__name__}: {exc}"
+
+
 def refuse_untrainable(trajectories: Sequence[Trajectory], ledger: SampleLedger) -> int:
     """Refuse, in place, every record whose sampled tokens are not exactly what the engine sampled: no logprobs,
     a run whose lengths disagree, a token or logprob that differs from the engine's, or a context the engine never
@@ -104,11 +120,13 @@ def refuse_untrainable(trajectories: Sequence[Trajectory], ledger: SampleLedger)
     Failed trajectories are left as they are (they are not trained anyway).
 
     Returns:
-        How many trajectories this call refused.
+        How many trajectories are refused: those this call refused and those refused before it (e.g. an agent's
+        result that was not a `Trajectory`, see `AgentRollout.run`).
     """
     refused = 0
     for t in trajectories:
         if t.failed:
+            refused += bool(t.metrics.get("refused"))
             continue
         reason = _untrainable_reason(t, ledger)
         if reason is None:
@@ -151,11 +169,38 @@ def load_classes(*, tools: Sequence[str | PluginRef], environment: PluginRef | N
                 raise ConfigError(f"unknown tool {entry!r}: use one of {', '.join(TOOL_NAMES)} or a Tool class as "
                                   "'package.module:Class'")  # fmt: skip
             continue
-        PluginRef.model_validate(entry).load(what=f"tools[{i}]", base=Tool)
+        ref = PluginRef.model_validate(entry)
+        _check_kwargs(ref, ref.load(what=f"tools[{i}]", base=Tool), f"tools[{i}]")
     if environment is not None:
-        environment.load(what="environment", base=Environment)
+        cls = environment.load(what="environment", base=Environment)
+        _check_kwargs(environment, cls, "environment")
+        if tools and not issubclass(cls, ToolEnvironment) and "tools" not in _parameters(cls):
+            raise ConfigError(f"environment {environment.path!r} takes no 'tools' argument, but tools were given: set "
+                              "tools: [] or give the environment its tools through environment.kwargs")  # fmt: skip
     if agent is not None:
-        agent.load(what="agent", base=BaseEngineWrapper)
+        _check_kwargs(agent, agent.load(what="agent", base=BaseEngineWrapper), "agent")
+
+
+def _parameters(cls: type) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):  # a signature Python cannot read: let the constructor decide
+        return {"kwargs": inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)}
+
+
+def _check_kwargs(ref: PluginRef, cls: type, what: str) -> None:
+    """Refuse keyword arguments the class's constructor does not name (unless it takes `**kwargs`).
+
+    Raises:
+        ConfigError: naming the entry, the unknown arguments and the ones the class takes.
+    """
+    parameters = _parameters(cls)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(ref.kwargs) - set(parameters))
+    if unknown:
+        known = ", ".join(n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL) or "none"
+        raise ConfigError(f"{what} {ref.path!r} takes no argument(s) {', '.join(unknown)} (it takes: {known})")
 
 
 def build_training_rollout(

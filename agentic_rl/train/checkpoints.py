@@ -11,6 +11,7 @@ leaves a half-deleted folder under a checkpoint's name.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import random
@@ -35,6 +36,7 @@ __all__ = [
     "prune_checkpoints",
     "restore_rng_state",
     "save_checkpoint",
+    "weights_digest",
     "write_atomically",
 ]
 
@@ -239,3 +241,12 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def weights_digest(model: Any) -> str:
+    """sha256 over every parameter's bytes, in name order (equal digests = identical weights)."""
+    digest = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
