@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import select
 import subprocess
@@ -71,8 +72,9 @@ class _Worker:
         Raises:
             RewardError: past `timeout_s` (the worker is killed) or when the worker died.
         """
-        ready, _, _ = select.select([self.replies], [], [], timeout_s)
-        if not ready:
+        poller = select.poll()  # not select.select: a busy process may hold file descriptors past FD_SETSIZE
+        poller.register(self.replies, select.POLLIN)
+        if not poller.poll(max(0, math.ceil(timeout_s * 1000))):
             self.kill()
             raise RewardError(f"{what} did not finish within {timeout_s:g} s (its worker process was killed)")
         try:

@@ -16,6 +16,7 @@ from agentic_rl.errors import ConfigError, RewardError
 __all__ = [
     "REWARDS",
     "LLMJudgeReward",
+    "ProcessReward",
     "answer_f1",
     "extract_short_answer",
     "extract_gsm8k_answer",
@@ -372,6 +373,37 @@ class LLMJudgeReward:
             if started:  # the call itself failed
                 raise
         return anyio.run(ask)  # not a worker thread of a running loop
+
+
+class ProcessReward:
+    """A reward function named `package.module:function`, run in worker processes with a hard bound.
+
+    The harness waits for any reward at most `HarnessConfig.reward_timeout_s`, but a reward that never returns
+    keeps its thread (a thread cannot be stopped). Wrapped in `ProcessReward`, the function runs in a pool of
+    worker processes that import its module once (`reward_pool.shared_pool`): past `timeout_s` its worker is
+    killed and replaced, and the call raises `RewardError`. The function sees a copy of `task` and `messages` and
+    the state of its own process, not of the caller's (a counter it keeps counts per worker).
+
+    Args:
+        name: `package.module:function`, importable with the caller's `sys.path`.
+        timeout_s: most seconds one call may run; keep it below `reward_timeout_s`.
+
+    Raises:
+        ConfigError: if `name` is not of the form `package.module:function`.
+        RewardError: from `__call__` past `timeout_s`, or with the type and message of what the function raised.
+    """
+
+    def __init__(self, name: str, *, timeout_s: float = 30.0) -> None:
+        module_name, sep, attr = name.partition(":")
+        if not (sep and module_name and attr):
+            raise ConfigError(f"ProcessReward needs 'package.module:function', got {name!r}")
+        self.name, self.module_name, self.timeout_s = name, module_name, timeout_s
+
+    def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+        from agentic_rl.rollout.reward_pool import shared_pool
+
+        args = (task, list(messages))
+        return float(shared_pool((self.module_name,)).call(self.name, args, timeout_s=self.timeout_s))
 
 
 REWARDS = {

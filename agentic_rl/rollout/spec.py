@@ -55,7 +55,8 @@ class HarnessConfig(Config):
         reward_timeout_s: most seconds the harness waits for `reward_fn`; past it the trajectory fails with a
             `RewardError` (`metrics["reward_error"]` says so; a failed trajectory is never trained on, so a reward
             that hung never counts as a real 0) and the rollout goes on. The reward's thread cannot be stopped:
-            rewards that can run away bound their own work in worker processes (`math_verify_reward`).
+            rewards that can run away bound their own work in worker processes (`math_verify_reward`; wrap a
+            function of your own in `rewards.ProcessReward` for the same hard bound).
 
     Raises:
         ConfigError: naming the first field that is out of range or of the wrong type.

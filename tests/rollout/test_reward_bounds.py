@@ -195,3 +195,23 @@ def test_reward_timeout_is_a_positive_finite_number():
     for bad in (0.0, -1.0, float("inf")):
         with pytest.raises(ConfigError, match="reward_timeout_s"):
             HarnessConfig(reward_timeout_s=bad)
+
+
+def reward_of_length(task: dict[str, Any], messages: list[dict[str, str]]) -> float:
+    """A worker-process reward: the final message's length, or forever for a message that says so."""
+    if messages[-1]["content"] == "forever":
+        sleep_forever()
+    return float(len(messages[-1]["content"]))
+
+
+def test_a_process_reward_of_ones_own_is_killed_past_its_bound_and_serves_on():
+    from agentic_rl.errors import ConfigError
+
+    reward = rewards.ProcessReward(f"{__name__}:reward_of_length", timeout_s=1.0)
+    assert reward({"id": 0}, [{"role": "assistant", "content": "four"}]) == 4.0
+    thread, out = _in_thread(reward, {"id": 1}, [{"role": "assistant", "content": "forever"}])
+    thread.join(FAILSAFE_S)
+    assert not thread.is_alive() and "did not finish within 1 s" in str(out["error"])
+    assert reward({"id": 2}, [{"role": "assistant", "content": "12"}]) == 2.0  # a new worker
+    with pytest.raises(ConfigError, match="package.module:function"):
+        rewards.ProcessReward("no_colon")
