@@ -20,11 +20,13 @@ __all__ = [
     "answer_f1",
     "extract_short_answer",
     "extract_gsm8k_answer",
+    "extract_number_answer",
     "final_answer_text",
     "gsm8k_reward",
     "has_number_reward",
     "hotpotqa_em_reward",
     "hotpotqa_f1_reward",
+    "marked_answer",
     "math_reward",
     "math_verify_reward",
     "normalize_answer",
@@ -65,7 +67,6 @@ def final_answer_text(messages: Sequence[dict[str, str]]) -> str:
 # ---- where the final answer stands -------------------------------------------------------------------------------
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _HASHES = re.compile(r"####")
 _ANSWER_IS = re.compile(r"\banswer\b[*_]*\s*(?:is\b|:|=)[*_:]*", re.IGNORECASE)
 _NUMBER = re.compile(
@@ -76,29 +77,41 @@ _SENTENCE_END = re.compile(r"\.(?=\s)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
-def _boxed_contents(text: str) -> list[str]:
-    """The contents of every `\\boxed{...}` / `\\fbox{...}` in `text`, braces balanced, in order (an unclosed one
-    runs to the end)."""
-    contents = []
-    for match in _BOXED.finditer(text):
+def _last_boxed(text: str) -> str | None:
+    """The content of the last non-empty `\\boxed{...}` / `\\fbox{...}` of `text`, braces balanced (an unclosed
+    one runs to the end); None when there is none."""
+    for match in reversed(list(_BOXED.finditer(text))):
         depth, end = 1, match.end()
         while end < len(text) and depth:
             depth += {"{": 1, "}": -1}.get(text[end], 0)
             end += 1
-        contents.append(text[match.end() : end - 1 if depth == 0 else end])
-    return contents
+        content = text[match.end() : end - 1 if depth == 0 else end].strip()
+        if content:
+            return content
+    return None
 
 
-def _after_marker(text: str, marker: re.Pattern[str]) -> list[str]:
-    """For every match of `marker` in `text`, in order: what follows it up to the end of its sentence or line (the
-    next line when the marker ends its line). A sentence ends at a period followed by white space."""
-    spans = []
-    for match in marker.finditer(text):
-        rest = text[match.end() :].lstrip(" \t*_:")
+def _last_after(text: str, marker: re.Pattern[str]) -> str | None:
+    """What follows the last match of `marker` in `text` that is followed by anything: up to the end of its sentence
+    or line (the next line when the marker ends its line; a sentence ends at a period followed by white space)."""
+    for match in reversed(list(marker.finditer(text))):
+        rest = text[match.end() : match.end() + MAX_ANSWER_CHARS].lstrip(" \t*_:")
         if rest.startswith("\n"):
             rest = rest.lstrip()
-        spans.append(_SENTENCE_END.split(rest.split("\n", 1)[0], maxsplit=1)[0])
-    return spans
+        span = _SENTENCE_END.split(rest.split("\n", 1)[0], maxsplit=1)[0].strip()
+        if span:
+            return span
+    return None
+
+
+def _last_tagged(text: str) -> str | None:
+    """The content of the last `<answer>...</answer>` of `text` (any case), stripped; None when there is none.
+
+    Found from the end with `rfind` (linear: a regex would go quadratic on many unclosed tags)."""
+    lowered = text.lower()
+    end = lowered.rfind("</answer>")
+    start = lowered.rfind("<answer>", 0, end) if end >= 0 else -1
+    return text[start + len("<answer>") : end].strip() if start >= 0 else None
 
 
 def marked_answer(text: str) -> str | None:
@@ -107,11 +120,10 @@ def marked_answer(text: str) -> str | None:
     "answer:" (any case, e.g. "The final answer is", "**Answer:**"). None when nothing marks an answer.
 
     A marker is looked for anywhere in the text, so an answer followed by a long explanation is found."""
-    for spans in (_boxed_contents(text), _ANSWER_TAG.findall(text), _after_marker(text, _HASHES),
-                  _after_marker(text, _ANSWER_IS)):  # fmt: skip
-        spans = [span.strip() for span in spans if span.strip()]
-        if spans:
-            return spans[-1]
+    for find in (_last_boxed, _last_tagged, lambda t: _last_after(t, _HASHES), lambda t: _last_after(t, _ANSWER_IS)):
+        span = find(text)
+        if span:
+            return span
     return None
 
 
@@ -159,8 +171,8 @@ def extract_number_answer(text: str) -> str | None:
 def _math_answer_text(text: str) -> str:
     """What math-verify reads of a final message: the marked answer (`\\boxed{}` again around a boxed one), else the
     message's last `MAX_ANSWER_CHARS` characters; a unary `+` dropped and a Unicode minus read as `-`."""
-    boxed = _boxed_contents(text)
-    marked = f"\\boxed{{{boxed[-1]}}}" if boxed else marked_answer(text)
+    boxed = _last_boxed(text)
+    marked = f"\\boxed{{{boxed}}}" if boxed is not None else marked_answer(text)
     return _signed(marked if marked is not None else text[-MAX_ANSWER_CHARS:])
 
 
@@ -204,8 +216,8 @@ def gsm8k_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> fl
     gold = extract_gsm8k_answer(truth) if "####" in truth else truth
     gold = extract_number_answer(gold) or gold.replace(",", "").strip()
     text = final_answer_text(messages)
-    boxed = _boxed_contents(text)
-    answer = f"\\boxed{{{_plain_number_latex(boxed[-1])}}}" if boxed else extract_number_answer(text)
+    boxed = _last_boxed(text)
+    answer = f"\\boxed{{{_plain_number_latex(boxed)}}}" if boxed is not None else extract_number_answer(text)
     if answer is None:
         return 0.0
     value = math_verify_reward(answer, gold)
@@ -259,9 +271,9 @@ def normalize_answer(text: str) -> str:
 def extract_short_answer(text: str) -> str:
     """The short answer in a final message: `<answer>...</answer>`, else after the last "answer is"/"answer:",
     else the last non-empty line."""
-    tagged = _ANSWER_TAG.findall(text)
-    if tagged:
-        return tagged[-1].strip()
+    tagged = _last_tagged(text)
+    if tagged is not None:
+        return tagged
     stated = _SHORT_ANSWER_IS.findall(text)
     if stated:
         return stated[-1].strip().splitlines()[0].strip()
