@@ -85,6 +85,7 @@ class _Worker:
 
     @property
     def alive(self) -> bool:
+        """Whether the process still runs."""
         return self.process.poll() is None
 
     def kill(self) -> int | None:
