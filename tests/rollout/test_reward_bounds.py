@@ -215,3 +215,29 @@ def test_a_process_reward_of_ones_own_is_killed_past_its_bound_and_serves_on():
     assert reward({"id": 2}, [{"role": "assistant", "content": "12"}]) == 2.0  # a new worker
     with pytest.raises(ConfigError, match="package.module:function"):
         rewards.ProcessReward("no_colon")
+
+
+async def test_cancelling_a_rollout_while_math_verify_runs_away_does_not_wait_for_it(tokenizer, pool, monkeypatch):
+    from agentic_rl.rollout import reward_pool
+
+    monkeypatch.setattr(reward_pool, "math_verify_pool", lambda: pool)
+    monkeypatch.setattr(rewards, "MATH_VERIFY_TIMEOUT_S", 3600.0)  # neither bound is what ends it
+    entered, finished = threading.Event(), threading.Event()
+
+    def reward(task: dict[str, Any], messages: list[dict[str, str]]) -> float:
+        entered.set()
+        try:
+            return rewards.math_reward(task, messages)
+        finally:
+            finished.set()
+
+    spec, env = _spec(tokenizer, reward, reward_timeout_s=3600)
+    async with anyio.create_task_group() as group:
+        group.start_soon(run_trajectory, _task(0, NESTED_POWER), 0, spec)
+        await anyio.to_thread.run_sync(entered.wait)
+        group.cancel_scope.cancel()
+    assert not finished.is_set()  # the rollout returned while math-verify still ran
+    assert list(env.closed.values()) == [1]
+    pool.close()  # kills the runaway worker: the abandoned thread ends
+    await anyio.to_thread.run_sync(finished.wait, FAILSAFE_S)
+    assert finished.is_set()
