@@ -172,7 +172,7 @@ async def run_trajectory(
         if reason == TerminationReason.PROMPT_TOO_LONG:
             error = state.metrics["limit"]
         else:
-            reward = await _reward(spec.reward_fn, state)
+            reward = await _reward(spec, state)
     except anyio.get_cancelled_exc_class():
         raise
     except Exception as exc:
@@ -196,20 +196,33 @@ async def _reset(spec: RolloutSpec, state: _State) -> None:
             state.memory.add_message(message)
 
 
-async def _reward(reward_fn: RewardCallable | None, state: _State) -> float:
-    """The final answer's reward, computed in a worker thread (0 without a reward function).
+async def _reward(spec: RolloutSpec, state: _State) -> float:
+    """The final answer's reward, computed in a worker thread (0 without a reward function) and waited for at most
+    `config.reward_timeout_s` seconds: past it the thread is abandoned (it cannot be stopped; rewards that can run
+    away, such as math-verify, bound their own work in a worker process) and the trajectory fails. Any failure is
+    also noted in `metrics["reward_error"]`.
 
     Raises:
-        RewardError: if the reward is not a finite number.
+        RewardError: past the bound, or if the reward is not a finite number; else what the reward raised.
     """
-    if reward_fn is None:
+    if spec.reward_fn is None:
         return 0.0
     assert state.sample is not None
+    timeout_s = spec.config.reward_timeout_s
     t0 = time.perf_counter()
-    reward = float(await anyio.to_thread.run_sync(reward_fn, state.sample.task, list(state.sample.messages)))
-    state.metrics["reward_time"] = time.perf_counter() - t0
-    if not math.isfinite(reward):
-        raise RewardError(f"reward function returned {reward}")
+    try:
+        with anyio.move_on_after(timeout_s) as scope:
+            reward = float(await anyio.to_thread.run_sync(spec.reward_fn, state.sample.task,
+                                                          list(state.sample.messages), abandon_on_cancel=True))  # fmt: skip
+        if scope.cancelled_caught:
+            raise RewardError(f"the reward did not finish within reward_timeout_s={timeout_s:g}")
+        if not math.isfinite(reward):
+            raise RewardError(f"reward function returned {reward}")
+    except Exception as exc:
+        state.metrics["reward_error"] = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        state.metrics["reward_time"] = time.perf_counter() - t0
     return reward
 
 

@@ -16,14 +16,17 @@ from agentic_rl.errors import ConfigError, RewardError
 __all__ = [
     "REWARDS",
     "LLMJudgeReward",
+    "ProcessReward",
     "answer_f1",
     "extract_short_answer",
     "extract_gsm8k_answer",
+    "extract_number_answer",
     "final_answer_text",
     "gsm8k_reward",
     "has_number_reward",
     "hotpotqa_em_reward",
     "hotpotqa_f1_reward",
+    "marked_answer",
     "math_reward",
     "math_verify_reward",
     "normalize_answer",
@@ -31,9 +34,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-logging.getLogger("math_verify").setLevel(logging.ERROR)  # it warns on every call made without a signal timeout
 
 MAX_ANSWER_CHARS = 2000
+"""How much of a final message's end math-verify reads when the message marks no final answer."""
+
+MATH_VERIFY_TIMEOUT_S = 10.0
+"""Most seconds one math-verify call may run (in a worker process); past it the reward fails with `RewardError`."""
 
 
 def extract_gsm8k_answer(answer: str) -> str:
@@ -48,72 +54,196 @@ def extract_gsm8k_answer(answer: str) -> str:
 
 
 def final_answer_text(messages: Sequence[dict[str, str]]) -> str:
-    """The last assistant message, without its `<think>` block, cut to its last 2000 characters."""
+    """The last assistant message, without its `<think>` block (all of it: see `marked_answer` for where the
+    final answer stands in it)."""
     from agentic_rl.parser import split_thought
 
     for message in reversed(messages):
         if message.get("role") == "assistant":
-            return split_thought(message.get("content", ""))[1][-MAX_ANSWER_CHARS:]
+            return split_thought(message.get("content", ""))[1]
     return ""
 
 
-def math_verify_reward(prediction: str, gold: str | Sequence[str]) -> float:
-    """1.0 when `math-verify` finds the last answer of `prediction` equal to `gold`, else 0.0.
+# ---- where the final answer stands -------------------------------------------------------------------------------
 
-    Uses Hugging Face `math-verify` (`parse` + `verify`) without its signal-based timeout, so it can run in
-    worker threads; inputs are length-capped instead. `gold` may be several spellings of the ground truth, tried in
-    order until one parses (the error quotes the last one: the text as written, after any added delimiters).
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_HASHES = re.compile(r"####")
+_ANSWER_IS = re.compile(r"\banswer\b[*_]*\s*(?:is\b|:|=)[*_:]*", re.IGNORECASE)
+_NUMBER = re.compile(
+    r"(?<![\w.)\]}])(?P<sign>[+\-\u2212])?(?:\\?\$\s*)?(?P<digits>\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)(?P<decimals>\.\d+)?"
+)
+_UNARY_PLUS = re.compile(r"(?<![\w.)\]}])\+(?=\\?\$?\d)")  # `+12`, `(+3`: a sign; `2+3`, `-2 + 7i`: a sum
+_SENTENCE_END = re.compile(r"\.(?=\s)")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def _last_boxed(text: str) -> str | None:
+    """The content of the last non-empty `\\boxed{...}` / `\\fbox{...}` of `text`, braces balanced (an unclosed
+    one runs to the end); None when there is none."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        depth, end = 1, match.end()
+        while end < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            end += 1
+        content = text[match.end() : end - 1 if depth == 0 else end].strip()
+        if content:
+            return content
+    return None
+
+
+def _last_after(text: str, marker: re.Pattern[str]) -> str | None:
+    """What follows the last match of `marker` in `text` that is followed by anything: up to the end of its sentence
+    or line (the next line when the marker ends its line; a sentence ends at a period followed by white space)."""
+    for match in reversed(list(marker.finditer(text))):
+        rest = text[match.end() : match.end() + MAX_ANSWER_CHARS].lstrip(" \t*_:")
+        if rest.startswith("\n"):
+            rest = rest.lstrip()
+        span = _SENTENCE_END.split(rest.split("\n", 1)[0], maxsplit=1)[0].strip()
+        if span:
+            return span
+    return None
+
+
+def _last_tagged(text: str) -> str | None:
+    """The content of the last `<answer>...</answer>` of `text` (any case), stripped; None when there is none.
+
+    Found from the end with `rfind` (linear: a regex would go quadratic on many unclosed tags)."""
+    lowered = text.lower()
+    end = lowered.rfind("</answer>")
+    start = lowered.rfind("<answer>", 0, end) if end >= 0 else -1
+    return text[start + len("<answer>") : end].strip() if start >= 0 else None
+
+
+def marked_answer(text: str) -> str | None:
+    """The explicitly marked final answer of `text`: the content of the last `\\boxed{}`, else of the last
+    `<answer>...</answer>`, else the sentence after the last `####`, else the sentence after the last "answer is" /
+    "answer:" (any case, e.g. "The final answer is", "**Answer:**"). None when nothing marks an answer.
+
+    A marker is looked for anywhere in the text, so an answer followed by a long explanation is found."""
+    for find in (_last_boxed, _last_tagged, lambda t: _last_after(t, _HASHES), lambda t: _last_after(t, _ANSWER_IS)):
+        span = find(text)
+        if span:
+            return span
+    return None
+
+
+def _numbers(text: str) -> list[str]:
+    """Every number of `text` as a plain decimal: its sign kept (`+` dropped, a Unicode minus read as `-`), `$`/`\\$`
+    and thousands separators removed (`-$1,600.50` -> `-1600.50`). A sign belongs to a number only right before
+    it and not right after a word, digit or closing bracket: `20-5` and `20 - 5` read 20 and 5."""
+    found = []
+    for match in _NUMBER.finditer(text):
+        sign = "-" if match["sign"] not in (None, "+") else ""
+        found.append(sign + match["digits"].replace(",", "") + (match["decimals"] or ""))
+    return found
+
+
+def _signed(text: str) -> str:
+    """`text` with a unary `+` dropped and a Unicode minus read as `-` (math-verify reads neither). A `+` is unary
+    when a number follows it right away and no word, digit or closing bracket stands right before it."""
+    return _UNARY_PLUS.sub("", text.replace("\u2212", "-"))
+
+
+def _plain_number_latex(text: str) -> str:
+    """A boxed numeric answer as math-verify reads it: signed (`_signed`), without `$`, `%` or thousands separators
+    (`\\$1,600` -> `1600`)."""
+    return _THOUSANDS.sub("", _signed(text).replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", ""))
+
+
+def extract_number_answer(text: str) -> str | None:
+    """The final numeric answer of `text` as a plain decimal string (see `_numbers` for how it is read).
+
+    The rule: the first number of the explicitly marked answer (`marked_answer`: a `\\boxed{}`, `<answer>`,
+    `####` or "answer is", wherever it stands); when no marked answer holds a number, the last number of the
+    text. "The answer is +12. (Checking: 3 * 4 = 12, and 15 - 3 = 12 ...)" reads 12, however long the check.
+
+    Returns:
+        e.g. `"12"`, `"-3.5"`, `"1600"`; None when the text holds no number.
+    """
+    marked = marked_answer(text)
+    numbers = _numbers(marked) if marked is not None else []
+    if numbers:
+        return numbers[0]
+    numbers = _numbers(text)
+    return numbers[-1] if numbers else None
+
+
+def _math_answer_text(text: str) -> str:
+    """What math-verify reads of a final message: the marked answer (`\\boxed{}` again around a boxed one), else the
+    message's last `MAX_ANSWER_CHARS` characters; a unary `+` dropped and a Unicode minus read as `-`."""
+    boxed = _last_boxed(text)
+    marked = f"\\boxed{{{boxed}}}" if boxed is not None else marked_answer(text)
+    return _signed(marked if marked is not None else text[-MAX_ANSWER_CHARS:])
+
+
+# ---- the rewards --------------------------------------------------------------------------------------------------
+
+
+def math_verify_reward(prediction: str, gold: str | Sequence[str]) -> float:
+    """1.0 when `math-verify` finds the answer of `prediction` equal to `gold`, else 0.0.
+
+    Uses Hugging Face `math-verify` (`parse` + `verify`) in a worker process (`reward_pool.math_verify_pool`):
+    past `MATH_VERIFY_TIMEOUT_S` the worker is killed and the call fails, so an answer math-verify cannot finish
+    (e.g. `2^{2^{2^{2^{2^{2}}}}}`) never hangs a rollout. `gold` may be several spellings of the ground truth,
+    tried in order until one parses (the error quotes the last one: the text as written, after any added
+    delimiters).
 
     Raises:
-        RewardError: if no spelling of the ground truth parses.
+        RewardError: if no spelling of the ground truth parses, or math-verify did not finish in time.
     """
-    from math_verify import parse, verify
+    from agentic_rl.rollout.reward_pool import math_verify_pool
 
     spellings = [gold] if isinstance(gold, str) else list(gold)
-    gold_parsed = next((parsed for text in spellings if (parsed := parse(text, parsing_timeout=None))), None)
-    if not gold_parsed:
-        raise RewardError(f"cannot parse the ground truth {spellings[-1]!r}")
-    predicted = parse(prediction, parsing_timeout=None)
-    if not predicted:
-        return 0.0
-    return 1.0 if verify(gold_parsed, predicted, timeout_seconds=None) else 0.0
+    return float(math_verify_pool().call("math_verify", (prediction, spellings), timeout_s=MATH_VERIFY_TIMEOUT_S))
 
 
 def gsm8k_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
-    """GSM8K answer reward: the final assistant message's last number vs the ground truth, via `math-verify`.
+    """GSM8K answer reward: the final assistant message's numeric answer vs the ground truth, via `math-verify`.
 
-    `task["ground_truth"]` may be a full GSM8K solution (the number after `####` is used) or the bare answer.
+    The answer is the last `\\boxed{}` (math-verify reads it, so `\\boxed{\\frac{24}{2}}` is 12), else read by
+    `extract_number_answer`: the first number of the marked answer (`<answer>`, `####`, "answer is") wherever it
+    stands, else the last number; signed or not, with `$`, thousands separators, a trailing period or `%`. `12.0`
+    matches `12` (math-verify compares the values). `task["ground_truth"]` may be a full
+    GSM8K solution (the number after `####` is used) or the bare answer.
 
     Returns:
-        1.0 or 0.0.
+        1.0 or 0.0 (0.0 when the message holds no number).
 
     Raises:
-        RewardError: if the ground truth is missing or unparsable.
+        RewardError: if the ground truth is missing or unparsable, or math-verify did not finish in time.
     """
     truth = _ground_truth(task)
-    gold = extract_gsm8k_answer(truth) if "####" in truth else truth.replace(",", "").strip()
-    value = math_verify_reward(final_answer_text(messages).replace(",", ""), gold)
+    gold = extract_gsm8k_answer(truth) if "####" in truth else truth
+    gold = extract_number_answer(gold) or gold.replace(",", "").strip()
+    text = final_answer_text(messages)
+    boxed = _last_boxed(text)
+    answer = f"\\boxed{{{_plain_number_latex(boxed)}}}" if boxed is not None else extract_number_answer(text)
+    if answer is None:
+        return 0.0
+    value = math_verify_reward(answer, gold)
     if not math.isfinite(value):
         raise RewardError(f"reward is not finite: {value}")
     return value
 
 
 def math_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
-    """MATH-style answer reward: the final assistant message's last answer (`\\boxed{}` or a LaTeX/plain
-    expression) vs a LaTeX ground truth (`\\frac{14}{3}`, `p - q`, `(3, \\frac{\\pi}{2})`), via `math-verify`
-    (Hugging Face; symbolic equality, so `\\frac{28}{6}` matches `\\frac{14}{3}` and `-q + p` matches `p - q`).
+    """MATH-style answer reward: the final assistant message's answer (`\\boxed{}` or a LaTeX/plain expression)
+    vs a LaTeX ground truth (`\\frac{14}{3}`, `p - q`, `(3, \\frac{\\pi}{2})`), via `math-verify` (Hugging Face;
+    symbolic equality, so `\\frac{28}{6}` matches `\\frac{14}{3}` and `-q + p` matches `p - q`).
 
-    The ground truth is read as LaTeX math (`$...$`) first, then as written: `math-verify` reads every MATH-500
+    math-verify reads the marked answer (`marked_answer`: the last `\\boxed{}`, "answer is", ... wherever it
+    stands), else the message's last `MAX_ANSWER_CHARS` characters; a unary `+` is dropped (`+12` is `12`). The
+    ground truth is read as LaTeX math (`$...$`) first, then as written: `math-verify` reads every MATH-500
     answer so (51 of them are not parsed as plain text).
 
     Returns:
         1.0 or 0.0.
 
     Raises:
-        RewardError: if the ground truth is missing or unparsable.
+        RewardError: if the ground truth is missing or unparsable, or math-verify did not finish in time.
     """
     truth = _ground_truth(task).strip()
-    return math_verify_reward(final_answer_text(messages), [f"${truth}$", truth])
+    return math_verify_reward(_math_answer_text(final_answer_text(messages)), [f"${truth}$", truth])
 
 
 def _ground_truth(task: dict[str, Any]) -> str:
@@ -129,8 +259,7 @@ def has_number_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) 
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(.+)", re.IGNORECASE)
+_SHORT_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(.+)", re.IGNORECASE)
 
 
 def normalize_answer(text: str) -> str:
@@ -142,10 +271,10 @@ def normalize_answer(text: str) -> str:
 def extract_short_answer(text: str) -> str:
     """The short answer in a final message: `<answer>...</answer>`, else after the last "answer is"/"answer:",
     else the last non-empty line."""
-    tagged = _ANSWER_TAG.findall(text)
-    if tagged:
-        return tagged[-1].strip()
-    stated = _ANSWER_IS.findall(text)
+    tagged = _last_tagged(text)
+    if tagged is not None:
+        return tagged
+    stated = _SHORT_ANSWER_IS.findall(text)
     if stated:
         return stated[-1].strip().splitlines()[0].strip()
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
@@ -222,7 +351,7 @@ class LLMJudgeReward:
             self.client = openai.OpenAI(base_url=base_url, api_key="local", timeout=timeout_s, max_retries=1)
 
     def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
-        prediction = extract_short_answer(final_answer_text(messages))
+        prediction = extract_short_answer(final_answer_text(messages))[:MAX_ANSWER_CHARS]
         if not prediction:
             return 0.0
         content = self.PROMPT.format(question=task.get("question", ""), gold=task.get("ground_truth", ""),
@@ -256,6 +385,37 @@ class LLMJudgeReward:
             if started:  # the call itself failed
                 raise
         return anyio.run(ask)  # not a worker thread of a running loop
+
+
+class ProcessReward:
+    """A reward function named `package.module:function`, run in worker processes with a hard bound.
+
+    The harness waits for any reward at most `HarnessConfig.reward_timeout_s`, but a reward that never returns
+    keeps its thread (a thread cannot be stopped). Wrapped in `ProcessReward`, the function runs in a pool of
+    worker processes that import its module once (`reward_pool.shared_pool`): past `timeout_s` its worker is
+    killed and replaced, and the call raises `RewardError`. The function sees a copy of `task` and `messages` and
+    the state of its own process, not of the caller's (a counter it keeps counts per worker).
+
+    Args:
+        name: `package.module:function`, importable with the caller's `sys.path`.
+        timeout_s: most seconds one call may run; keep it below `reward_timeout_s`.
+
+    Raises:
+        ConfigError: if `name` is not of the form `package.module:function`.
+        RewardError: from `__call__` past `timeout_s`, or with the type and message of what the function raised.
+    """
+
+    def __init__(self, name: str, *, timeout_s: float = 30.0) -> None:
+        module_name, sep, attr = name.partition(":")
+        if not (sep and module_name and attr):
+            raise ConfigError(f"ProcessReward needs 'package.module:function', got {name!r}")
+        self.name, self.module_name, self.timeout_s = name, module_name, timeout_s
+
+    def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+        from agentic_rl.rollout.reward_pool import shared_pool
+
+        args = (task, list(messages))
+        return float(shared_pool((self.module_name,)).call(self.name, args, timeout_s=self.timeout_s))
 
 
 REWARDS = {

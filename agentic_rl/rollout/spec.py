@@ -52,6 +52,11 @@ class HarnessConfig(Config):
             never return; lower it when turns are short.
         close_timeout_s: most seconds `environment.close` may take (it runs shielded from cancellation); past it
             the trajectory fails and the environment may have leaked resources.
+        reward_timeout_s: most seconds the harness waits for `reward_fn`; past it the trajectory fails with a
+            `RewardError` (`metrics["reward_error"]` says so; a failed trajectory is never trained on, so a reward
+            that hung never counts as a real 0) and the rollout goes on. The reward's thread cannot be stopped:
+            rewards that can run away bound their own work in worker processes (`math_verify_reward`; wrap a
+            function of your own in `rewards.ProcessReward` for the same hard bound).
 
     Raises:
         ConfigError: naming the first field that is out of range or of the wrong type.
@@ -67,6 +72,7 @@ class HarnessConfig(Config):
     check_alignment: bool = True
     turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3600.0
     close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0
+    reward_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +84,8 @@ class RolloutSpec:
         environment: decides what each assistant turn leads to, and when a trajectory is done.
         renderer: the chat template of the engine's model.
         config: limits and sampling (`HarnessConfig`).
-        reward_fn: `reward_fn(task, messages) -> float` for the final answer, run in a worker thread; None: 0.
+        reward_fn: `reward_fn(task, messages) -> float` for the final answer, run in a worker thread and waited
+            for at most `config.reward_timeout_s` seconds; None: 0.
         memory_factory: builds a fresh memory per trajectory (`MemorySimple` / `MemorySummary`); None: every turn
             is prompted with the whole history.
     """

@@ -11,10 +11,13 @@ from agentic_rl.errors import ConfigError, RewardError
 from agentic_rl.rollout.rewards import (
     answer_f1,
     extract_gsm8k_answer,
+    extract_number_answer,
     extract_short_answer,
+    final_answer_text,
     gsm8k_reward,
     hotpotqa_em_reward,
     hotpotqa_f1_reward,
+    marked_answer,
     math_reward,
     normalize_answer,
     resolve_reward,
@@ -77,3 +80,77 @@ def test_math_reward_reads_every_math500_answer_and_compares_symbolically():
     assert resolve_reward("math") is math_reward
     with pytest.raises(ConfigError, match="'llm_judge'"):
         resolve_reward("nope", also=["llm_judge"])
+
+
+EXPLANATION = " Check: 3 * 4 = 12 and 20 - 8 = 12, so 99 apples would be wrong." * 40  # ~2,600 more characters
+
+GSM8K_ANSWERS = [  # (final message, ground truth, reward)
+    ("+12", "12", 1.0),
+    ("The answer is +12.", "12", 1.0),
+    ("The answer is 12." + EXPLANATION, "12", 1.0),  # the marked answer, not the explanation's last number (99)
+    ("\\boxed{12}" + EXPLANATION, "12", 1.0),
+    ("#### 12" + EXPLANATION, "12", 1.0),
+    ("<answer>12</answer>" + EXPLANATION, "12", 1.0),
+    ("**Final answer:** 12" + EXPLANATION, "12", 1.0),
+    ("The answer is:\n12\n" + EXPLANATION, "12", 1.0),
+    ("The answer is 13." + EXPLANATION, "12", 0.0),
+    ("12.", "12", 1.0),
+    ("12.0", "12", 1.0),
+    ("12.00", "12", 1.0),
+    ("11.99", "12", 0.0),
+    ("-12", "-12", 1.0),
+    ("\u221212", "-12", 1.0),  # a Unicode minus
+    ("12", "-12", 0.0),
+    ("-12", "12", 0.0),
+    ("The answer is -$5.", "-5", 1.0),
+    ("$12", "12", 1.0),
+    ("It costs \\$1,600 in all.", "#### 1,600", 1.0),
+    ("So the total is 1,600 dollars.", "She sells 9 * 2 = 18\n#### 1,600", 1.0),
+    ("The total is 1,600, not 1,500.", "1600", 0.0),  # no marker: the last number
+    ("12%", "12", 1.0),
+    ("12 apples", "12", 1.0),
+    ("20 - 8", "12", 0.0),  # a minus between terms is no sign: the last number is 8
+    ("20-8 = 12", "12", 1.0),
+    ("\\boxed{+12}", "12", 1.0),
+    ("\\boxed{\\frac{24}{2}}", "12", 1.0),  # a boxed answer is read by math-verify
+    ("\\boxed{\\$1,600}", "1600", 1.0),
+    ("\\boxed{12 \\text{ apples}}" + EXPLANATION, "12", 1.0),
+    ("I do not know.", "12", 0.0),
+    ("<think>It is 12.</think>I give up.", "12", 0.0),  # the thought is not the answer
+]
+
+
+@pytest.mark.parametrize(("text", "gold", "expected"), GSM8K_ANSWERS)
+def test_gsm8k_reward_finds_the_final_answer_however_signed_and_wherever_it_stands(text, gold, expected):
+    assert gsm8k_reward({"ground_truth": gold}, _chat(text)) == expected
+
+
+def test_number_extraction_prefers_a_marked_answer_then_the_last_number():
+    assert extract_number_answer("The answer is 12." + EXPLANATION) == "12"
+    assert extract_number_answer("no marker, 3 then 4") == "4"
+    assert extract_number_answer("The answer is below.\nIt is 7.") == "7"  # a marker without a number
+    assert extract_number_answer("-$1,600.50") == "-1600.50"
+    assert extract_number_answer("nothing") is None
+    assert marked_answer("\\boxed{\\frac{1}{2}} then \\boxed{x^{2}}") == "x^{2}"
+    assert marked_answer("no marker") is None
+    assert len(final_answer_text(_chat("The answer is 12." + EXPLANATION))) > 2000  # the whole final message
+
+
+MATH_ANSWERS = [  # (final message, ground truth, reward)
+    ("The answer is +12.", "12", 1.0),
+    ("So $\\boxed{\\frac{28}{6}}$." + EXPLANATION, "\\frac{14}{3}", 1.0),
+    ("The answer is $-q + p$." + EXPLANATION, "p - q", 1.0),
+    ("$\\boxed{\u22123}$", "-3", 1.0),
+    ("\\boxed{3} or rather \\boxed{4}", "4", 1.0),  # the last boxed answer
+    ("The answer is $p + q$.", "p - q", 0.0),
+]
+
+
+@pytest.mark.parametrize(("text", "gold", "expected"), MATH_ANSWERS)
+def test_math_reward_finds_the_marked_answer_wherever_it_stands(text, gold, expected):
+    assert math_reward({"ground_truth": gold}, _chat(text)) == expected
+
+
+def test_short_answers_are_found_before_a_long_explanation():
+    task = {"ground_truth": "Arthur's Magazine"}
+    assert hotpotqa_em_reward(task, _chat("<answer>Arthur's Magazine</answer>" + EXPLANATION)) == 1.0
