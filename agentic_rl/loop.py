@@ -319,7 +319,7 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
     r = config.rollout
     harness = HarnessConfig(max_steps=r.max_steps, max_prompt_length=r.max_prompt_length,
                             max_response_length=r.max_response_length, sampling=r.sampling,
-                            toolcall_weight=r.toolcall_weight)  # fmt: skip
+                            toolcall_weight=r.toolcall_weight, reward_timeout_s=r.reward_timeout_s)  # fmt: skip
     renderer = ChatRenderer(tokenizer)
     reward_fn = resolve_reward(config.reward) if config.agent is None else None
     load_classes(tools=config.tools, environment=config.environment, agent=config.agent)

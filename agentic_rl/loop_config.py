@@ -41,6 +41,10 @@ class RolloutSection(Config):
         default=0.1, ge=0, allow_inf_nan=False,
         description="reward per share of well-formed tool calls, added to the answer's reward (0: the answer only)",
     )  # fmt: skip
+    reward_timeout_s: float = Field(
+        default=60.0, gt=0, allow_inf_nan=False,
+        description="most seconds a reward call may take; past it the trajectory fails with a reward error (not trained)",
+    )  # fmt: skip
 
 
 class EngineSection(Config):

@@ -440,16 +440,12 @@ def resolve_reward(name: str, *, also: Sequence[str] = ()) -> Callable[[dict[str
     """
     if name in REWARDS:
         return REWARDS[name]
-    module_name, sep, attr = name.partition(":")
-    if not sep:
+    if ":" not in name:
         names = sorted([*REWARDS, *also])
         raise ConfigError(f"unknown reward {name!r}: use one of {names} or 'package.module:function'")
-    try:
-        import importlib
+    from agentic_rl.plugins import load_object
 
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"cannot import reward {name!r}: {exc}") from exc
+    fn = load_object(name, what="reward")  # as environments, tools and agents: also from the current directory
     if not callable(fn):
         raise ConfigError(f"reward {name!r} is not callable")
     return fn
