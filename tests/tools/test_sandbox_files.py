@@ -27,19 +27,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def tool() -> Iterator[SandboxTool]:
-    sandbox = SandboxTool(timeout_s=30.0)
-    sandbox.isolation  # noqa: B018 - probe once, outside the timed tests
-    yield sandbox
-    sandbox.close()
-
-
-@pytest.fixture
-def session(tool: SandboxTool) -> Iterator[str]:
-    session_id = f"files-{uuid.uuid4().hex[:8]}"
-    tool.session_start(session_id)
-    yield session_id
-    tool.session_end(session_id)
+def sandbox() -> Iterator[tuple[SandboxTool, str]]:
+    """One tool and one live session (named ``"files"``) shared by the tests of this module."""
+    tool = SandboxTool(timeout_s=30.0)
+    try:
+        tool.session_start("files")
+        yield tool, "files"
+    finally:
+        tool.close()
 
 
 @pytest.fixture
@@ -56,16 +51,18 @@ def run(tool: SandboxTool, session_id: str, code: str) -> str:
     return tool.execute_session(session_id, {"code": code})
 
 
-def _needs_private_root(tool: SandboxTool) -> None:
+def _needs_private_root(sandbox: tuple[SandboxTool, str]) -> tuple[SandboxTool, str]:
+    tool = sandbox[0]
     if not tool.isolation.private_root:
         pytest.skip(f"isolation mode {tool.isolation.mode!r} does not hide the host's files on this machine")
+    return sandbox
 
 
 # ------------------------------------------------------------------------------------------------ host files
 
 
-def test_a_planted_world_readable_file_outside_tmp_cannot_be_read_or_listed(tool, session, planted):
-    _needs_private_root(tool)
+def test_a_planted_world_readable_file_outside_tmp_cannot_be_read_or_listed(sandbox, planted):
+    tool, session = _needs_private_root(sandbox)
     assert planted.read_text() == "planted secret\n"  # the host can read it
     observation = run(tool, session, f"print(open({str(planted)!r}).read())")
     assert "planted secret" not in observation and "FileNotFoundError" in observation, observation
@@ -75,8 +72,8 @@ def test_a_planted_world_readable_file_outside_tmp_cannot_be_read_or_listed(tool
         assert planted.name not in listing and "pyproject.toml" not in listing, listing
 
 
-def test_the_checkout_and_its_git_config_are_not_visible(tool, session):
-    _needs_private_root(tool)
+def test_the_checkout_and_its_git_config_are_not_visible(sandbox):
+    tool, session = _needs_private_root(sandbox)
     git = REPO / ".git"
     assert git.exists()
     for path in (git, REPO / "pyproject.toml", REPO / "agentic_rl" / "__init__.py"):
@@ -86,8 +83,8 @@ def test_the_checkout_and_its_git_config_are_not_visible(tool, session):
     assert "ModuleNotFoundError" in run(tool, session, "import agentic_rl")  # an editable install points outside
 
 
-def test_the_root_is_read_only_and_minimal(tool, session):
-    _needs_private_root(tool)
+def test_the_root_is_read_only_and_minimal(sandbox):
+    tool, session = _needs_private_root(sandbox)
     top = run(tool, session, "import os\nprint(sorted(os.listdir('/')))")
     assert "'usr'" in top and "'tmp'" in top and "'home'" not in top and "'srv'" not in top, top
     etc = run(tool, session, "import os\nprint(sorted(os.listdir('/etc')))")
@@ -97,8 +94,8 @@ def test_the_root_is_read_only_and_minimal(tool, session):
         assert "Read-only file system" in observation or "PermissionError" in observation, observation
 
 
-def test_normal_python_still_works_in_the_private_root(tool, session):
-    _needs_private_root(tool)
+def test_normal_python_still_works_in_the_private_root(sandbox):
+    tool, session = _needs_private_root(sandbox)
     code = "import json, fractions, sqlite3, decimal, os, subprocess, sys\n"
     code += "open('out.txt', 'w').write('kept')\nprint(open('out.txt').read(), os.listdir('.'))\n"
     code += "print(subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True).stdout)"
