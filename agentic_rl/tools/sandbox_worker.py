@@ -179,7 +179,7 @@ def root_binds() -> list[tuple[str, str]]:
     return sorted(binds)
 
 
-def _bind(libc: Any, fd: int, source: str, target: str, read_only: bool) -> None:
+def _bind(libc: Any, fd: int, target: str, read_only: bool) -> None:
     """Bind the host path open as O_PATH `fd` on `target`, then make it read-only keeping the source's mount flags."""
     if stat.S_ISDIR(os.fstat(fd).st_mode):
         os.makedirs(target, exist_ok=True)
@@ -188,7 +188,7 @@ def _bind(libc: Any, fd: int, source: str, target: str, read_only: bool) -> None
         os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
     _mount(libc, f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC, None)
     if read_only:  # flags the source mount has must stay set, or a user namespace refuses the remount
-        kept = sum(ms for st, ms in _ST_TO_MS.items() if os.statvfs(source).f_flag & st)
+        kept = sum(ms for st, ms in _ST_TO_MS.items() if os.fstatvfs(fd).f_flag & st)
         _mount(libc, None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept, None)
 
 
@@ -211,19 +211,19 @@ def private_root(workdir: str, uid: int | None, size_mb: int) -> None:
     """
     libc = _libc()
     binds = root_binds()
-    fds = [(inside, real, os.open(real, os.O_PATH | os.O_CLOEXEC)) for inside, real in binds]
+    fds = [(inside, os.open(real, os.O_PATH | os.O_CLOEXEC)) for inside, real in binds]
     work_fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     new_root = os.path.realpath("/tmp")
     _mount(libc, "tmpfs", new_root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755,size=1m")
     old_umask = os.umask(0o022)
     try:
-        for inside, real, fd in fds:
-            _bind(libc, fd, real, new_root + inside, read_only=True)
-            os.close(fd)
-        for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):  # first: an interpreter below /tmp is bound on top of them
             os.makedirs(new_root + d, exist_ok=True)
             _mount(libc, "tmpfs", new_root + d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={size_mb}m")
-        _bind(libc, work_fd, workdir, new_root + workdir, read_only=False)
+        for inside, fd in fds:
+            _bind(libc, fd, new_root + inside, read_only=True)
+            os.close(fd)
+        _bind(libc, work_fd, new_root + workdir, read_only=False)
         os.close(work_fd)
         os.makedirs(new_root + "/proc")
         _mount(libc, "proc", new_root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -108,6 +109,21 @@ def test_normal_python_still_works_in_the_private_root(sandbox):
     assert run(tool, session, code) == "[2, 4]\n"  # functions of a cell pickle as __main__'s
     if importlib.util.find_spec("numpy") is not None:
         assert run(tool, session, "import numpy as np\nprint(int(np.arange(5).sum()))") == "10\n"
+
+
+def test_an_interpreter_below_tmp_is_bound_into_the_private_root(sandbox, tmp_path, monkeypatch):
+    tool, _ = _needs_private_root(sandbox)
+    venv = tmp_path / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (tmp_path / "beside.txt").write_text("host file beside the interpreter\n")
+    monkeypatch.setattr(sys, "executable", str(venv / "bin" / "python"))
+    other = SandboxTool(timeout_s=30.0, isolation=tool.isolation.mode)
+    other.session_start("venv")
+    try:
+        code = f"import os, sys\nprint(sys.prefix == {str(venv)!r}, sorted(os.listdir({str(tmp_path)!r})))"
+        assert run(other, "venv", code) == "True ['venv']\n"  # the private /tmp holds the interpreter, not the rest
+    finally:
+        other.close()
 
 
 def test_a_mode_without_a_private_root_says_so_in_a_warning(monkeypatch, caplog):
