@@ -230,9 +230,9 @@ def run_sft(
     out.mkdir(parents=True, exist_ok=True)  # only once the inputs proved usable
     n_held = min(HELD_OUT_TRACES, len(trajectories) // 3)
     held_out, train = trajectories[:n_held], trajectories[n_held:]
-    logger.info("%d traces built in %.0f s (%d held out); fine-tuning %s for %d steps of %d traces",
-                len(trajectories), time.perf_counter() - t0, n_held, config.model, config.steps,
-                config.batch_size)  # fmt: skip
+    logger.info("%d traces built in %.0f s (%d held out); fine-tuning %s: %d traces per step, %d step%s",
+                len(trajectories), time.perf_counter() - t0, n_held, config.model, config.batch_size, config.steps,
+                "" if config.steps == 1 else "s")  # fmt: skip
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     trainer = SFTTrainer(model, pad_token_id=tokenizer.pad_token_id, lr=config.lr, weight_decay=config.weight_decay,

@@ -156,8 +156,8 @@ def test_sft_on_the_tiny_model_reports_step_loss_and_time_left_as_log_lines_off_
     assert progress.lines[-1].endswith(" 0:00:00 left")
     logged = [r.getMessage() for r in caplog.records]
     assert [m for m in logged if m.startswith("sft: step ")] == progress.lines  # through the log, not stdout
-    assert any(re.match(r"\d traces built in \d+ s \(\d held out\); fine-tuning tiny-random-smollm2 for 3 steps", m)
-               for m in logged), logged  # fmt: skip
+    built = r"\d traces built in \d+ s \(\d held out\); fine-tuning tiny-random-smollm2: 2 traces per step, 3 steps"
+    assert any(re.match(built, m) for m in logged), logged
 
 
 def test_sft_progress_draws_a_bar_with_step_loss_and_time_left_on_a_terminal(caplog):
