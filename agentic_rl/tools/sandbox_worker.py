@@ -59,7 +59,7 @@ ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswit
 """The entries of the host's ``/etc`` visible read-only in the sandbox (plus a generated passwd and group)."""
 DEV_NODES = ("null", "zero", "full", "random", "urandom")
 """The host devices visible in the sandbox's ``/dev``."""
-_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP, _CAP_VERSION_3 = 38, 24, 0x20080522
 
 
 # ------------------------------------------------------------------------------------------------------- frames
@@ -263,6 +263,21 @@ def no_new_privs() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
+def drop_capabilities() -> None:
+    """Drop every capability, from the bounding set too, so that neither this process nor a program it runs as
+    uid 0 of a user namespace can mount (e.g. remount the read-only root writable) or override file permissions."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/sys/kernel/cap_last_cap") as fh:
+        last = int(fh.read())
+    for cap in range(last + 1):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable of capabilities 0-31, then of 32-63
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
 def setup(cfg: dict[str, Any]) -> None:
     """Runs before any user code: namespaces' mounts, limits, privilege drop. Raises on failure."""
     uid = cfg["uid"]
@@ -280,6 +295,8 @@ def setup(cfg: dict[str, Any]) -> None:
     except Exception:
         if uid is not None:
             raise
+    if uid is None and cfg["private_root"]:  # uid 0 of a user namespace: it could undo the read-only mounts
+        drop_capabilities()
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)

@@ -203,3 +203,24 @@ def test_run_cell_prints_the_last_expression_and_keeps_state(tmp_path):
     assert 'File "<cell 2>", line 3' in output and "return 1 / 0" in output and "ZeroDivisionError" in output
     assert "SyntaxError" in output
     assert worker.__file__ not in output and "run_cell" not in output  # the worker's own frames are cut
+
+
+def test_drop_capabilities_leaves_no_capability_in_any_set():
+    """What mode "userns" relies on: uid 0 of its user namespace can no longer mount (undo the read-only root)."""
+    if os.geteuid() != 0:
+        pytest.skip("dropping the bounding set needs CAP_SETPCAP (root, or uid 0 of a user namespace)")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child drops its capabilities and reports its capability sets
+        try:
+            worker.drop_capabilities()
+            with open("/proc/self/status") as fh:
+                caps = [line.split()[1] for line in fh if line.startswith("Cap")]
+            os.write(write_fd, json.dumps(caps).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    caps = json.loads(os.read(read_fd, 4096) or b"null")
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    assert caps == ["0000000000000000"] * 5  # inheritable, permitted, effective, bounding, ambient
