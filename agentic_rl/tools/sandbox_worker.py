@@ -203,9 +203,10 @@ def _pivot_root(libc: Any, new_root: str, put_old: str) -> None:
 
 
 def private_root(workdir: str, uid: int | None, size_mb: int) -> None:
-    """Replace the root by a read-only tmpfs holding `root_binds`, private /tmp, /var/tmp, /dev/shm, a fresh
-    /proc and `workdir` (read-write, at its host path); the host's root is unmounted, so nothing else is reachable.
+    """Replace the root by a minimal read-only one; the host's root is unmounted, so nothing else is reachable.
 
+    The new root is a read-only tmpfs holding `root_binds`, private tmpfs ``/tmp``, ``/var/tmp`` and ``/dev/shm``,
+    a fresh ``/proc``, a generated ``/etc/passwd`` and ``/etc/group``, and `workdir` (read-write, at its host path).
     Must run in new mount and PID namespaces, before the privilege drop. The new root is built on the private
     mount point ``/tmp``; every host path is opened first, so one below ``/tmp`` (the working directory) is found.
     """
@@ -264,8 +265,11 @@ def no_new_privs() -> None:
 
 
 def drop_capabilities() -> None:
-    """Drop every capability, from the bounding set too, so that neither this process nor a program it runs as
-    uid 0 of a user namespace can mount (e.g. remount the read-only root writable) or override file permissions."""
+    """Drop every capability of this process, its bounding set included.
+
+    Neither this process nor a program it runs (as uid 0 of a user namespace) can then mount (remount the read-only
+    root writable) or override file permissions.
+    """
     libc = ctypes.CDLL(None, use_errno=True)
     with open("/proc/sys/kernel/cap_last_cap") as fh:
         last = int(fh.read())
