@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -139,7 +140,8 @@ class SFTProgress:
     """Shows the steps of an SFT run: step, loss, time spent and time left.
 
     On a terminal (and with `bar`) a rich progress bar on `console`; otherwise, so that logs and pipes stay
-    readable, one INFO line of this module's logger every `every` steps and at the last step. Use as a context
+    readable, one INFO line of this module's logger every `every` steps and at the last step. Lines too when
+    another rich bar is already showing (a training run that builds the tool model): they print above it. Use as a context
     manager and pass it as the run's `on_step` callback (it reads the row's ``step`` and ``loss``).
 
     Args:
@@ -165,9 +167,10 @@ class SFTProgress:
 
     def __enter__(self) -> SFTProgress:
         from rich import progress
+        from rich.file_proxy import FileProxy
 
         self._start = time.monotonic()
-        if self._use_bar:
+        if self._use_bar and not isinstance(sys.stderr, FileProxy):  # no second bar inside another one (a run's)
             columns = [progress.TextColumn(self.label), progress.BarColumn(), progress.TextColumn("step"),
                        progress.MofNCompleteColumn(), progress.TextColumn("loss {task.fields[loss]}"),
                        progress.TimeElapsedColumn(), progress.TextColumn("left"), progress.TimeRemainingColumn()]  # fmt: skip

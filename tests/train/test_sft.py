@@ -181,6 +181,13 @@ def test_sft_progress_draws_a_bar_with_step_loss_and_time_left_on_a_terminal(cap
         for step in range(1, 5):
             plain({"step": step, "loss": 1.0})
     assert [line.split(",")[0] for line in plain.lines] == ["x: step 4/4"]
+    from rich.progress import Progress
+
+    with Progress(console=console):  # another bar is showing (a training run that builds the tool model)
+        with SFTProgress(2, "nested", console=console, every=1) as nested:
+            for step in (1, 2):
+                nested({"step": step, "loss": 1.0})
+    assert [line.split(",")[0] for line in nested.lines] == ["nested: step 1/2", "nested: step 2/2"]
 
 
 def test_building_the_tool_model_reports_its_steps(tmp_path, monkeypatch, caplog):
