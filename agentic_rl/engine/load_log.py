@@ -135,8 +135,14 @@ def quiet_native_stderr() -> Iterator[None]:
         return
     with _STDERR_LOCK:
         if not _STDERR_FILTER:
-            _STDERR_FILTER.append(_start_filter())
-        _STDERR_FILTER[0][0] += 1
+            with contextlib.suppress(OSError):  # without file descriptor 2 (a daemon) nothing is filtered
+                _STDERR_FILTER.append(_start_filter())
+        if _STDERR_FILTER:
+            _STDERR_FILTER[0][0] += 1
+        filtering = bool(_STDERR_FILTER)
+    if not filtering:
+        yield
+        return
     try:
         yield
     finally:
@@ -181,5 +187,6 @@ def _copy_lines(read_fd: int, out_fd: int) -> None:
 def _write_kept(out_fd: int, lines: list[bytes]) -> None:
     data = b"".join(line for line in lines if not VLLM_NOISE.search(line.decode("utf-8", "replace")))
     view = memoryview(data)
-    while view:
-        view = view[os.write(out_fd, view) :]
+    with contextlib.suppress(OSError):  # a closed stderr: keep draining the pipe, so that writers never block
+        while view:
+            view = view[os.write(out_fd, view) :]
