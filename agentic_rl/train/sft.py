@@ -141,8 +141,8 @@ class SFTProgress:
 
     On a terminal (and with `bar`) a rich progress bar on `console`; otherwise, so that logs and pipes stay
     readable, one INFO line of this module's logger every `every` steps and at the last step. Lines too when
-    another rich bar is already showing (a training run that builds the tool model): they print above it. Use as a context
-    manager and pass it as the run's `on_step` callback (it reads the row's ``step`` and ``loss``).
+    another rich bar is already showing (a training run that builds the tool model): they print above it. Use as
+    a context manager and pass it as the run's `on_step` callback (it reads the row's ``step`` and ``loss``).
 
     Args:
         total: steps of the run.
