@@ -28,8 +28,8 @@ starting a real probe worker, and a warning is logged once for whatever is missi
   orphans, and when it dies the kernel kills everything left in the namespace.
 * ``"userns"`` (non-root with unprivileged user namespaces): the same namespaces inside a new user namespace;
   the code runs as the calling user (mapped to root inside, with every capability dropped), and the root is the
-  same minimal read-only one, so it writes only to its working directory and private tmpfs; ``RLIMIT_NPROC`` is counted per user namespace, so
-  per session.
+  same minimal read-only one, so it writes only to its working directory and private tmpfs; ``RLIMIT_NPROC`` is
+  counted per user namespace, so per session.
 * ``"uid"`` (root without usable namespaces): per-session unprivileged uid and rlimits only. Network access is
   NOT blocked, ``/tmp`` is shared (files there are owned by the session uid) and the host's file system is NOT
   hidden: every world-readable file (a project checkout, its ``.git/config``) can be read. Leftover processes

@@ -173,7 +173,8 @@ class SFTProgress:
         if self._use_bar and not isinstance(sys.stderr, FileProxy):  # no second bar inside another one (a run's)
             columns = [progress.TextColumn(self.label), progress.BarColumn(), progress.TextColumn("step"),
                        progress.MofNCompleteColumn(), progress.TextColumn("loss {task.fields[loss]}"),
-                       progress.TimeElapsedColumn(), progress.TextColumn("left"), progress.TimeRemainingColumn()]  # fmt: skip
+                       progress.TimeElapsedColumn(), progress.TextColumn("left"),
+                       progress.TimeRemainingColumn()]  # fmt: skip
             self._bar = progress.Progress(*columns, console=self.console)
             self._bar.start()
             self._task = self._bar.add_task("", total=self.total, loss="-")
