@@ -230,6 +230,9 @@ def run_sft(
     out.mkdir(parents=True, exist_ok=True)  # only once the inputs proved usable
     n_held = min(HELD_OUT_TRACES, len(trajectories) // 3)
     held_out, train = trajectories[:n_held], trajectories[n_held:]
+    logger.info("%d traces built in %.0f s (%d held out); fine-tuning %s: %d traces per step, %d step%s",
+                len(trajectories), time.perf_counter() - t0, n_held, config.model, config.batch_size, config.steps,
+                "" if config.steps == 1 else "s")  # fmt: skip
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     trainer = SFTTrainer(model, pad_token_id=tokenizer.pad_token_id, lr=config.lr, weight_decay=config.weight_decay,
@@ -311,17 +314,13 @@ def tool_model_fingerprint(base_dir: Path) -> dict[str, Any]:
 def build_tool_model(base_dir: Path, out_dir: Path) -> dict[str, Any]:
     """Build `smollm2-135m-tools` into `out_dir`: `run_sft` with the default `SFTConfig` on `base_dir`.
 
-    Shows a progress bar on a terminal. Returns the manifest.
+    Shows the steps (step, loss, time left) with `SFTProgress`: a bar on a terminal, a log line every few steps
+    elsewhere. Returns the manifest.
     """
-    from tqdm import tqdm
+    from agentic_rl.train.sft import SFTProgress
 
     config = SFTConfig(model=str(base_dir))
     logger.warning("building the tool-calling model from %s (supervised fine-tuning, %d steps; once)", base_dir,
                    config.steps)  # fmt: skip
-    with tqdm(total=config.steps, desc="fine-tuning for tool calls", unit="step", disable=None) as bar:
-
-        def advance(row: dict[str, Any]) -> None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{row['loss']:.3f}")
-
-        return run_sft(config, output_dir=out_dir, on_step=advance)
+    with SFTProgress(config.steps, "fine-tuning for tool calls") as progress:
+        return run_sft(config, output_dir=out_dir, on_step=progress)

@@ -80,6 +80,44 @@ def test_serve_command_answers_on_loopback_and_stops_on_sigterm(model_dir):
         proc.kill()
 
 
+#: What vLLM printed at every engine start on the CPU that says nothing to a user (kept only with -v).
+_START_NOISE = ("FutureWarning", "NUMA binding", "LD_PRELOAD", "Triton", "torch.set_num_threads", "Enforce eager",
+                "global random seed", "chunked prefill", "Inductor compilation")  # fmt: skip
+
+
+def _serve_stderr(tmp_path, *flags: str) -> str:
+    """Start `agentic-rl serve` on the tiny model, answer one request, stop it; return what it wrote to stderr."""
+    import signal
+
+    import httpx
+
+    err = tmp_path / f"stderr{''.join(flags)}.txt"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentic_rl.cli", "serve", "--model", "tiny-random-smollm2", "--name", "tiny",
+             "--port", "0", "--max-model-len", "256", "--kv-cache-gib", "0.1", *flags],
+            stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )  # fmt: skip
+        try:
+            url = proc.stdout.readline().split()[-1]
+            r = httpx.post(f"{url}/chat/completions", json={"model": "tiny", "max_tokens": 2,
+                           "messages": [{"role": "user", "content": "hi"}]}, timeout=300)  # fmt: skip
+            assert r.status_code == 200
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=600) == 0
+        finally:
+            proc.kill()
+    return err.read_text()
+
+
+@pytest.mark.slow
+def test_engine_start_noise_is_kept_for_verbose_only(tmp_path):
+    quiet = _serve_stderr(tmp_path)
+    assert not [line for line in quiet.splitlines() if any(n in line for n in _START_NOISE)], quiet
+    loud = _serve_stderr(tmp_path, "-v")
+    assert [line for line in loud.splitlines() if any(n in line for n in _START_NOISE)], loud  # still there with -v
+
+
 @pytest.mark.slow
 def test_openai_sdk_example_captures_exact_trajectories():
     from pathlib import Path
@@ -258,6 +296,8 @@ def test_sft_command_trains_research_and_calculator_traces_and_writes_the_manife
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Loading weights" not in proc.stderr and "it/s]" not in proc.stderr  # --no-progress: no library bars
+    logged = " ".join(proc.stderr.split())  # the log handler wraps long lines
+    assert re.search(r"sft: step 1/1, loss \d+\.\d{3}, \d+:\d\d:\d\d spent, 0:00:00 left", logged), proc.stderr
     assert re.search(r"fine-tuned tiny-random-smollm2 for 1 step of 4 traces, drawn from 3 of the 4 traces built "
                      r"\(0 dropped", proc.stdout), proc.stdout  # fmt: skip
     manifest = json.loads((out / "manifest.json").read_text())

@@ -134,6 +134,10 @@ def _configure_logging(verbose: bool) -> None:
     from rich.logging import RichHandler
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    if verbose:  # vLLM's start-up warnings too (dropped otherwise)
+        from agentic_rl.engine.load_log import VERBOSE_ENV
+
+        os.environ[VERBOSE_ENV] = "1"
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries results only
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -190,21 +194,12 @@ def _count(n: int, noun: str) -> str:
 
 
 def _run_sft(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agentic_rl.sft import SFTConfig, run_sft
+    from agentic_rl.train.sft import SFTProgress
 
     config = SFTConfig.from_yaml(args.config, args.set)
-    columns = [TextColumn("sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.description}")]  # fmt: skip
-    with Progress(*columns, console=Console(stderr=True), disable=args.no_progress) as progress:
-        bar = progress.add_task("synthesizing traces", total=config.steps)
-
-        def on_step(row: dict[str, Any]) -> None:
-            progress.update(bar, advance=1, description=f"loss {row['loss']:.3f}")
-
-        manifest = run_sft(config, on_step=on_step)
+    with SFTProgress(config.steps, "sft", bar=not args.no_progress) as progress:  # log lines when no bar
+        manifest = run_sft(config, on_step=progress)
     families = [manifest["traces"], manifest["traces"].get("research", {})]  # calculator counts, research counts
     kept, dropped = (sum(f.get(key, 0) for f in families) for key in ("kept", "dropped_observation_mismatch"))
     print(f"fine-tuned {config.model} for {_count(config.steps, 'step')} of {config.batch_size} traces, drawn from "

@@ -32,7 +32,7 @@ from agentic_rl.engine import weight_copy
 from agentic_rl.engine.base import Generation
 from agentic_rl.engine.commands import Abort, AddRequest, Call, Stop
 from agentic_rl.engine.engine_thread import EngineThread
-from agentic_rl.engine.load_log import counted_casts
+from agentic_rl.engine.load_log import counted_casts, quiet_native_stderr, quiet_vllm
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import EngineError
 
@@ -429,10 +429,14 @@ class VLLMEngine:
     # ---- engine thread -------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        try:
-            from vllm import LLM
+        with quiet_vllm():  # vLLM's start-up noise, and its warning at each thread-count change, unless verbose
+            self._build_and_serve()
 
-            with counted_casts(f"engine start ({self.config.model})"):
+    def _build_and_serve(self) -> None:
+        try:
+            with counted_casts(f"engine start ({self.config.model})"), quiet_native_stderr():
+                from vllm import LLM
+
                 llm = LLM(**_llm_kwargs(self.config))
         except BaseException as exc:  # surfaces in start(); the thread ends
             self._ready.set_exception(exc)

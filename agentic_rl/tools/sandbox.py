@@ -17,20 +17,30 @@ starting a real probe worker, and a warning is logged once for whatever is missi
 
 * ``"namespaces"`` (root with util-linux ``unshare``): new mount, network, PID, IPC and UTS namespaces. The network
   namespace holds only a loopback interface that is down, so no connection (not even to 127.0.0.1) succeeds.
-  ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are private tmpfs mounts; directories the sandbox user could not traverse
-  (e.g. ``/root`` when the interpreter lives in ``/root/.pyenv``) are hidden under a tmpfs, with only the
-  interpreter's directories bound back. The worker then drops to a per-session unprivileged uid/gid (no
-  supplementary groups, ``no_new_privs``), so it cannot write to root-owned places (``/etc``, ``/usr``, ...),
-  and ``RLIMIT_NPROC`` bounds the processes of that session alone. A supervisor is PID 1 of the namespace: it reaps
+  The root is replaced (``pivot_root``, the host's root unmounted) by a minimal read-only one: the system's
+  program and library directories (``/usr``, ``/bin``, ``/lib``, ...), the interpreter's prefixes (its virtual
+  environment and base installation, not other `sys.path` entries such as an editable checkout), the dynamic
+  linker's cache and a few other ``/etc`` files, ``/dev/null`` and the random devices, a fresh ``/proc``, private
+  tmpfs ``/tmp``, ``/var/tmp`` and ``/dev/shm``, and the session's working directory (read-write, at its host
+  path). Nothing else of the host (home directories, the project checkout, its ``.git``) can be read or listed.
+  The worker then drops to a per-session unprivileged uid/gid (no supplementary groups, ``no_new_privs``), and
+  ``RLIMIT_NPROC`` bounds the processes of that session alone. A supervisor is PID 1 of the namespace: it reaps
   orphans, and when it dies the kernel kills everything left in the namespace.
 * ``"userns"`` (non-root with unprivileged user namespaces): the same namespaces inside a new user namespace;
-  the code runs as the calling user (mapped to root inside), so it can write wherever that user can outside the
-  private ``/tmp``; ``RLIMIT_NPROC`` is counted per user namespace, so per session.
+  the code runs as the calling user (mapped to root inside, with every capability dropped), and the root is the
+  same minimal read-only one, so it writes only to its working directory and private tmpfs; ``RLIMIT_NPROC`` is
+  counted per user namespace, so per session.
 * ``"uid"`` (root without usable namespaces): per-session unprivileged uid and rlimits only. Network access is
-  NOT blocked and ``/tmp`` is shared (files there are owned by the session uid). Leftover processes are found and
-  killed by their uid.
-* ``"none"``: rlimits (without ``RLIMIT_NPROC``) in a new process group only, as the calling user; every missing
-  guarantee is logged as a warning. Fork bombs are not bounded and processes that leave the group survive.
+  NOT blocked, ``/tmp`` is shared (files there are owned by the session uid) and the host's file system is NOT
+  hidden: every world-readable file (a project checkout, its ``.git/config``) can be read. Leftover processes
+  are found and killed by their uid.
+* ``"none"``: rlimits (without ``RLIMIT_NPROC``) in a new process group only, as the calling user, who sees the
+  whole host file system; every missing guarantee is logged as a warning. Fork bombs are not bounded and
+  processes that leave the group survive.
+
+``"auto"`` falls back to ``"uid"`` or ``"none"`` where namespaces do not work and logs a warning for each missing
+guarantee (the host's file system visible included); to fail closed instead, require ``"namespaces"`` (root) or
+``"userns"`` (non-root): `session_start` then raises `ToolError` on such a machine.
 
 Limits always applied inside the worker: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU`` (CPU seconds per process
 lifetime), ``RLIMIT_NPROC`` (processes and threads; not in mode ``"none"``, where it would count all of the user's
@@ -162,7 +172,8 @@ class SandboxTool(StatefulTool):
     Args:
         timeout_s: wall-clock limit of one call's code, in seconds. Past it the session's processes are killed,
             the next call starts a fresh interpreter, and the call raises `ToolError` saying the state was lost.
-        max_output_bytes: most bytes of output returned per call (UTF-8); the worker drops the rest.
+        max_output_bytes: most bytes of output returned per call, in UTF-8; the output is cut between characters
+            (never inside one) and the marker gives the exact number of UTF-8 bytes left out.
         memory_limit_mb: address-space limit of each sandbox process, in MiB (``RLIMIT_AS``); a larger
             allocation raises `MemoryError` inside the sandbox.
         cpu_time_limit_s: CPU seconds each sandbox process may use over its whole life (``RLIMIT_CPU``); the
@@ -389,7 +400,7 @@ class SandboxTool(StatefulTool):
         config = {
             "workdir": session.workdir,
             "uid": session.uid,
-            "private_mounts": mode.isolation.private_tmp,
+            "private_root": mode.isolation.private_root,
             "pid_namespace": mode.isolation.pid_namespace,
             "can_kill_all": mode.isolation.pid_namespace or session.uid is not None,
             "memory_limit_mb": self.memory_limit_mb,
@@ -471,9 +482,10 @@ class SandboxTool(StatefulTool):
             self._terminate(session)
             raise ToolError("the Python process sent a malformed reply; it will be restarted fresh (state lost)")
         encoded = output.encode("utf-8", "replace")
-        if len(encoded) > self.max_output_bytes:  # never trust the worker's cap alone
-            dropped += len(encoded) - self.max_output_bytes
-            output = encoded[: self.max_output_bytes].decode("utf-8", "replace")
+        if len(encoded) > self.max_output_bytes:  # never trust the worker's cap alone; cut between characters
+            shown = sandbox_worker.utf8_boundary(encoded, self.max_output_bytes)
+            dropped += len(encoded) - shown
+            output = encoded[:shown].decode("utf-8", "replace")
         if dropped > 0:
             output += f"\n[output truncated: {dropped} more bytes not shown (limit {self.max_output_bytes} bytes)]"
         return output if output else "(no output)"

@@ -40,6 +40,9 @@ class SandboxIsolation:
         private_tmp: True when ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are private to the session.
         unprivileged_uid: True when the code runs as a per-session unprivileged uid (cannot write root-owned files).
         process_limit: True when ``RLIMIT_NPROC`` bounds the processes of this session alone.
+        private_root: True when the code sees only a minimal read-only root (the system's program and library
+            directories, the interpreter's prefixes, a few ``/etc`` files) and its working directory; False when it
+            can read every file of the host its user may read (a project checkout, its ``.git/config``).
     """
 
     mode: str
@@ -48,6 +51,7 @@ class SandboxIsolation:
     private_tmp: bool
     unprivileged_uid: bool
     process_limit: bool
+    private_root: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,11 @@ def isolation_mode(name: str, unshare: str | None) -> IsolationMode:
     """The mode called `name` (any other name gives ``"none"``), with `unshare` as the ``unshare`` binary's path."""
     ns = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc")
     if name == "namespaces":
-        return IsolationMode(SandboxIsolation(name, True, True, True, True, True), (unshare or "unshare", *ns), True)
+        iso = SandboxIsolation(name, True, True, True, True, True, private_root=True)
+        return IsolationMode(iso, (unshare or "unshare", *ns), True)
     if name == "userns":
         args = (unshare or "unshare", "--user", "--map-root-user", *ns)
-        return IsolationMode(SandboxIsolation(name, True, True, True, False, True), args, False)
+        return IsolationMode(SandboxIsolation(name, True, True, True, False, True, private_root=True), args, False)
     if name == "uid":
         return IsolationMode(SandboxIsolation(name, False, False, False, True, True), (), True)
     return IsolationMode(SandboxIsolation("none", False, False, False, False, False), (), False)
@@ -175,6 +180,11 @@ def _warn_missing(mode: IsolationMode, reasons: list[str]) -> None:
         )
     if not iso.private_tmp:
         _warn_once(f"python sandbox (mode {iso.mode!r}): /tmp is shared with the host{why}")
+    if not iso.private_root:
+        _warn_once(
+            f"python sandbox (mode {iso.mode!r}): the host's file system is NOT hidden: sandboxed code can read "
+            f"every file its user may read (e.g. the project checkout and its .git/config){why}"
+        )
     if not iso.unprivileged_uid:
         who = "root" if os.geteuid() == 0 else "the calling user"
         _warn_once(f"python sandbox (mode {iso.mode!r}): code runs as {who} and can write wherever it can")

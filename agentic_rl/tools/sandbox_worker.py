@@ -1,8 +1,8 @@
 """The worker program of `agentic_rl.tools.sandbox`: one persistent, sandboxed Python interpreter.
 
 `SandboxTool` runs this file by path, ``[sys.executable, "-I", <this file>, <JSON config>]`` (behind ``unshare``
-in the namespace modes). It sets up the sandbox (private mounts, rlimits, ``no_new_privs``, the drop to the
-session's uid), answers a ``{"ready": ...}`` frame, then executes each ``{"code": ...}`` frame read from stdin in
+in the namespace modes). It sets up the sandbox (a minimal read-only root, rlimits, ``no_new_privs``, the drop to
+the session's uid), answers a ``{"ready": ...}`` frame, then executes each ``{"code": ...}`` frame read from stdin in
 one persistent globals dict and answers ``{"output": ..., "dropped": ...}`` with the captured stdout + stderr.
 Frames are a 4-byte big-endian length followed by that many bytes of UTF-8 JSON.
 
@@ -11,7 +11,8 @@ file's directory on ``sys.path``), possibly as another uid inside new namespaces
 
 * only the standard library is imported, never `agentic_rl` (which is not importable there);
 * importing the module has no side effects (`main` runs only under ``__name__ == "__main__"``), so tests import its
-  helpers directly, and a ``spawn`` started by user code that re-imports the main module does nothing;
+  helpers directly; the user's code runs in a fresh ``__main__`` module with no file, so a ``spawn`` child does
+  not look for this one (it is not inside the sandbox's root);
 * the file is read from where the package is installed, with no copy: the interpreter opens and compiles it at
   start-up, as the user that runs `SandboxTool` and before `setup` changes mounts or drops privileges, so the
   session's unprivileged uid never needs to read it (the package may live under a directory such as ``/root`` that
@@ -36,6 +37,7 @@ import struct
 import sys
 import threading
 import traceback
+import types
 import warnings
 from typing import Any
 
@@ -45,8 +47,19 @@ HEADER = struct.Struct(">I")
 IS_FORK_CHILD = False
 """True in a process forked by the user's code: it must never answer the parent."""
 
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 4096, 16384
-_PR_SET_NO_NEW_PRIVS = 38
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+_MNT_DETACH = 2
+_ST_TO_MS = {os.ST_NOSUID: _MS_NOSUID, os.ST_NODEV: _MS_NODEV, os.ST_NOEXEC: _MS_NOEXEC, os.ST_NOATIME: 1024,
+             os.ST_NODIRATIME: 2048, os.ST_RELATIME: 1 << 21}  # fmt: skip
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""The host's program and library directories, visible read-only in the sandbox's root (symlinks followed)."""
+ETC_ENTRIES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "mime.types", "alternatives")
+"""The entries of the host's ``/etc`` visible read-only in the sandbox (plus a generated passwd and group)."""
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+"""The host devices visible in the sandbox's ``/dev``."""
+_PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP, _CAP_VERSION_3 = 38, 24, 0x20080522
 
 
 # ------------------------------------------------------------------------------------------------------- frames
@@ -93,6 +106,21 @@ def utf8_len(s: str) -> int:
     return sum(len(s[i : i + 65536].encode("utf-8", "backslashreplace")) for i in range(0, len(s), 65536))
 
 
+def utf8_boundary(data: bytes, limit: int) -> int:
+    """Where to cut `data` to keep at most `limit` bytes without splitting a UTF-8 sequence.
+
+    Returns:
+        The largest ``n <= limit`` (``len(data)`` when it is shorter) such that ``data[n]`` does not continue a
+        multi-byte character; for bytes that are not UTF-8, at most 3 bytes before `limit`.
+    """
+    if limit >= len(data):
+        return len(data)
+    n = max(limit, 0)
+    while n > 0 and limit - n < 3 and data[n] & 0xC0 == 0x80:
+        n -= 1
+    return n
+
+
 # ------------------------------------------------------------------------------------------------------- setup
 
 
@@ -101,16 +129,11 @@ def under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def first_blocked(path: str, uid: int) -> str | None:
-    """The first directory on `path` that `uid` (no groups) cannot traverse, or None."""
-    current = "/"
-    for part in ["", *(p for p in path.split("/") if p)]:
-        current = os.path.join(current, part) if part else "/"
-        st = os.stat(current)
-        if st.st_mode & stat.S_IXOTH or (st.st_uid == uid and st.st_mode & stat.S_IXUSR):
-            continue
-        return current
-    return None
+def _libc() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    return libc
 
 
 def _mount(libc: Any, src: str | None, dst: str, fstype: str | None, flags: int, data: str | None) -> None:
@@ -123,48 +146,106 @@ def _mount(libc: Any, src: str | None, dst: str, fstype: str | None, flags: int,
 
 
 def interpreter_dirs() -> set[str]:
-    """The existing directories the interpreter needs: its prefixes, its binary's directory and `sys.path`."""
+    """The directories of the interpreter and its libraries: its prefixes and its binary's directory.
+
+    Entries of `sys.path` outside these (e.g. a project checkout added by an editable install) are left out: the
+    sandbox must not see them.
+    """
     found = set()
     candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable),
-                  os.path.dirname(os.path.realpath(sys.executable)), *sys.path]  # fmt: skip
+                  os.path.dirname(os.path.realpath(sys.executable))]  # fmt: skip
     for p in candidates:
-        if not p:
-            continue
-        real = os.path.realpath(p)
-        if not os.path.isdir(real):
-            real = os.path.dirname(real)
-        if os.path.isdir(real):
+        real = os.path.realpath(p) if p else ""
+        if os.path.isdir(real) and real != "/":
             found.add(real)
     return found
 
 
-def private_mounts(workdir: str, uid: int | None, size_mb: int) -> None:
-    """Private tmpfs on /tmp, /var/tmp, /dev/shm and on directories `uid` cannot traverse; bind back what we need."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    overlays = {}
-    for d in ("/tmp", "/var/tmp", "/dev/shm"):
-        real = os.path.realpath(d)
-        if os.path.isdir(real):
-            overlays[real] = "1777"
-    interpreter = interpreter_dirs()
-    if uid is not None:
-        for p in interpreter:
-            blocked = first_blocked(p, uid)
-            if blocked is not None and blocked != "/":
-                overlays.setdefault(blocked, "755")
-    tops = [o for o in overlays if not any(o != q and under(o, q) for q in overlays)]
-    needed = sorted(p for p in interpreter | {os.path.realpath(workdir)} if any(under(p, o) for o in tops))
-    binds = [p for p in needed if not any(p != q and under(p, q) for q in needed)]
-    fds = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in binds]
-    for top in tops:
-        _mount(libc, "tmpfs", top, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode={overlays[top]},size={size_mb}m")
+def root_binds() -> list[tuple[str, str]]:
+    """What the sandbox's root holds, read-only: ``(path inside, real host path)`` pairs, no path inside another.
+
+    The system's program and library directories, the interpreter's directories, a few files of ``/etc`` the C
+    library and Python read (dynamic linker cache, time zone, name service switch, MIME types) and the harmless
+    devices of ``/dev``. Paths that do not exist here are skipped.
+    """
+    pairs = [(p, os.path.realpath(p)) for p in SYSTEM_DIRS]
+    pairs += [(p, p) for p in sorted(interpreter_dirs())]
+    pairs += [(f"/etc/{name}", os.path.realpath(f"/etc/{name}")) for name in ETC_ENTRIES]
+    pairs += [(f"/dev/{name}", f"/dev/{name}") for name in DEV_NODES]
+    binds: list[tuple[str, str]] = []
+    for inside, real in pairs:
+        if os.path.exists(real) and not any(under(inside, other) for other, _ in binds):
+            binds = [(o, r) for o, r in binds if not under(o, inside)] + [(inside, real)]
+    return sorted(binds)
+
+
+def _bind(libc: Any, fd: int, target: str, read_only: bool) -> None:
+    """Bind the host path open as O_PATH `fd` on `target`, then make it read-only keeping the source's mount flags."""
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+    _mount(libc, f"/proc/self/fd/{fd}", target, None, _MS_BIND | _MS_REC, None)
+    if read_only:  # flags the source mount has must stay set, or a user namespace refuses the remount
+        kept = sum(ms for st, ms in _ST_TO_MS.items() if os.fstatvfs(fd).f_flag & st)
+        _mount(libc, None, target, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | kept, None)
+
+
+def _pivot_root(libc: Any, new_root: str, put_old: str) -> None:
+    machine = os.uname().machine
+    number = _PIVOT_ROOT.get(machine)
+    if number is None:
+        raise OSError(f"pivot_root: unknown system call number on {machine!r}")
+    if libc.syscall(number, new_root.encode(), put_old.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"pivot_root: {os.strerror(err)}")
+
+
+def private_root(workdir: str, uid: int | None, size_mb: int) -> None:
+    """Replace the root by a minimal read-only one; the host's root is unmounted, so nothing else is reachable.
+
+    The new root is a read-only tmpfs holding `root_binds`, private tmpfs ``/tmp``, ``/var/tmp`` and ``/dev/shm``,
+    a fresh ``/proc``, a generated ``/etc/passwd`` and ``/etc/group``, and `workdir` (read-write, at its host path).
+    Must run in new mount and PID namespaces, before the privilege drop. The new root is built on the private
+    mount point ``/tmp``; every host path is opened first, so one below ``/tmp`` (the working directory) is found.
+    """
+    libc = _libc()
+    binds = root_binds()
+    fds = [(inside, os.open(real, os.O_PATH | os.O_CLOEXEC)) for inside, real in binds]
+    work_fd = os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    new_root = os.path.realpath("/tmp")
+    _mount(libc, "tmpfs", new_root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755,size=1m")
     old_umask = os.umask(0o022)
-    for p, fd in fds:
-        os.makedirs(p, exist_ok=True)
-        _mount(libc, f"/proc/self/fd/{fd}", p, None, _MS_BIND | _MS_REC, None)
-        os.close(fd)
-    os.umask(old_umask)
+    try:
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):  # first: an interpreter below /tmp is bound on top of them
+            os.makedirs(new_root + d, exist_ok=True)
+            _mount(libc, "tmpfs", new_root + d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={size_mb}m")
+        for inside, fd in fds:
+            _bind(libc, fd, new_root + inside, read_only=True)
+            os.close(fd)
+        _bind(libc, work_fd, new_root + workdir, read_only=False)
+        os.close(work_fd)
+        os.makedirs(new_root + "/proc")
+        _mount(libc, "proc", new_root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                             ("stderr", "/proc/self/fd/2")):  # fmt: skip
+            os.symlink(target, f"{new_root}/dev/{name}")
+        me = os.getuid() if uid is None else uid
+        os.makedirs(new_root + "/etc", exist_ok=True)
+        with open(new_root + "/etc/passwd", "w") as fh:
+            fh.write(f"root:x:0:0:root:/:/bin/sh\nsandbox:x:{me}:{me}:sandbox:{workdir}:/bin/sh\n")
+        with open(new_root + "/etc/group", "w") as fh:
+            fh.write(f"root:x:0:\nsandbox:x:{me}:\n")
+        os.mkdir(new_root + "/.host")
+        _pivot_root(libc, new_root, new_root + "/.host")
+        os.chdir("/")
+        if libc.umount2(b"/.host", _MNT_DETACH) != 0:
+            raise OSError(ctypes.get_errno(), "umount the host's root")
+        os.rmdir("/.host")
+        _mount(libc, None, "/", None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
+    finally:
+        os.umask(old_umask)
 
 
 def set_limit(res: int, soft: int, hard: int | None = None) -> None:
@@ -183,12 +264,30 @@ def no_new_privs() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
+def drop_capabilities() -> None:
+    """Drop every capability of this process, its bounding set included.
+
+    Neither this process nor a program it runs (as uid 0 of a user namespace) can then mount (remount the read-only
+    root writable) or override file permissions.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/sys/kernel/cap_last_cap") as fh:
+        last = int(fh.read())
+    for cap in range(last + 1):
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {cap})")
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable of capabilities 0-31, then of 32-63
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
 def setup(cfg: dict[str, Any]) -> None:
     """Runs before any user code: namespaces' mounts, limits, privilege drop. Raises on failure."""
     uid = cfg["uid"]
     workdir = cfg["workdir"]
-    if cfg["private_mounts"]:
-        private_mounts(workdir, uid, cfg["max_file_mb"])
+    if cfg["private_root"]:
+        private_root(workdir, uid, cfg["max_file_mb"])
     set_limit(resource.RLIMIT_AS, cfg["memory_limit_mb"] * 1024 * 1024)
     set_limit(resource.RLIMIT_CPU, cfg["cpu_time_limit_s"], cfg["cpu_time_limit_s"] + 1)
     if cfg["max_processes"] is not None:
@@ -200,6 +299,8 @@ def setup(cfg: dict[str, Any]) -> None:
     except Exception:
         if uid is not None:
             raise
+    if uid is None and cfg["private_root"]:  # uid 0 of a user namespace: it could undo the read-only mounts
+        drop_capabilities()
     if uid is not None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
@@ -264,16 +365,37 @@ class Capture(io.TextIOBase):
             self.full = True  # the file only grows until the next call truncates it
             self.dropped += utf8_len(s)
             return len(s)
-        if len(s) <= room:
-            data = s.encode("utf-8", "backslashreplace")
-            total: int | None = len(data)
-        else:
-            data = s[:room].encode("utf-8", "backslashreplace")
-            total = None
-        head = data[:room]
+        data = s[:room].encode("utf-8", "backslashreplace")  # at most `room` characters: at least what fits
+        if len(s) <= room and len(data) <= room:
+            write_all(self.fd, data)
+            return len(s)
+        head = data[: utf8_boundary(data, room)]  # whole characters only; nothing is appended after a cut
         write_all(self.fd, head)
-        self.dropped += (utf8_len(s) if total is None else total) - len(head)
+        self.full = True
+        self.dropped += utf8_len(s) - len(head)
         return len(s)
+
+
+def shown_output(data: bytes, cap: int) -> tuple[str, int]:
+    """The text shown for the captured bytes `data`: whole characters from its start, at most `cap` UTF-8 bytes.
+
+    Bytes that are not UTF-8 show as U+FFFD (3 bytes each), so the raw prefix shown is shortened until the text
+    fits.
+
+    Returns:
+        ``(text, shown)``: the text, and how many bytes of `data` it shows (``len(data) - shown`` are left out).
+    """
+    shown = utf8_boundary(data, cap)
+    if len(data[:shown].decode("utf-8", "replace").encode()) > cap:
+        low, high = 0, shown  # the longest raw prefix whose text fits: `low` always fits
+        while low < high:
+            mid = (low + high + 1) // 2
+            if len(data[: utf8_boundary(data, mid)].decode("utf-8", "replace").encode()) <= cap:
+                low = mid
+            else:
+                high = mid - 1
+        shown = utf8_boundary(data, low)
+    return data[:shown].decode("utf-8", "replace"), shown
 
 
 def format_exception(exc: BaseException) -> str:
@@ -369,7 +491,12 @@ def executor(cfg: dict[str, Any], proto_in: int, proto_out: int) -> None:
     warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
     sys.argv = [""]
     sys.path.insert(0, cfg["workdir"])
-    user_globals: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    # The user's globals are the `__main__` module: pickle finds functions defined in cells (fork pools), and
+    # a `spawn` child does not look for the worker's file, which is not inside the sandbox's root.
+    user_main = types.ModuleType("__main__")  # the worker's functions keep their own globals
+    user_main.__builtins__ = builtins  # type: ignore[attr-defined]
+    sys.modules["__main__"] = user_main
+    user_globals: dict[str, Any] = vars(user_main)
     write_frame(proto_out, {"ready": True, "uid": os.getuid()})
     cell = 0
     while True:
@@ -393,10 +520,8 @@ def executor(cfg: dict[str, Any], proto_in: int, proto_out: int) -> None:
             except Exception:
                 pass
         size = os.fstat(capture_fd).st_size
-        data = os.pread(capture_fd, min(size, cap), 0)
-        write_frame(
-            proto_out, {"output": data.decode("utf-8", "replace"), "dropped": size - len(data) + stream.dropped}
-        )
+        text, shown = shown_output(os.pread(capture_fd, min(size, cap + 1), 0), cap)  # +1: is byte `cap` a cut?
+        write_frame(proto_out, {"output": text, "dropped": size - shown + stream.dropped})
 
 
 def main(argv: list[str]) -> None:

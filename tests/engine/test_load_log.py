@@ -44,3 +44,54 @@ def test_two_loads_on_two_threads_each_count_their_own_casts(caplog):
     assert lines == ["load 0: 3 weight tensors stored as torch.float32 served as torch.bfloat16 (the engine's dtype)",
                      "load 1: 5 weight tensors stored as torch.float32 served as torch.bfloat16 (the engine's dtype)"]
     assert not loader.filters  # after the loads, vLLM's records pass as before
+
+
+def test_quiet_vllm_drops_the_start_up_noise_and_nothing_else(caplog, monkeypatch):
+    import warnings
+
+    from agentic_rl.engine.load_log import VERBOSE_ENV, quiet_vllm
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    cpu, worker = logging.getLogger("vllm.platforms.cpu"), logging.getLogger("vllm.v1.worker.cpu_worker")
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        with quiet_vllm():
+            cpu.warning("Triton is not installed. triton-cpu is expected on x86 CPUs.")
+            worker.warning("%s is not found in LD_PRELOAD. For best performance, ...", "libtcmalloc")
+            worker.warning("the KV cache does not fit")  # a real problem passes
+            warnings.warn_explicit("`reduce_op` is deprecated", FutureWarning, "dispatcher.py", 138,
+                                   module="vllm.triton_utils.dispatcher")  # fmt: skip
+            warnings.warn_explicit("a user warning", FutureWarning, "mine.py", 1, module="mine")
+        cpu.warning("Triton is not installed. triton-cpu is expected on x86 CPUs.")  # after the block: kept
+        monkeypatch.setenv(VERBOSE_ENV, "1")
+        with quiet_vllm():
+            worker.warning("libiomp is not found in LD_PRELOAD.")  # verbose: kept
+    assert [r.getMessage()[:24] for r in caplog.records] == [
+        "the KV cache does not fi", "Triton is not installed.", "libiomp is not found in "]  # fmt: skip
+    assert [str(w.message) for w in caught] == ["a user warning"]
+
+
+def test_quiet_native_stderr_drops_noise_lines_of_file_descriptor_2_and_passes_the_rest(capfd, monkeypatch):
+    import os
+
+    from agentic_rl.engine.load_log import VERBOSE_ENV, quiet_native_stderr
+
+    monkeypatch.delenv(VERBOSE_ENV, raising=False)
+    numa = b"[W1202 utils.cpp:68] Warning: NUMA binding: Using MEMBIND policy for memory allocation\n"
+    with quiet_native_stderr():
+        os.write(2, numa + b"kept line\n")
+        done = threading.Event()
+
+        def another_start() -> None:  # a second engine starting at the same time shares the filter
+            with quiet_native_stderr():
+                os.write(2, b"partial ")
+            done.set()
+
+        threading.Thread(target=another_start).start()
+        done.wait()
+        os.write(2, b"end\n")
+    os.write(2, numa)  # outside the block: untouched
+    monkeypatch.setenv(VERBOSE_ENV, "1")
+    with quiet_native_stderr():
+        os.write(2, numa)  # verbose: untouched
+    assert capfd.readouterr().err == "kept line\npartial end\n" + numa.decode() * 2

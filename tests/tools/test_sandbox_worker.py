@@ -8,10 +8,8 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
@@ -111,23 +109,51 @@ def test_under(path, top, expected):
     assert worker.under(path, top) is expected
 
 
-def test_first_blocked_finds_the_first_directory_a_uid_cannot_traverse():
-    base = tempfile.mkdtemp()
-    outer = os.path.join(base, "outer")
-    inner = os.path.join(outer, "inner")
-    os.makedirs(inner)
-    os.chmod(base, 0o755)
-    os.chmod(outer, 0o700)
-    other_uid = 1_900_004_242 if os.geteuid() != 1_900_004_242 else 1_900_004_243
-    try:
-        if worker.first_blocked(base, other_uid) is not None:
-            pytest.skip("the temp dir is not traversable by other users here")
-        assert worker.first_blocked(inner, other_uid) == outer
-        assert worker.first_blocked(inner, os.stat(outer).st_uid) is None  # the owner may enter
-        os.chmod(outer, 0o711)
-        assert worker.first_blocked(inner, other_uid) is None
-    finally:
-        shutil.rmtree(base)
+def test_root_binds_hold_the_system_and_the_interpreter_but_not_other_sys_path_entries(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path)])  # e.g. a checkout added by an editable install
+    binds = worker.root_binds()
+    insides = [inside for inside, _ in binds]
+    assert insides == sorted(insides) and len(set(insides)) == len(insides)
+    assert not any(a != b and worker.under(a, b) for a in insides for b in insides)  # none inside another
+    assert all(os.path.exists(real) and real == os.path.realpath(real) for _, real in binds)
+    for needed in (os.path.realpath(sys.executable), os.path.realpath(os.path.dirname(os.__file__)), "/dev/null"):
+        assert any(worker.under(needed, inside) for inside in insides), needed
+    assert not any(worker.under(str(tmp_path), inside) for inside in insides)
+    assert not any(inside == "/" or inside in ("/etc", "/home", "/root", "/dev", "/tmp") for inside in insides)
+
+
+@pytest.mark.parametrize(
+    ("data", "limit", "expected"),
+    [
+        (b"abc", 5, 3),
+        (b"abc", 2, 2),
+        ("aé".encode(), 2, 1),  # would split é (2 bytes)
+        ("aé".encode(), 3, 3),
+        ("€x".encode(), 1, 0),
+        ("€x".encode(), 2, 0),
+        ("€x".encode(), 3, 3),
+        ("𝄞".encode(), 3, 0),  # 4-byte character
+        (b"\x80\x80\x80\x80\x80", 4, 1),  # not UTF-8: at most 3 bytes back
+        (b"abc", 0, 0),
+    ],
+)
+def test_utf8_boundary_never_splits_a_character(data, limit, expected):
+    assert worker.utf8_boundary(data, limit) == expected
+
+
+@pytest.mark.parametrize(
+    ("data", "cap", "expected"),
+    [
+        (b"hello", 10, ("hello", 5)),
+        ("ab€".encode(), 4, ("ab", 2)),
+        ("ab€".encode(), 5, ("ab€", 5)),
+        (b"\xff" * 10, 9, ("\ufffd" * 3, 3)),  # U+FFFD takes 3 bytes for each invalid byte
+        (b"ok\xffok", 6, ("ok\ufffdo", 4)),
+    ],
+)
+def test_shown_output_fits_the_cap_in_utf8_and_counts_the_raw_bytes_shown(data, cap, expected):
+    text, shown = worker.shown_output(data, cap)
+    assert (text, shown) == expected and len(text.encode()) <= cap
 
 
 def test_interpreter_dirs_hold_the_interpreter_and_the_standard_library():
@@ -146,6 +172,12 @@ def test_capture_writes_up_to_its_cap_and_counts_the_rest(tmp_path):
         assert stream.write("more") == 4
         assert os.pread(fd, 100, 0) == "héllowör".encode()[:10]
         assert stream.dropped == 6 + 7 + 4 - 10
+        stream.reset()
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert stream.write("abcdefgh€") == 9  # the euro sign's 3 bytes straddle the cap of 10
+        assert stream.write("!") == 1  # fits in the room left, but nothing is appended after a cut
+        assert os.pread(fd, 100, 0) == b"abcdefgh" and stream.dropped == 3 + 1 and stream.full
         with pytest.raises(TypeError, match="must be str"):
             stream.write(b"bytes")  # type: ignore[arg-type]
         stream.reset()
@@ -171,3 +203,24 @@ def test_run_cell_prints_the_last_expression_and_keeps_state(tmp_path):
     assert 'File "<cell 2>", line 3' in output and "return 1 / 0" in output and "ZeroDivisionError" in output
     assert "SyntaxError" in output
     assert worker.__file__ not in output and "run_cell" not in output  # the worker's own frames are cut
+
+
+def test_drop_capabilities_leaves_no_capability_in_any_set():
+    """What mode "userns" relies on: uid 0 of its user namespace can no longer mount (undo the read-only root)."""
+    if os.geteuid() != 0:
+        pytest.skip("dropping the bounding set needs CAP_SETPCAP (root, or uid 0 of a user namespace)")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child drops its capabilities and reports its capability sets
+        try:
+            worker.drop_capabilities()
+            with open("/proc/self/status") as fh:
+                caps = [line.split()[1] for line in fh if line.startswith("Cap")]
+            os.write(write_fd, json.dumps(caps).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    caps = json.loads(os.read(read_fd, 4096) or b"null")
+    os.close(read_fd)
+    os.waitpid(pid, 0)
+    assert caps == ["0000000000000000"] * 5  # inheritable, permitted, effective, bounding, ambient

@@ -119,3 +119,99 @@ def test_research_traces_come_from_the_second_half_and_need_the_rollouts_system_
     # the registry model's recipe has no research traces, and its fingerprint does not name the research options
     assert not {"research_data", "research_traces", "research_system_prompt_file", "corpus"} & set(
         tool_model_fingerprint(tmp_path)["config"])
+
+
+# ------------------------------------------------------------------------------------------------ progress
+
+_LINE = r"{label}: step {step}/{total}, loss \d+\.\d{{3}}, \d+:\d\d:\d\d spent, \d+:\d\d:\d\d left"
+
+
+def _quiet_console():
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), force_terminal=False)
+
+
+def test_sft_on_the_tiny_model_reports_step_loss_and_time_left_as_log_lines_off_a_terminal(tmp_path, caplog):
+    import logging
+    import re
+
+    from agentic_rl.data import SHARED_DATA
+    from agentic_rl.sft import SFTConfig, run_sft
+    from agentic_rl.train.sft import SFTProgress
+
+    if not (SHARED_DATA / "gsm8k_train.jsonl").is_file():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    config = SFTConfig(model="tiny-random-smollm2", traces=6, steps=3, batch_size=2, micro_batch_size=2,
+                       output_dir=str(tmp_path / "sft"))  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="agentic_rl"):
+        with SFTProgress(config.steps, "sft", console=_quiet_console(), every=2) as progress:
+            manifest = run_sft(config, on_step=progress)
+    assert len(progress.lines) == 2  # step 2 (every 2 steps) and the last step
+    for line, step in zip(progress.lines, (2, 3), strict=True):
+        assert re.fullmatch(_LINE.format(label="sft", step=step, total=3), line), line
+    assert progress.lines[-1].startswith(f"sft: step 3/3, loss {manifest['last_loss']:.3f}, ")
+    assert progress.lines[-1].endswith(" 0:00:00 left")
+    logged = [r.getMessage() for r in caplog.records]
+    assert [m for m in logged if m.startswith("sft: step ")] == progress.lines  # through the log, not stdout
+    built = r"\d traces built in \d+ s \(\d held out\); fine-tuning tiny-random-smollm2: 2 traces per step, 3 steps"
+    assert any(re.match(built, m) for m in logged), logged
+
+
+def test_sft_progress_draws_a_bar_with_step_loss_and_time_left_on_a_terminal(caplog):
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from agentic_rl.train.sft import SFTProgress
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=160)
+    with caplog.at_level(logging.INFO, logger="agentic_rl"):
+        with SFTProgress(4, "fine-tuning", console=console) as progress:
+            for step in range(1, 5):
+                progress({"step": step, "loss": 2.5 / step})
+    screen = console.file.getvalue()
+    assert "fine-tuning" in screen and "step" in screen and "4/4" in screen and "loss 0.625" in screen
+    assert "left" in screen and "0:00:00" in screen
+    assert progress.lines == [] and not caplog.records  # a bar, no log lines
+    with SFTProgress(4, "x", console=console, bar=False, every=10) as plain:  # --no-progress: lines, no bar
+        for step in range(1, 5):
+            plain({"step": step, "loss": 1.0})
+    assert [line.split(",")[0] for line in plain.lines] == ["x: step 4/4"]
+    from rich.progress import Progress
+
+    with Progress(console=console):  # another bar is showing (a training run that builds the tool model)
+        with SFTProgress(2, "nested", console=console, every=1) as nested:
+            for step in (1, 2):
+                nested({"step": step, "loss": 1.0})
+    assert [line.split(",")[0] for line in nested.lines] == ["nested: step 1/2", "nested: step 2/2"]
+
+
+def test_building_the_tool_model_reports_its_steps(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from agentic_rl import sft
+    from agentic_rl.train.sft import SFTProgress
+
+    seen = {}
+
+    def fake_run_sft(config, *, output_dir, on_step):
+        seen["on_step"] = on_step
+        for step in range(1, config.steps + 1):
+            on_step({"step": step, "loss": 1.0 / step})
+        return {"steps": config.steps}
+
+    monkeypatch.setattr(sft, "run_sft", fake_run_sft)
+    with caplog.at_level(logging.INFO, logger="agentic_rl"):
+        assert sft.build_tool_model(tmp_path / "base", tmp_path / "out") == {"steps": sft.SFTConfig().steps}
+    assert isinstance(seen["on_step"], SFTProgress)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fine-tuning for tool calls: step")]
+    if seen["on_step"].console.is_terminal:
+        pytest.skip("stderr is a terminal here: the bar is drawn instead of lines")
+    total = sft.SFTConfig().steps
+    every = max(1, total // 10)  # a line every tenth of the run, and one at its last step
+    assert len(lines) == total // every + (total % every != 0)
+    assert lines[-1].startswith(f"fine-tuning for tool calls: step {total}/{total}, loss {1.0 / total:.3f}, ")
