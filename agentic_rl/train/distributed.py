@@ -5,6 +5,12 @@ a separate process group over its own key prefix in torchrun's store (`MASTER_AD
 launcher of node 0; launched otherwise, rank 0 serves a store on `MASTER_PORT + 1`). Gradients are averaged with one
 all-reduce of a flat buffer per step (what DDP does, without DDP's need for the default group), and initial
 weights are broadcast from rank 0 so every rank starts, and therefore stays, identical.
+
+Averaging is right only for a loss whose ranks share one normalizer. A step's loss is a mean over all ranks' tokens
+(or sequences), L = (1/N) sum_k sum_{t on rank k} l_t with N the global count (`allreduce_sum` of the ranks'
+counts), so each of the W ranks back-propagates L_k = (W/N) sum_{t on rank k} l_t and the average of the gradients,
+(1/W) sum_k grad L_k, is grad L whatever the ranks' shares of N (`GRPOTrainer`). Rank-local means, averaged, would
+weigh a token by 1 / (W * its rank's count) instead.
 """
 
 from __future__ import annotations
@@ -73,8 +79,22 @@ class DistContext:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
 
+    def allreduce_sum(self, values: Sequence[float]) -> list[float]:
+        """The sum over ranks of each of `values` (same length on every rank; float64, exact for counts < 2**53).
+
+        Every rank must call it, with or without anything to count.
+        """
+        local = torch.tensor(list(values), dtype=torch.float64)
+        if self.group is not None and local.numel():
+            self.group.allreduce([local]).wait()
+        return local.tolist()
+
     def allreduce_grads_(self, model: torch.nn.Module) -> None:
-        """Average the gradients of `model` across ranks (missing gradients count as zero)."""
+        """Average the gradients of `model` across ranks (missing gradients count as zero).
+
+        The average is the gradient of the step's loss only when each rank's loss is the sum over its own tokens
+        (or sequences) times W / N, N the count over all ranks (module docstring).
+        """
         if self.group is None:
             return
         params = [p for p in model.parameters() if p.requires_grad]
@@ -90,6 +110,18 @@ class DistContext:
         with torch.no_grad():
             for p in model.parameters():
                 self.group.broadcast(p.data, 0).wait()
+
+    def close(self) -> None:
+        """Leave the training group: wait until every rank gets here, then release the group.
+
+        Every rank must call it. A group still held when the interpreter shuts down may abort the process as its
+        threads are torn down ("terminate called without an active exception", exit status -6). Afterwards the
+        collectives do nothing, as in a single-rank context.
+        """
+        if self.group is None:
+            return
+        self.group.barrier().wait()
+        self.group = None
 
     def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
         """Every rank's `values` (same length on all ranks), in rank order."""

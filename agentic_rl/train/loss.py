@@ -138,12 +138,16 @@ LOG_RATIO_MAX = 20.0
 
 @dataclass(frozen=True, slots=True)
 class LossOutput:
-    """The loss and its diagnostics (all detached except `loss`; fractions are shares of response tokens).
+    """The loss and its diagnostics (all detached except `loss`; fractions are shares of this batch's response tokens).
+
+    `loss`, `pg_loss` and `kl` are aggregated by `grpo_loss`'s `loss_agg_mode` and divided by its `normalizer` when
+    one is given (then they are this batch's part of a larger mean); the other fields describe this batch alone.
 
     Attributes:
         loss: scalar to back-propagate.
         pg_loss: the policy-gradient part.
         kl: mean k3 KL estimate to the reference (0 without one).
+
         clip_fraction: share of response tokens whose policy gradient a clip cut off: the ratio clip (A > 0 and
             ratio > 1 + clip_high, or A < 0 and ratio < 1 - clip_low) or the dual clip (A < 0 and ratio >
             clip_ratio_c).
@@ -162,14 +166,20 @@ class LossOutput:
     approx_kl_old: torch.Tensor
 
 
-def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids: torch.Tensor | None) -> torch.Tensor:
-    """Mean of (B, R) float32 `values` over the response tokens: `token-mean` over all of them (DAPO), `sequence-mean`
-    over each sequence's first, then over the sequences that have any (GRPO); `sequence_ids` (B,) groups rows into
-    sequences (default: one per row). Returns a scalar float32; raises `ConfigError` for another `mode`."""
+def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids: torch.Tensor | None,
+               normalizer: float | None = None) -> torch.Tensor:  # fmt: skip
+    """Sum of (B, R) float32 `values` over the response tokens, divided by the count `mode` averages over.
+
+    `token-mean` sums every response token (DAPO); `sequence-mean` sums each sequence's token mean (GRPO), a sequence
+    being the rows of one `sequence_ids` (B,) value (default: one per row) and counting only if it has a response
+    token. The divisor is `normalizer` when given (a count over more than this batch: every micro-batch and rank of
+    a step), else this batch's own count of tokens or sequences (at least 1). Returns a scalar float32; raises
+    `ConfigError` for another `mode`.
+    """
     on = mask.bool()
     masked = torch.where(on, values, torch.zeros_like(values))
     if mode == "token-mean":
-        return masked.sum() / mask.sum().clamp(min=1)
+        return masked.sum() / (mask.sum().clamp(min=1) if normalizer is None else normalizer)
     if mode == "sequence-mean":
         if sequence_ids is None:
             sequence_ids = torch.arange(values.shape[0], device=values.device)
@@ -181,8 +191,16 @@ def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids
         )
         present = counts > 0
         per_sequence = sums / counts.clamp(min=1)
-        return (per_sequence * present).sum() / present.sum().clamp(min=1)
+        return (per_sequence * present).sum() / (present.sum().clamp(min=1) if normalizer is None else normalizer)
     raise ConfigError(f"loss_agg_mode must be 'token-mean' or 'sequence-mean', got {mode!r}")
+
+
+def _check_settings(clip_ratio_c: float, normalizer: float | None) -> None:
+    """Raise `ConfigError` unless `clip_ratio_c` > 1 and `normalizer` is None or > 0."""
+    if not clip_ratio_c > 1.0:
+        raise ConfigError(f"clip_ratio_c must be > 1 (Ye et al. 2020), got {clip_ratio_c}")
+    if normalizer is not None and not normalizer > 0:
+        raise ConfigError(f"normalizer must be > 0 (a count of response tokens or sequences), got {normalizer}")
 
 
 def _check_finite(
@@ -224,6 +242,7 @@ def grpo_loss(
     kl_coef: float = 0.0,
     loss_agg_mode: Literal["token-mean", "sequence-mean"] = "token-mean",
     sequence_ids: torch.Tensor | None = None,
+    normalizer: float | None = None,
 ) -> LossOutput:
     """Dual-clipped importance-ratio policy loss with an optional k3 KL penalty.
 
@@ -240,7 +259,9 @@ def grpo_loss(
     KL to the reference uses the k3 estimator exp(d) - d - 1 with d = min(ref - new, LOG_RATIO_MAX) (Schulman 2020,
     "Approximating KL Divergence"; `_k3_kl`). `token-mean` averages over all response tokens of the batch (DAPO, Yu
     et al. 2025); `sequence-mean` averages over each sequence's tokens first, then over sequences (the original
-    GRPO; `_aggregate`). loss = pg + kl_coef * KL.
+    GRPO; `_aggregate`). loss = pg + kl_coef * KL. With `normalizer` N, both are sums divided by N instead: a
+    batch that is one part of a step (a micro-batch, a rank's rows) then adds exactly its part of the step's
+    mean when N counts the whole step's tokens (`token-mean`) or sequences (`sequence-mean`).
 
     Both log-ratios are clamped to at most LOG_RATIO_MAX = 20 nats before `exp` (why that costs no useful gradient:
     `_policy_ratio`, `_k3_kl`); there is no lower bound. Everything is computed in float32 whatever the input dtype
@@ -258,17 +279,18 @@ def grpo_loss(
         loss_agg_mode: `token-mean` or `sequence-mean`.
         sequence_ids: (B,) int, rows with one id are parts of one sequence for `sequence-mean` (the runs of a
             trajectory whose history memory rewrote); default: every row is its own sequence.
+        normalizer: the divisor of `pg_loss` and `kl` (> 0); None: this batch's count of response tokens
+            (`token-mean`) or of sequences with one (`sequence-mean`).
 
     Returns:
         A `LossOutput`; rows without response tokens contribute nothing, and an all-masked batch gives loss 0.
 
     Raises:
-        ConfigError: for an unknown `loss_agg_mode`, or `clip_ratio_c` <= 1.
+        ConfigError: for an unknown `loss_agg_mode`, `clip_ratio_c` <= 1, or `normalizer` <= 0.
         TrajectoryError: naming the tensor, if `old_logprobs`, `advantages` or `ref_logprobs` holds NaN or Inf
             anywhere, or `new_logprobs` does on a response token (a diverged policy); or if shapes disagree.
     """
-    if not clip_ratio_c > 1.0:
-        raise ConfigError(f"clip_ratio_c must be > 1 (Ye et al. 2020), got {clip_ratio_c}")
+    _check_settings(clip_ratio_c, normalizer)
     _check_finite(new_logprobs, old_logprobs, advantages, response_mask, ref_logprobs, sequence_ids)
     new = new_logprobs.float()
     mask = response_mask.float()
@@ -277,11 +299,11 @@ def grpo_loss(
     log_ratio = torch.where(on_response, new - old_logprobs.float(), 0.0)
     objective, ratio_clipped = _clipped_surrogate(_policy_ratio(log_ratio), adv, clip_low, clip_high)
     objective, dual = _dual_clip(objective, adv, clip_ratio_c)
-    pg_loss = _aggregate(-objective, mask, loss_agg_mode, sequence_ids)
+    pg_loss = _aggregate(-objective, mask, loss_agg_mode, sequence_ids, normalizer)
     kl = torch.zeros((), device=new.device)
     kl_clamped = torch.zeros_like(on_response)
     if ref_logprobs is not None and kl_coef:
-        kl, kl_clamped = _k3_kl(new, ref_logprobs, mask, loss_agg_mode, sequence_ids)
+        kl, kl_clamped = _k3_kl(new, ref_logprobs, mask, loss_agg_mode, sequence_ids, normalizer)
     return _loss_output(pg_loss + kl_coef * kl, pg_loss, kl, log_ratio, mask, clipped=ratio_clipped | dual, dual=dual,
                         kl_clamped=kl_clamped)  # fmt: skip
 
@@ -342,9 +364,8 @@ def _dual_clip(objective: torch.Tensor, adv: torch.Tensor, clip_ratio_c: float) 
     return torch.where(dual, floor, objective), dual
 
 
-def _k3_kl(
-    new: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _k3_kl(new: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, mode: str,
+           sequence_ids: torch.Tensor | None, normalizer: float | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The k3 KL estimate exp(d) - d - 1, d = min(ref - new, LOG_RATIO_MAX) (Schulman 2020), aggregated like the loss.
 
     Unclamped, a token with new logprob -95 and reference -1 would give exp(94) = inf and an infinite loss. Past the
@@ -356,7 +377,7 @@ def _k3_kl(
         new: (B, R) float32 policy logprobs (nats, with gradient).
         ref_logprobs: (B, R) float reference-policy logprobs (nats).
         mask: (B, R) float32 response mask.
-        mode, sequence_ids: as `_aggregate` takes them.
+        mode, sequence_ids, normalizer: as `_aggregate` takes them.
 
     Returns:
         The scalar float32 KL; and (B, R) bool, where d was clamped.
@@ -364,7 +385,7 @@ def _k3_kl(
     delta = torch.where(mask.bool(), ref_logprobs.float() - new, 0.0)
     clamped = delta > LOG_RATIO_MAX
     delta = torch.clamp(delta, max=LOG_RATIO_MAX)
-    return _aggregate(torch.exp(delta) - delta - 1.0, mask, mode, sequence_ids), clamped
+    return _aggregate(torch.exp(delta) - delta - 1.0, mask, mode, sequence_ids, normalizer), clamped
 
 
 def _loss_output(

@@ -15,12 +15,13 @@ __all__ = ["LossSums", "StepStats"]
 
 @dataclass(slots=True)
 class LossSums:
-    """`LossOutput`'s scalars summed over a step's micro-batches, each weighted by that micro-batch's share.
+    """`LossOutput`'s scalars summed over this rank's micro-batches of a step, weighted into this rank's means.
 
     Attributes:
-        loss, pg_loss, kl: weighted by the micro-batch's share of the loss (of the step's response tokens under
-            `token-mean`, of its sequences under `sequence-mean`).
-        clip_fraction, dual_clip_fraction, kl_clamp_fraction: weighted by the micro-batch's share of the step's
+        loss, pg_loss, kl: each micro-batch's value (normalized by the step's global count, `grpo_loss`'s
+            `normalizer`) times the weight `add` is given, which makes the sum this rank's own mean over its
+            response tokens (`token-mean`) or sequences (`sequence-mean`).
+        clip_fraction, dual_clip_fraction, kl_clamp_fraction: weighted by the micro-batch's share of this rank's
             response tokens (they are shares of tokens in every mode).
         logprob_gap: |trainer - engine| logprob summed over the computed response tokens (nats), unweighted.
     """
@@ -39,8 +40,8 @@ class LossSums:
         Args:
             out: its loss.
             gap: (n,) float32 |trainer - engine| logprob (nats) of its n response tokens, detached.
-            weight: its share of the loss (see `loss`).
-            token_share: its share of the step's response tokens.
+            weight: the factor of its `loss`, `pg_loss` and `kl` (see `loss`).
+            token_share: its share of this rank's response tokens.
         """
         self.logprob_gap += float(gap.sum())
         self.loss += float(out.loss.detach()) * weight
@@ -56,11 +57,14 @@ class StepStats:
     """The metrics of one `GRPOTrainer.train_step`, one attribute per key of `as_metrics` (in its order).
 
     Attributes:
-        loss, pg_loss, kl: the step's loss, its policy-gradient part and its mean k3 KL (see `grpo_loss`).
-        clip_fraction: share of trained tokens any clip cut off.
-        dual_clip_fraction: share of trained tokens the dual clip alone cut off.
-        kl_clamp_fraction: share of trained tokens whose KL log-ratio was clamped.
-        grad_norm: total gradient norm before clipping (0.0 without gradients; may be non-finite).
+        loss, pg_loss, kl: the loss, its policy-gradient part and its mean k3 KL (see `grpo_loss`) over this rank's
+            rows: under torchrun each rank reports its own, while the gradient is that of the mean over every
+            rank's rows.
+        clip_fraction: share of this rank's trained tokens any clip cut off.
+        dual_clip_fraction: share of this rank's trained tokens the dual clip alone cut off.
+        kl_clamp_fraction: share of this rank's trained tokens whose KL log-ratio was clamped.
+        grad_norm: total norm of the (all ranks') gradient before clipping (0.0 without gradients; may be
+            non-finite).
         reward_mean, reward_std: over valid trajectories (population std; 0.0 without any).
         valid_trajectories: trajectories that enter the loss.
         valid_rows: trained runs (rows with response tokens).

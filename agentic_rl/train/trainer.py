@@ -91,15 +91,17 @@ def _micro_batches(
 
 @dataclass(frozen=True, slots=True)
 class _StepRows:
-    """Which rows of a packed batch one step trains, and the normalizers of its loss.
+    """Which rows of a packed batch one step trains, and the counts that normalize its loss.
 
     Attributes:
         rows: (N,) int64, valid rows with at least one response token; all of them count in the normalizers.
         computed: (M,) int64, the rows of `rows` whose forward runs (all of them with a KL term, else those whose
             advantage is not 0).
-        total_tokens: response tokens of `rows`.
-        total_sequences: trajectories `rows` belong to.
+        total_tokens: response tokens of `rows` (this rank's).
+        total_sequences: trajectories `rows` belong to (this rank's).
         computed_tokens: response tokens of `computed`.
+        global_tokens, global_sequences: `total_tokens` and `total_sequences` summed over every rank.
+        world_size: ranks whose gradients are averaged (1 without a `DistContext`).
     """
 
     rows: torch.Tensor
@@ -107,25 +109,42 @@ class _StepRows:
     total_tokens: float
     total_sequences: int
     computed_tokens: float
+    global_tokens: float
+    global_sequences: float
+    world_size: int
 
     @classmethod
-    def of(cls, batch: PackedBatch, advantages: torch.Tensor, *, with_kl: bool) -> _StepRows:
-        """The rows of `batch` to train, given each row's (B,) float32 advantage and whether the loss has a KL term."""
+    def of(cls, batch: PackedBatch, advantages: torch.Tensor, *, with_kl: bool, dist: DistContext | None) -> _StepRows:
+        """The rows of `batch` to train, given each row's (B,) float32 advantage and whether the loss has a KL term;
+        every rank of `dist` must call it (the global counts are one all-reduce)."""
         rows = torch.nonzero(batch.valid & (batch.response_mask.sum(-1) > 0)).flatten()
         # Without a KL term a row whose advantage is 0 adds exactly 0 to the loss and its gradient: skip its forward.
         # The normalizers still count it, so the step is the same as with the row.
         computed = rows if with_kl else rows[advantages[rows] != 0]
-        return cls(rows=rows, computed=computed, total_tokens=float(batch.response_mask[rows].sum()),
-                   total_sequences=int(torch.unique(batch.row_trajectory[rows]).numel()),
-                   computed_tokens=float(batch.response_mask[computed].sum()))  # fmt: skip
+        tokens = float(batch.response_mask[rows].sum())
+        sequences = int(torch.unique(batch.row_trajectory[rows]).numel())
+        dist = dist or DistContext()
+        global_tokens, global_sequences = dist.allreduce_sum([tokens, float(sequences)])
+        return cls(rows=rows, computed=computed, total_tokens=tokens, total_sequences=sequences,
+                   computed_tokens=float(batch.response_mask[computed].sum()), global_tokens=global_tokens,
+                   global_sequences=global_sequences, world_size=dist.world_size)  # fmt: skip
 
-    def shares(self, micro: PackedBatch, loss_agg_mode: str) -> tuple[float, float]:
-        """A micro-batch's weight in the step's loss (its share of the response tokens under `token-mean`, of the
-        sequences under `sequence-mean`) and its share of the response tokens."""
+    def loss_normalizer(self, loss_agg_mode: str) -> float:
+        """`grpo_loss`'s `normalizer` for every micro-batch of this rank: N / W, with N the response tokens
+        (`token-mean`) or sequences (`sequence-mean`) of all ranks and W the world size.
+
+        A micro-batch's loss is then (W / N) times its sum over its tokens (or sequences' token means); the
+        micro-batches add up to the rank's share and the ranks' average to the step's loss (`DistContext`).
+        """
+        count = self.global_tokens if loss_agg_mode == "token-mean" else self.global_sequences
+        return max(count, 1.0) / self.world_size
+
+    def report_weights(self, loss_agg_mode: str, micro: PackedBatch) -> tuple[float, float]:
+        """What turns a micro-batch's `LossOutput` into its part of this rank's reported means: the factor of its
+        loss (normalized by `loss_normalizer`) and its share of the rank's response tokens (for the clip shares)."""
         token_share = float(micro.response_mask.sum()) / self.total_tokens
-        if loss_agg_mode == "token-mean":
-            return token_share, token_share
-        return int(torch.unique(micro.row_trajectory).numel()) / self.total_sequences, token_share
+        count = self.total_tokens if loss_agg_mode == "token-mean" else self.total_sequences
+        return self.loss_normalizer(loss_agg_mode) / count, token_share
 
 
 class GRPOTrainer:
@@ -136,7 +155,9 @@ class GRPOTrainer:
         pad_token_id: padding id for packing.
         config: optimizer and loss settings.
         reference: a frozen copy of the initial model for the KL term (built when `kl_coef > 0` and None).
-        dist: the data-parallel context under torchrun; gradients are averaged across its ranks.
+        dist: the data-parallel context under torchrun: the loss is normalized by the response tokens (or
+            sequences) of all its ranks and the gradients are averaged across them (`_accumulate_gradients`). A DDP
+            wrapper's ranks need it too; without it the normalizers count this process's rows only.
 
     Attributes:
         steps_done: `train_step` calls so far.
@@ -199,7 +220,10 @@ class GRPOTrainer:
         optimizer step is skipped (weights unchanged) and reported in `step_skipped` / `skipped_steps`.
 
         Args:
-            trajectories: the rollout; rows of one task share a group (by `task["id"]`, or `group_ids`).
+            trajectories: the rollout; rows of one task share a group (by `task["id"]`, or `group_ids`). Under
+                torchrun, this rank's share: a group's advantages are its own statistics, computed on its rank, so
+                each group must be whole on one rank (`distributed.shard` deals out whole tasks, each repeated
+                into its group on the rank it went to).
             group_ids: explicit group of each trajectory.
 
         Returns:
@@ -216,7 +240,7 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         batch = self._pack(trajectories, group_ids)
         advantages = batch_advantages(batch, scale_by_std=self.config.scale_by_std, std_floor=self.config.std_floor)
-        step = _StepRows.of(batch, advantages, with_kl=self._with_kl)
+        step = _StepRows.of(batch, advantages, with_kl=self._with_kl, dist=self.dist)
         sums = self._accumulate_gradients(batch, advantages, step)
         has_grads, grad_norm = self._clip_gradients(step)
         skipped = self._optimizer_step(has_grads, grad_norm)
@@ -237,8 +261,11 @@ class GRPOTrainer:
     def _accumulate_gradients(self, batch: PackedBatch, advantages: torch.Tensor, step: _StepRows) -> LossSums:
         """Forward, loss and backward of each micro-batch of `step.computed`, the gradients adding up in `.grad`.
 
-        Each micro-batch's loss is weighted by its share of the step (`_StepRows.shares`), so the summed gradient is
-        the whole batch's.
+        Every micro-batch's loss is normalized by the step's global count (`_StepRows.loss_normalizer`): with N the
+        response tokens (`token-mean`, DAPO) or sequences (`sequence-mean`, GRPO) of all W ranks, a micro-batch
+        back-propagates (W / N) * sum of its tokens' (or its sequences' mean) losses. However the rows fall into
+        micro-batches and ranks, the summed gradient averaged over ranks is that of the whole step's mean, each
+        token (or sequence) weighing 1 / N; a micro-batch or rank with few tokens weighs no more per token.
 
         Args:
             batch: the packed rollout.
@@ -254,13 +281,14 @@ class GRPOTrainer:
         sums = LossSums()
         chunks = _micro_batches(step.computed, batch.row_trajectory, cfg.micro_batch_size,
                                 whole_trajectories=cfg.loss_agg_mode == "sequence-mean")  # fmt: skip
+        normalizer = step.loss_normalizer(cfg.loss_agg_mode)
         for i, idx in enumerate(chunks):
             micro = batch.select(idx, trim=True)
             with self._gradient_sync(last=i == len(chunks) - 1):
-                new, out = self._micro_loss(micro, advantages[idx])
-                weight, token_share = step.shares(micro, cfg.loss_agg_mode)
-                (out.loss * weight).backward()
+                new, out = self._micro_loss(micro, advantages[idx], normalizer)
+                out.loss.backward()
             gap = (new.detach() - micro.old_logprobs).abs()[micro.response_mask.bool()]
+            weight, token_share = step.report_weights(cfg.loss_agg_mode, micro)
             sums.add(out, gap, weight=weight, token_share=token_share)
         return sums
 
@@ -268,12 +296,14 @@ class GRPOTrainer:
         """A DDP wrapper's `no_sync` for every micro-batch but the last, whose backward then averages the gradients."""
         return self.model.no_sync() if (hasattr(self.model, "no_sync") and not last) else nullcontext()
 
-    def _micro_loss(self, micro: PackedBatch, advantages: torch.Tensor) -> tuple[torch.Tensor, LossOutput]:
+    def _micro_loss(self, micro: PackedBatch, advantages: torch.Tensor,
+                    normalizer: float) -> tuple[torch.Tensor, LossOutput]:  # fmt: skip
         """The policy's (b, r) float32 response logprobs of a micro-batch (with gradient) and its `grpo_loss`.
 
         Args:
             micro: the micro-batch's rows.
             advantages: (b,) float32 advantage of each of its rows.
+            normalizer: the loss's divisor (`_StepRows.loss_normalizer`).
         """
         cfg = self.config
         new = response_logprobs(self.model, micro)
@@ -284,7 +314,7 @@ class GRPOTrainer:
         out = grpo_loss(new, micro.old_logprobs, advantages, micro.response_mask,
                         clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
                         ref_logprobs=ref, kl_coef=cfg.kl_coef, loss_agg_mode=cfg.loss_agg_mode,
-                        sequence_ids=micro.row_trajectory)  # fmt: skip
+                        sequence_ids=micro.row_trajectory, normalizer=normalizer)  # fmt: skip
         return new, out
 
     def _clip_gradients(self, step: _StepRows) -> tuple[bool, float]:

@@ -1,4 +1,5 @@
-"""`init_from_env` under a launcher other than torchrun: rank 0 serves the group's store one port above MASTER_PORT."""
+"""Two gloo ranks on 127.0.0.1: `init_from_env` under a launcher other than torchrun (rank 0 serves the group's store
+one port above MASTER_PORT), and a GRPO step over rows split unevenly across the ranks."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+from grad_parity import CASES, rank_rows, relative_difference, step_gradients, tiny_model
 from support.launch import free_port_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Each rank joins from the environment a launcher sets, averages its rank's value and checks a shard of 0..5.
+# Each rank joins from the environment a launcher sets, averages its rank's value, checks a shard of 0..5 and leaves.
 _RANK = """
 from agentic_rl.train.distributed import init_from_env, shard
 import torch
@@ -19,10 +23,13 @@ ctx = init_from_env("cpu", timeout_s=60)
 values = torch.tensor([float(ctx.rank)])
 ctx.allreduce_mean_([values])
 print(ctx.rank, ctx.world_size, ctx.backend, values.item(), shard(list(range(6)), ctx))
+ctx.close()
 """
 
 
-def test_ranks_started_without_torchrun_join_one_gloo_group(tmp_path):
+def _run_ranks(script: list[str], *, timeout_s: float) -> list[str]:
+    """Run `python *script` ("{rank}" in it replaced) as ranks 0 and 1 of a gloo group on 127.0.0.1, launched
+    without torchrun; their stdout, or a failure with a rank's stderr."""
     port = free_port_pair()
     procs = []
     try:
@@ -30,12 +37,37 @@ def test_ranks_started_without_torchrun_join_one_gloo_group(tmp_path):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}  # fmt: skip
             env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-            procs.append(subprocess.Popen([sys.executable, "-c", _RANK], env=env, stdout=subprocess.PIPE,
+            args = [a.replace("{rank}", str(rank)) for a in script]
+            procs.append(subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True))  # fmt: skip
-        outputs = [p.communicate(timeout=120) for p in procs]
+        outputs = [p.communicate(timeout=timeout_s) for p in procs]
     finally:
         for p in procs:
             p.kill()
     for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err[-3000:]
-    assert [out.strip() for out, _ in outputs] == ["0 2 gloo 0.5 [0, 2, 4]", "1 2 gloo 0.5 [1, 3, 5]"]
+    return [out for out, _ in outputs]
+
+
+def test_ranks_started_without_torchrun_join_one_gloo_group():
+    outputs = _run_ranks(["-c", _RANK], timeout_s=120)
+    assert [out.strip() for out in outputs] == ["0 2 gloo 0.5 [0, 2, 4]", "1 2 gloo 0.5 [1, 3, 5]"]
+
+
+def test_two_ranks_with_uneven_rows_step_on_the_single_process_gradient(tmp_path):
+    """Rank 0 trains 60 tokens (5 sequences), rank 1 trains 6 (2): every token (`token-mean`) or sequence
+    (`sequence-mean`) weighs 1 / its global count, so the averaged gradient is one process's over all rows, with and
+    without a KL term, and when rank 1's rows are all skipped (advantage 0) but still counted."""
+    _run_ranks([str(Path(__file__).with_name("grad_parity.py")), str(tmp_path / "rank{rank}.pt")], timeout_s=600)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    model = tiny_model()
+    for i, case in enumerate(CASES):
+        rows = [*rank_rows(0, case[2]), *rank_rows(1, case[2])]
+        want, stats = step_gradients(model, rows, case, micro_batch_size=64)
+        for rank in ranks:
+            assert relative_difference(rank[i]["grads"], want) <= 1e-5, case
+            assert rank[i]["grad_norm"] == pytest.approx(stats["grad_norm"], rel=1e-5), case
+        # the reported loss is each rank's own mean: rank 1's is what one process reports over rank 1's rows alone
+        if case[2] == (1.0, 0.0):
+            _, alone = step_gradients(model, rank_rows(1, case[2]), case, micro_batch_size=64)
+            assert ranks[1][i]["loss"] == pytest.approx(alone["loss"], rel=1e-5, abs=1e-7), case

@@ -127,3 +127,29 @@ def test_clip_ratio_c_must_exceed_one():
     x = torch.zeros(1, 1)
     with pytest.raises(ConfigError, match="clip_ratio_c"):
         grpo_loss(x, x, torch.zeros(1), torch.ones(1, 1), clip_ratio_c=1.0)
+
+
+def test_a_normalizer_divides_the_sums_so_uneven_parts_add_up_to_the_whole():
+    """Row 0 holds 6 response tokens, row 1 one: with the whole batch's count as `normalizer`, the two rows' losses
+    add up to the whole batch's (each token, or sequence, weighing 1 / that count), and so do their gradients."""
+    new = torch.linspace(-3.0, -0.5, 14).view(2, 7).requires_grad_()
+    old = torch.full((2, 7), -1.0)
+    ref = torch.full((2, 7), -1.5)
+    adv = torch.tensor([0.5, -2.0])
+    mask = torch.tensor([[1.0] * 6 + [0.0], [1.0] + [0.0] * 6])
+    for mode, count in (("token-mean", 7.0), ("sequence-mean", 2.0)):
+        whole = grpo_loss(new, old, adv, mask, ref_logprobs=ref, kl_coef=0.1, loss_agg_mode=mode)
+        (want,) = torch.autograd.grad(whole.loss, new)
+        parts = [grpo_loss(new[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], ref_logprobs=ref[i : i + 1],
+                           kl_coef=0.1, loss_agg_mode=mode, normalizer=count) for i in (0, 1)]  # fmt: skip
+        (got,) = torch.autograd.grad(parts[0].loss + parts[1].loss, new)
+        assert (parts[0].loss + parts[1].loss).item() == pytest.approx(whole.loss.item(), rel=1e-6)
+        assert (parts[0].kl + parts[1].kl).item() == pytest.approx(whole.kl.item(), rel=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("normalizer", [0.0, -1.0])
+def test_normalizer_must_be_positive(normalizer):
+    x = torch.zeros(1, 1)
+    with pytest.raises(ConfigError, match="normalizer"):
+        grpo_loss(x, x, torch.zeros(1), torch.ones(1, 1), normalizer=normalizer)

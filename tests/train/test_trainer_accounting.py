@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from grad_parity import CASES, rank_rows, relative_difference, step_gradients
 
 from agentic_rl.errors import TrainingError
 from agentic_rl.train.advantages import batch_advantages
@@ -83,6 +84,17 @@ def test_micro_batching_changes_nothing_and_every_run_is_counted(tiny, mode):
         assert s["response_length"] == 12.0
         assert s["step_skipped"] == 0 and s["skipped_steps"] == 0
     assert whole.clip_fraction.item() > 0  # the made-up old logprobs are far off-policy: the clips are exercised
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case[2] == (1.0, 0.0)], ids=str)
+def test_micro_batches_of_uneven_token_counts_step_on_the_one_batch_gradient(tiny, case):
+    """Rows of 3, 5 and 7 response tokens in micro-batches of 1 to 5 rows (3 to 31 tokens): each weighs a token (or a
+    sequence) by 1 / the step's count, as one batch of every row does, with and without a KL term."""
+    rows = [*rank_rows(1, case[2]), *rank_rows(0, case[2])]  # the short one-turn trajectories first
+    want, _ = step_gradients(tiny, rows, case, micro_batch_size=64)
+    for size in (1, 2, 3, 5):
+        got, _ = step_gradients(tiny, rows, case, micro_batch_size=size)
+        assert relative_difference(got, want) <= 1e-5, (case, size)
 
 
 def test_skipped_steps_are_reported_and_too_many_in_a_row_stop_training(tiny, caplog):

@@ -1,0 +1,120 @@
+"""Gradients of one GRPO step over rows split unevenly across ranks, and the same step in one process.
+
+Imported by the tests, and run as a script by each gloo rank (`python grad_parity.py OUT`, with the torchrun
+variables set): the rank trains its share of `rank_rows` for every case of `CASES` and saves the gradients the
+optimizer would step on, with its reported metrics, to OUT.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from agentic_rl.train.distributed import DistContext
+from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
+from agentic_rl.types import RunRecorder, Step, StepTrajectory
+
+PAD = 2
+# (loss_agg_mode, kl_coef, rank 1's rewards): rank 1 rewards (1, 1) give its only group advantage 0, so it computes
+# no row but its tokens still count in the normalizers.
+CASES = [(mode, kl, rewards) for mode in ("token-mean", "sequence-mean")
+         for kl, rewards in ((0.0, (1.0, 0.0)), (0.1, (1.0, 0.0)), (0.0, (1.0, 1.0)))]  # fmt: skip
+
+
+def tiny_model() -> torch.nn.Module:
+    """The tiny random SmolLM2 in float32."""
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.models import resolve_model
+
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")), dtype=torch.float32)
+
+
+def trajectory(idx: int, reward: float, task_id: str, runs: Sequence[Sequence[int]]) -> StepTrajectory:
+    """A trajectory whose k-th token run has turns of `runs[k]` sampled tokens each (turns of one run joined by
+    observation tokens; each run opens with its own prompt, as when memory rewrote the history); seeded by `idx`."""
+    g = torch.Generator().manual_seed(idx)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(100, 4000, (n,), generator=g).tolist()
+
+    recorder, steps = RunRecorder(), []
+    for turns in runs:
+        recorder.start(ids(5))
+        for i, n in enumerate(turns):
+            if i:
+                recorder.insert(ids(2))
+            run, span = recorder.sample(ids(n), (-torch.rand(n, generator=g) * 3).tolist(), 0)
+            steps.append(Step(run=run, span=span))
+    return StepTrajectory.from_runs(recorder.runs, idx=idx, trajectory_reward=reward, steps=steps,
+                                    task={"id": task_id}, failed=False)  # fmt: skip
+
+
+def rank_rows(rank: int, rank1_rewards: Sequence[float]) -> list[StepTrajectory]:
+    """Rank 0: groups `a` and `b`, 5 trajectories of 12 sampled tokens in two runs (60 tokens, 10 rows, 5 sequences);
+    rank 1: group `c`, 2 one-turn trajectories of 3 tokens (6 tokens, 2 rows, 2 sequences). A group is on one rank."""
+    if rank == 0:
+        rewards = {"a": (1.0, 0.0, 0.25), "b": (0.0, 1.0)}
+        return [trajectory(10 * i + j, r, task, [[4, 3], [5]])
+                for i, (task, rs) in enumerate(rewards.items()) for j, r in enumerate(rs)]  # fmt: skip
+    return [trajectory(100 + j, r, "c", [[3]]) for j, r in enumerate(rank1_rewards)]
+
+
+def reference_of(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of `model` with every parameter moved a little (so the k3 KL has a gradient at the start)."""
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.02 * torch.sin(torch.arange(p.numel(), dtype=p.dtype)).view_as(p))
+    return ref
+
+
+def step_gradients(model: torch.nn.Module, trajectories: Sequence[StepTrajectory], case: tuple, *,
+                   micro_batch_size: int, dist: DistContext | None = None) -> tuple[list[torch.Tensor], dict[str, Any]]:  # fmt: skip
+    """The gradients (one per parameter, after the all-reduce, unclipped) one `train_step` of a copy of `model`
+    steps on, and its metrics."""
+    mode, kl_coef, _ = case
+    config = GRPOConfig(lr=1e-3, micro_batch_size=micro_batch_size, loss_agg_mode=mode, kl_coef=kl_coef,
+                        max_grad_norm=1e9)  # fmt: skip
+    policy = copy.deepcopy(model)
+    reference = reference_of(model) if kl_coef else None
+    trainer = GRPOTrainer(policy, pad_token_id=PAD, config=config, reference=reference, dist=dist)
+    seen: list[list[torch.Tensor]] = []
+    step = trainer.optimizer.step
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        seen.append([p.grad.clone() for p in trainer.module.parameters()])
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = record
+    stats = trainer.train_step(trajectories)
+    assert len(seen) == 1, "the step was skipped"
+    return seen[0], stats
+
+
+def relative_difference(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> float:
+    """|got - want| / |want| over all parameters together (2-norms)."""
+    diff = torch.cat([(g - w).flatten() for g, w in zip(got, want, strict=True)])
+    return float(diff.norm() / torch.cat([w.flatten() for w in want]).norm())
+
+
+def main(out: str) -> None:
+    """Join the gloo group from the environment and save this rank's gradients and metrics of every case to `out`."""
+    from agentic_rl.train.distributed import init_from_env
+
+    ctx = init_from_env("cpu", timeout_s=120)
+    model = tiny_model()
+    results = []
+    for case in CASES:
+        grads, stats = step_gradients(model, rank_rows(ctx.rank, case[2]), case, micro_batch_size=2, dist=ctx)
+        results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
+    torch.save(results, out)
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
