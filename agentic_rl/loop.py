@@ -167,6 +167,7 @@ async def train(
             if on_step is not None:
                 on_step(row)
         _finish(run)
+        dist.close()  # every rank got here: leave the training group before the interpreter shuts down
     finally:
         for sink in run.sinks:
             sink.close()
