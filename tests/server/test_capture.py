@@ -324,3 +324,23 @@ def test_n_streamed_choices_each_send_their_own_tool_call_ids(base_url):
                 heads[choice["index"]] += [p["id"] for p in choice.get("delta", {}).get("tool_calls") or [] if "id" in p]
     assert [len(h) for h in heads.values()] == [2, 2]
     assert len(set(heads[0] + heads[1])) == 4
+
+
+def test_a_turn_cut_inside_a_call_continues_from_the_calls_it_returned(base_url, tokenizer):
+    """The reply holds the complete calls only; the agent answers them and the run goes on after every sampled id."""
+    tid = f"t-{uuid.uuid4().hex}"
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    long_call = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "(1 \+ ){300}1"\}\}'
+    first = _chat(base_url, tid, messages, max_tokens=120, temperature=0.0,
+                  structured_outputs={"regex": CALL + r"\n" + long_call})  # fmt: skip
+    choice = first["choices"][0]
+    assert len(choice["token_ids"]) == 120 and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    messages += [choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "4"}]
+    second = _chat(base_url, tid, messages, max_tokens=4)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    glue = tokenizer.encode("\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    assert second["prompt_token_ids"] == first["prompt_token_ids"] + choice["token_ids"] + [end] + glue
+    record = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()
+    assert_captured_exactly(record, tokenizer, calls=2)
+    assert record["steps"][0]["info"]["finish_reason"] == "length"  # the engine's, while the reply said tool_calls
