@@ -20,7 +20,9 @@ the engine, with their logprobs.
 
 A constrained turn holds at most `max_tool_calls` calls (`MAX_TOOL_CALLS` unless configured; one when parallel calls
 are off or a function is named), separated by newlines, and ends after its last call: the grammar then only allows
-the end of the turn, so a model cannot write call after call until `max_tokens`.
+the end of the turn, so a model cannot write call after call until `max_tokens`. Under `auto` with parallel calls
+the output is free and the count unbounded; a turn cut by `max_tokens` there (as anywhere) still answers with the
+calls it completed (`ResponseBuilder.message`).
 
 `tool_choice_outputs` gives the same constraint for an engine request made outside the server (a rollout's
 `SamplingConfig.structured_outputs`), so that both paths can force tool calls with one grammar.
