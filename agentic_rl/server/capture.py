@@ -4,7 +4,10 @@ An agent written against the OpenAI API sends its whole history as text on every
 would re-tokenize earlier model output (and drift). Instead, when a chat request extends the previous call of the
 same trajectory (same messages, then the assistant message this server returned, then new observation messages),
 its prompt is built as: previous prompt ids + the ids the engine sampled + the template glue of the new messages
-(after a turn cut by `max_tokens`, the glue starts with the end-of-turn token the engine did not sample).
+(after a turn cut by `max_tokens`, the glue starts with the end-of-turn token the engine did not sample, and the
+ids of a call left unfinished by the cut stay in the run although the reply leaves that call out). The assistant
+message recorded is the one the client received, tool-call ids included, so the ids a client echoes back (the
+assistant message's `tool_calls[].id`, the tool messages' `tool_call_id`) are the recorded ones.
 Otherwise (history rewritten, e.g. summarized, or new messages the template cannot append exactly, such as a user
 message after a Qwen3 thinking turn) the prompt is rendered from the messages and a new run begins; the trajectory
 then has several runs, each exact. The runs are built by the same `RunRecorder` the rollout's turn loop uses. Message contents are encoded as plain text either way: only the
@@ -216,7 +219,9 @@ class TrajectoryRecorder:
             return None
         k = len(prev.messages)
         closed = prev.span[1] > prev.span[0] and response[prev.span[1] - 1] == renderer.end_of_turn_id
-        cut = prev.finish_reason == "length"  # the client holds all the sampled text, without an ending
+        # Cut by max_tokens: the client holds the sampled text (or the calls completed before the cut), without an
+        # ending; the run keeps every sampled id, the unfinished call's too, as the engine saw them.
+        cut = prev.finish_reason == "length"
         new = messages[k + 1 :]
         if not (
             (closed or cut)

@@ -13,10 +13,16 @@ the engine, with their logprobs.
 | `tool_choice`            | output                                                                            |
 |--------------------------|-----------------------------------------------------------------------------------|
 | `none`                   | text without `<tool_call>` (not parsed for calls)                                 |
-| `auto` (default)         | free text; `parallel_tool_calls=false` or `allowed_tools`: calls of those tools   |
-|                          | with schema-valid arguments, at most one when parallel calls are off              |
+| `auto` (default)         | free text; `parallel_tool_calls=false` or `allowed_tools`: text, then calls of    |
+|                          | those tools with schema-valid arguments (at most one when parallel calls are off) |
 | `required`               | only tool calls (one or more; exactly one when parallel calls are off)            |
 | `{"type": "function"}`   | exactly one call of that function                                                 |
+
+A constrained turn holds at most `max_tool_calls` calls (`MAX_TOOL_CALLS` unless configured; one when parallel calls
+are off or a function is named), separated by newlines, and ends after its last call: the grammar then only allows
+the end of the turn, so a model cannot write call after call until `max_tokens`. Under `auto` with parallel calls
+the output is free and the count unbounded; a turn cut by `max_tokens` there (as anywhere) still answers with the
+calls it completed (`ResponseBuilder.message`).
 
 `tool_choice_outputs` gives the same constraint for an engine request made outside the server (a rollout's
 `SamplingConfig.structured_outputs`), so that both paths can force tool calls with one grammar.
@@ -47,11 +53,18 @@ from agentic_rl.server.protocol import (
     parse_request,
 )
 
-__all__ = ["Constraint", "output_constraint", "tool_call_tag", "tool_choice_outputs"]
+__all__ = ["MAX_TOOL_CALLS", "Constraint", "output_constraint", "tool_call_tag", "tool_choice_outputs"]
 
 # Most whitespace characters in a row inside constrained JSON: enough for indented JSON, and a small model cannot
 # fill its whole budget with blanks.
 MAX_JSON_WHITESPACE = 16
+
+# Most tool calls in one constrained turn with parallel calls on: agents call a few tools at once, and a model that
+# would repeat calls until `max_tokens` ends its turn here instead.
+MAX_TOOL_CALLS = 8
+
+# What separates the calls of one turn (the chat templates join rendered calls with a newline).
+_CALL_SEPARATOR = "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,35 +97,59 @@ def _json_format(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
 
 
-def _calls_only(tools: list[FunctionTool], *, one: bool) -> dict[str, Any]:
-    return {"type": "tags_with_separator", "tags": [tool_call_tag(t) for t in tools], "separator": "\n",
-            "at_least_one": True, "stop_after_first": one}  # fmt: skip
+def _calls_only(tools: list[FunctionTool], *, most: int) -> dict[str, Any]:
+    """One to `most` calls of `tools`, newline-separated, and nothing else."""
+    if most == 1:
+        return {"type": "tags_with_separator", "tags": [tool_call_tag(t) for t in tools],
+                "separator": _CALL_SEPARATOR, "at_least_one": True, "stop_after_first": True}  # fmt: skip
+    return {"type": "sequence", "elements": [_any_call(tools), _more_calls(tools, most - 1)]}
 
 
-def _tool_format(request: ChatCompletionRequest, json_schema: dict[str, Any] | None) -> dict[str, Any] | None:
+def _any_call(tools: list[FunctionTool]) -> dict[str, Any]:
+    tags = [tool_call_tag(t) for t in tools]
+    return tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+
+
+def _more_calls(tools: list[FunctionTool], most: int) -> dict[str, Any]:
+    """Up to `most` further calls, each after the separator."""
+    call = {"type": "sequence", "elements": [{"type": "const_string", "value": _CALL_SEPARATOR}, _any_call(tools)]}
+    return {"type": "repeat", "min": 0, "max": most, "content": call}
+
+
+def _text_then_calls(tools: list[FunctionTool], *, most: int) -> dict[str, Any]:
+    """Free text, then optionally one to `most` calls of `tools` that end the turn."""
+    first = {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": [tool_call_tag(t) for t in tools],
+             "stop_after_first": True}  # fmt: skip
+    if most == 1:
+        return first
+    return {"type": "sequence", "elements": [first, _more_calls(tools, most - 1)]}
+
+
+def _tool_format(
+    request: ChatCompletionRequest, json_schema: dict[str, Any] | None, max_tool_calls: int
+) -> dict[str, Any] | None:
     """The structural-tag format for the request's tools and `tool_choice`, or None when the output is free."""
     tools = request.tools or []
     choice = request.tool_choice or ("auto" if tools else "none")
-    one = not request.parallel_tool_calls
+    most = max_tool_calls if request.parallel_tool_calls else 1
     if not tools or choice == "none":
         if json_schema is not None:
             return None  # the JSON constraint alone
         return {"type": "any_text", "excludes": [TOOL_CALL_OPEN]} if tools else None
     if isinstance(choice, NamedToolChoice):
         (tool,) = [t for t in tools if t.function.name == choice.function.name]
-        return _calls_only([tool], one=True)
+        return _calls_only([tool], most=1)
     mode = choice
     if isinstance(choice, AllowedToolsChoice):
         allowed = {t.function.name for t in choice.allowed_tools.tools}
         tools = [t for t in tools if t.function.name in allowed]
         mode = choice.allowed_tools.mode
     if mode == "required":
-        return _calls_only(tools, one=one)
+        return _calls_only(tools, most=most)
     if json_schema is not None:  # auto: the JSON answer, or calls
-        return {"type": "or", "elements": [_json_format(json_schema), _calls_only(tools, one=one)]}
-    if one or isinstance(choice, AllowedToolsChoice):
-        return {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": [tool_call_tag(t) for t in tools],
-                "stop_after_first": one}  # fmt: skip
+        return {"type": "or", "elements": [_json_format(json_schema), _calls_only(tools, most=most)]}
+    if most == 1 or isinstance(choice, AllowedToolsChoice):
+        return _text_then_calls(tools, most=most)
     return None
 
 
@@ -169,13 +206,24 @@ def _schema_problem(schema_json: str) -> str | None:
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-def output_constraint(request: SamplingFields) -> Constraint:
+def output_constraint(request: SamplingFields, *, max_tool_calls: int = MAX_TOOL_CALLS) -> Constraint:
     """The constraint a request asks for.
+
+    Args:
+        request: the parsed request.
+        max_tool_calls: the most calls a constrained turn may hold when parallel calls are on (at least 1).
+
+    Returns:
+        The constraint (free text: `params` None).
 
     Raises:
         RequestError: for a malformed `structured_outputs`, or one combined with `tool_choice` / `response_format`.
+        ValueError: if `max_tool_calls` is below 1.
     """
     from vllm.sampling_params import StructuredOutputsParams
+
+    if max_tool_calls < 1:
+        raise ValueError(f"max_tool_calls must be at least 1, got {max_tool_calls}")
 
     tool_format = json_schema = None
     parse_tools = False
@@ -185,7 +233,7 @@ def output_constraint(request: SamplingFields) -> Constraint:
             _check_schema(json_schema, "response_format.json_schema.schema")
         for i, tool in enumerate(request.tools or []):
             _check_schema(tool.parameters, f"tools.{i}.function.parameters")
-        tool_format = _tool_format(request, json_schema)
+        tool_format = _tool_format(request, json_schema, max_tool_calls)
         parse_tools = bool(request.tools) and request.tool_choice != "none"
     if request.structured_outputs is not None:
         if tool_format is not None or json_schema is not None:
@@ -204,19 +252,25 @@ def output_constraint(request: SamplingFields) -> Constraint:
 
 
 def tool_choice_outputs(
-    tools: Sequence[Mapping[str, Any]], tool_choice: Any = "required", *, parallel_tool_calls: bool = True
+    tools: Sequence[Mapping[str, Any]],
+    tool_choice: Any = "required",
+    *,
+    parallel_tool_calls: bool = True,
+    max_tool_calls: int = MAX_TOOL_CALLS,
 ) -> Any:
     """The structured-outputs constraint of a chat request with `tools`, `tool_choice` and `parallel_tool_calls`.
 
     The same `vllm.sampling_params.StructuredOutputsParams` the server builds for such a request (no
     `response_format`), for engine requests made outside the server, e.g. a rollout's
-    `SamplingConfig(structured_outputs=tool_choice_outputs(tools))`: every turn is then one or more schema-valid
-    calls (exactly one with `parallel_tool_calls=False`), as `tool_choice="required"` makes them on the server.
+    `SamplingConfig(structured_outputs=tool_choice_outputs(tools))`: every turn is then one to `max_tool_calls`
+    schema-valid calls (exactly one with `parallel_tool_calls=False`), as `tool_choice="required"` makes them on the
+    server.
 
     Args:
         tools: tool schemas in OpenAI's shape (`{"type": "function", "function": {"name", "parameters", ...}}`).
         tool_choice: `"none"`, `"auto"`, `"required"` or an OpenAI tool-choice object, as in a chat request.
         parallel_tool_calls: whether a turn may hold more than one call.
+        max_tool_calls: the most calls a turn may hold when parallel calls are on.
 
     Returns:
         The constraint, or None where the request would leave the output free (`"auto"` with parallel calls).
@@ -224,7 +278,8 @@ def tool_choice_outputs(
     Raises:
         RequestError: for malformed tools or `tool_choice` (e.g. naming a tool not among `tools`), or a parameter
             schema the engine cannot build a grammar from.
+        ValueError: if `max_tool_calls` is below 1.
     """
     body = {"messages": [{"role": "user", "content": ""}], "tools": [dict(t) for t in tools],
             "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls}  # fmt: skip
-    return output_constraint(parse_request(ChatCompletionRequest, body)).params
+    return output_constraint(parse_request(ChatCompletionRequest, body), max_tool_calls=max_tool_calls).params

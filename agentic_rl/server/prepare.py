@@ -19,7 +19,7 @@ from agentic_rl.engine.base import Engine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import RequestError
 from agentic_rl.server.capture import TrajectoryRecorder
-from agentic_rl.server.constraints import Constraint, output_constraint
+from agentic_rl.server.constraints import MAX_TOOL_CALLS, Constraint, output_constraint
 from agentic_rl.server.protocol import (
     TRAJECTORY_HEADER,
     ChatCompletionRequest,
@@ -81,6 +81,7 @@ class RequestPreparer:
         model_name: the only `model` a request may name (others get 404).
         recorder: the trajectory recorder that builds the prompts of tagged chat calls.
         max_tokens_cap: an upper bound on `max_tokens` (besides the model window), or None.
+        max_tool_calls: the most tool calls a constrained turn may hold (`tool_choice="required"`, ...).
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class RequestPreparer:
         model_name: str,
         recorder: TrajectoryRecorder,
         max_tokens_cap: int | None = None,
+        max_tool_calls: int = MAX_TOOL_CALLS,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -99,6 +101,9 @@ class RequestPreparer:
         self.model_name = model_name
         self.recorder = recorder
         self.max_tokens_cap = max_tokens_cap
+        if max_tool_calls < 1:
+            raise ValueError(f"max_tool_calls must be at least 1, got {max_tool_calls}")
+        self.max_tool_calls = max_tool_calls
         self._renderers: OrderedDict[str, ChatRenderer] = OrderedDict()
 
     def prepare(
@@ -181,7 +186,7 @@ class RequestPreparer:
             )
         except Exception as exc:  # the template refused these messages (e.g. roles out of the order it wants)
             raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
-        constraint = output_constraint(request)
+        constraint = output_constraint(request, max_tool_calls=self.max_tool_calls)
         sampling = self._sampling(request, len(prompt_ids), [renderer.end_of_turn_id], constraint)
         return PreparedCall(request, prompt_ids, sampling, tid, continued, weight_version=self.engine.weight_version,
                             messages=messages, tools=tools,

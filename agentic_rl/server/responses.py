@@ -16,7 +16,7 @@ from typing import Any
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Generation
 from agentic_rl.engine.turns import read_turn
-from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, find_tool_calls
+from agentic_rl.parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, find_tool_calls
 from agentic_rl.server.capture import CapturedTurn, TrajectoryRecorder
 from agentic_rl.server.prepare import PreparedCall
 from agentic_rl.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -76,15 +76,8 @@ class ResponseBuilder:
         if stops:
             text = text[: max(0, len(text) - (max(len(s) for s in stops) - 1))]
         if call.chat and call.constraint.parse_tools:
-            at = find_tool_calls(text)[0]  # calls inside <think> reasoning stay content
-            if at >= 0:
-                text = text[:at]
-            else:
-                for k in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
-                    if TOOL_CALL_OPEN.startswith(text[-k:]):
-                        text = text[:-k]
-                        break
-            text = text.rstrip()  # content before tool calls loses its trailing whitespace
+            at = _call_start(text)
+            text = (text if at is None else text[:at]).rstrip()  # content before calls loses trailing whitespace
         return text
 
     def message(self, call: PreparedCall, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
@@ -92,22 +85,27 @@ class ResponseBuilder:
 
         Calls are read as `parser.find_tool_calls` reads them (JSON or Qwen3-Coder XML inside `<tool_call>`, XML values
         typed by the request's tool schemas, none inside `<think>` reasoning); the content is the text before them.
+        A turn cut by `max_tokens` keeps the calls it completed (each closed by `</tool_call>`) as `tool_calls`, with
+        finish reason `tool_calls` (what OpenAI clients act on); the call it was writing when cut is left out, and
+        so is its markup: a cut turn without a complete call answers with its text before the first `<tool_call>`
+        (or before the start of one at its end) and finish reason `length`. The captured turn keeps the engine's
+        finish reason (`length`).
         """
-        calls, at = [], -1
-        if call.constraint.parse_tools and finish_reason == "stop" and TOOL_CALL_OPEN in text:
-            at, parsed = find_tool_calls(text, call.tools)
-            calls = [c for c in parsed if isinstance(c, ToolCall)]
-            if not all(_encodable(c.name) for c in calls):
-                calls = []
-        if not calls:
+        at = _call_start(text) if call.constraint.parse_tools and finish_reason in ("stop", "length") else None
+        if at is None:
             return {"role": "assistant", "content": text}, finish_reason
+        head = text[:at].rstrip()
+        calls = [c for c in find_tool_calls(_complete_calls(text, finish_reason), call.tools)[1] if isinstance(c, ToolCall)]
+        if not all(_encodable(c.name) for c in calls):
+            calls = []
+        if not calls:
+            return {"role": "assistant", "content": head if finish_reason == "length" else text}, finish_reason
         tool_calls = [
             {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
              "function": {"name": c.name, "arguments": _dumps(c.arguments)}}
             for c in calls
         ]  # fmt: skip
-        content = text[:at].rstrip() or None
-        return {"role": "assistant", "content": content, "tool_calls": tool_calls}, "tool_calls"
+        return {"role": "assistant", "content": head or None, "tool_calls": tool_calls}, "tool_calls"
 
     # ---- logprobs -------------------------------------------------------------------------------------------
 
@@ -176,6 +174,27 @@ def record_call(
         response_message=message, tools=call.tools, text=text, template_kwargs=call.template_kwargs,
         streamed=call.request.stream, weight_version=call.weight_version,
     ))  # fmt: skip
+
+
+def _call_start(text: str) -> int | None:
+    """Where the tool calls of `text` start: its first `<tool_call>` outside `<think>` reasoning
+    (`parser.find_tool_calls`), or a start of one at its very end; None if neither."""
+    at = find_tool_calls(text)[0] if TOOL_CALL_OPEN in text else -1
+    if at >= 0:
+        return at
+    for k in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
+        if TOOL_CALL_OPEN.startswith(text[-k:]):
+            return len(text) - k
+    return None
+
+
+def _complete_calls(text: str, finish_reason: str) -> str:
+    """The part of a turn's text that holds only whole calls: all of it, or up to the last `</tool_call>` of a turn
+    cut by `max_tokens` (the call being written when the turn was cut is incomplete)."""
+    if finish_reason != "length":
+        return text
+    end = text.rfind(TOOL_CALL_CLOSE)
+    return text[: end + len(TOOL_CALL_CLOSE)] if end >= 0 else ""
 
 
 def _encodable(text: str) -> bool:

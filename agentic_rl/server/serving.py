@@ -14,6 +14,7 @@ from typing import Any
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine
 from agentic_rl.server.capture import TrajectoryRecorder
+from agentic_rl.server.constraints import MAX_TOOL_CALLS
 from agentic_rl.server.engine_calls import generate_choices
 from agentic_rl.server.prepare import PreparedCall, RequestPreparer
 from agentic_rl.server.responses import ResponseBuilder, finite_logprobs, record_call
@@ -32,6 +33,7 @@ class OpenAIServing:
         model_name: the name clients pass as `model` (others get 404); also listed by `/v1/models`.
         recorder: where calls tagged with a trajectory id are captured (one is created if None).
         max_tokens_cap: an upper bound on `max_tokens` (besides the model window).
+        max_tool_calls: the most tool calls a constrained turn may hold (`tool_choice="required"`, ...).
     """
 
     def __init__(
@@ -42,6 +44,7 @@ class OpenAIServing:
         model_name: str,
         recorder: TrajectoryRecorder | None = None,
         max_tokens_cap: int | None = None,
+        max_tool_calls: int = MAX_TOOL_CALLS,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -51,7 +54,8 @@ class OpenAIServing:
         self.created = int(time.time())
         self.token_texts = TokenTexts(tokenizer)
         self.preparer = RequestPreparer(engine, tokenizer, self.renderer, model_name=model_name,
-                                        recorder=self.recorder, max_tokens_cap=max_tokens_cap)  # fmt: skip
+                                        recorder=self.recorder, max_tokens_cap=max_tokens_cap,
+                                        max_tool_calls=max_tool_calls)  # fmt: skip
         self.responses = ResponseBuilder(self.renderer, self.token_texts, model_name=model_name)
 
     @property

@@ -3,7 +3,8 @@
 The `n` choices stream at once, their deltas in arrival order. A running choice sends only text no later token can
 change (a stop string or a tool call may still cut it); its last delta sends the rest of the final content, its
 tool calls (a head with id and name, then the arguments) and the finish reason. The message is built by the same
-`ResponseBuilder` a whole response uses, so a streamed call is recorded exactly like a plain one.
+`ResponseBuilder` a whole response uses, once per choice: the recorded message is the one streamed, so a streamed
+call is recorded exactly like a plain one, tool-call ids included.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class ChunkStream:
 
 
 class _Choice:
-    """One choice's sampled ids as they grow, and the text already sent for it."""
+    """One choice's sampled ids as they grow, the text already sent for it, and once it ends, its final text and
+    the message sent (the one recorded: its tool-call ids are the ones the client received)."""
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -57,6 +59,8 @@ class _Choice:
         self.sent = ""
         self.started = False
         self.final: Generation | None = None
+        self.text = ""
+        self.message: dict[str, Any] | None = None
 
 
 async def stream_chunks(
@@ -120,10 +124,8 @@ async def stream_chunks(
     if call.trajectory_id is not None:
         c = choices[0]
         assert c.final is not None
-        gen = Generation(c.ids, c.logprobs, c.final.finish_reason, c.final.stop_reason)
-        text = responses.final_text(c.ids, gen.finish_reason, gen.stop_reason)
-        message = responses.message(call, text, gen.finish_reason)[0] if call.chat else None
-        record_call(recorder, call, gen, message, text)
+        record_call(recorder, call, Generation(c.ids, c.logprobs, c.final.finish_reason, c.final.stop_reason),
+                    c.message, c.text)  # fmt: skip
 
 
 def _delta_chunks(
@@ -159,12 +161,13 @@ def _closing_pieces(
 ) -> list[dict[str, Any]]:
     """The choice parts that close a choice: the rest of its content, its tool calls, its finish reason."""
     choice.final = delta
-    text = responses.final_text(choice.ids, delta.finish_reason, delta.stop_reason)
+    text = choice.text = responses.final_text(choice.ids, delta.finish_reason, delta.stop_reason)
     if call.chat:
         message, finish = responses.message(call, text, delta.finish_reason)
         content = message["content"] or ""
     else:
         message, finish, content = None, delta.finish_reason, text
+    choice.message = message
     if not content.startswith(choice.sent):  # cannot happen if visible_text only ever grows
         logger.warning("streamed text of %s diverged from the final text", call.id)
     new = content[len(choice.sent) :] if content.startswith(choice.sent) else ""

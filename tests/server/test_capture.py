@@ -266,3 +266,81 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_when_the_server_is_bu
     )
     with pytest.raises(TemplateError, match="rewrites the first turns.*messages"):
         OpenAIServing(engine, tokenizer, model_name=MODEL_NAME)
+
+
+def _streamed_calls(base_url: str, tid: str, body: dict) -> list[dict]:
+    """The tool calls of a streamed reply as the client assembles them (id and name from each call's head)."""
+    calls: dict[int, dict] = {}
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", headers={"X-Trajectory-Id": tid}, timeout=120,
+                      json={"model": MODEL_NAME, "tools": TOOLS, "stream": True, **body}) as r:  # fmt: skip
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                for part in choice.get("delta", {}).get("tool_calls") or []:
+                    call = calls.setdefault(part["index"], {"id": part.get("id"), "type": "function",
+                                                            "function": {"name": "", "arguments": ""}})  # fmt: skip
+                    call["function"]["name"] += part["function"].get("name") or ""
+                    call["function"]["arguments"] += part["function"].get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_tool_call_ids_the_client_receives_and_echoes_are_the_captured_ones(base_url, stream):
+    tid = f"t-{uuid.uuid4().hex}"
+    messages = [{"role": "user", "content": "What is 2 + 2, twice?"}]
+    body = {"messages": messages, "max_tokens": 128, "structured_outputs": {"regex": CALL + r"\n" + CALL}}
+    if stream:
+        calls = _streamed_calls(base_url, tid, body)
+        assistant = {"role": "assistant", "content": None, "tool_calls": calls}
+    else:
+        assistant = _chat(base_url, tid, **body)["choices"][0]["message"]
+        calls = assistant["tool_calls"]
+    ids = [c["id"] for c in calls]
+    assert len(ids) == 2 and len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+    results = [{"role": "tool", "tool_call_id": i, "content": "4"} for i in ids]
+    _chat(base_url, tid, [*messages, assistant, *results], max_tokens=4)
+
+    first, second = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()["steps"]
+    assert second["info"]["continued"]
+    recorded = first["chat_completions"][-1]
+    assert [c["id"] for c in recorded["tool_calls"]] == ids  # the reply's ids are the recorded ones
+    assert [c["function"] for c in recorded["tool_calls"]] == [c["function"] for c in calls]
+    echoed, *tool_messages = second["chat_completions"][len(messages) :][:3]
+    assert [c["id"] for c in echoed["tool_calls"]] == ids
+    assert [m["tool_call_id"] for m in tool_messages] == ids
+
+
+def test_n_streamed_choices_each_send_their_own_tool_call_ids(base_url):
+    r = httpx.post(f"{base_url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL_NAME, "messages": [{"role": "user", "content": "2 + 2?"}], "tools": TOOLS, "n": 2,
+        "stream": True, "max_tokens": 128, "structured_outputs": {"regex": CALL + r"\n" + CALL}})  # fmt: skip
+    assert r.status_code == 200
+    heads: dict[int, list[str]] = {0: [], 1: []}
+    for line in r.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                heads[choice["index"]] += [p["id"] for p in choice.get("delta", {}).get("tool_calls") or [] if "id" in p]
+    assert [len(h) for h in heads.values()] == [2, 2]
+    assert len(set(heads[0] + heads[1])) == 4
+
+
+def test_a_turn_cut_inside_a_call_continues_from_the_calls_it_returned(base_url, tokenizer):
+    """The reply holds the complete calls only; the agent answers them and the run goes on after every sampled id."""
+    tid = f"t-{uuid.uuid4().hex}"
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    long_call = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "(1 \+ ){300}1"\}\}'
+    first = _chat(base_url, tid, messages, max_tokens=120, temperature=0.0,
+                  structured_outputs={"regex": CALL + r"\n" + long_call})  # fmt: skip
+    choice = first["choices"][0]
+    assert len(choice["token_ids"]) == 120 and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    messages += [choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "4"}]
+    second = _chat(base_url, tid, messages, max_tokens=4)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    glue = tokenizer.encode("\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    assert second["prompt_token_ids"] == first["prompt_token_ids"] + choice["token_ids"] + [end] + glue
+    record = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()
+    assert_captured_exactly(record, tokenizer, calls=2)
+    assert record["steps"][0]["info"]["finish_reason"] == "length"  # the engine's, while the reply said tool_calls

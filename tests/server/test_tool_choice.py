@@ -12,7 +12,7 @@ import httpx
 import pytest
 from support.server import MODEL_NAME
 
-from agentic_rl.parser import TOOL_CALL_OPEN, ToolCall, parse_tool_calls
+from agentic_rl.parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, parse_tool_calls
 
 CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
               "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
@@ -67,12 +67,15 @@ def test_required_with_parallel_calls_writes_nothing_but_calls(base_url, tokeniz
     choice = _chat(base_url, tools=TOOLS, tool_choice="required", temperature=1.0, seed=3, max_tokens=160)
     text = _sampled_text(choice, tokenizer)
     assert text.startswith(TOOL_CALL_OPEN)
-    if choice["finish_reason"] == "tool_calls":
+    if choice["finish_reason"] == "tool_calls":  # also a turn cut by max_tokens after a call it completed
         calls = choice["message"]["tool_calls"]
-        assert len(calls) == text.count(TOOL_CALL_OPEN) >= 1
+        assert len(calls) == text.count(TOOL_CALL_CLOSE) >= 1  # the calls the turn completed
+        if choice["token_ids"][-1] == tokenizer.convert_tokens_to_ids("<|im_end|>"):  # it ended: every call opened
+            assert len(calls) == text.count(TOOL_CALL_OPEN)
         for call in calls:
             _assert_valid_call(call, {"calculator", "get_weather"})
-        assert all(isinstance(c, ToolCall) for c in parse_tool_calls(text))
+        complete = text[: text.rfind(TOOL_CALL_CLOSE) + len(TOOL_CALL_CLOSE)]
+        assert all(isinstance(c, ToolCall) for c in parse_tool_calls(complete))
 
 
 def test_a_named_function_is_the_one_called(base_url, tokenizer):
