@@ -9,6 +9,7 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -57,14 +58,15 @@ def limited(engine, gate) -> Iterator[tuple[str, _Gate]]:
     thread.stop()
 
 
-@pytest.fixture
-def server_log(caplog) -> Iterator[pytest.LogCaptureFixture]:
-    """Every record of the server's loggers, uvicorn's included (uvicorn's do not reach the root logger)."""
+@contextmanager
+def _server_log(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Capture every record of the server's loggers, uvicorn's included (uvicorn's do not reach the root logger).
+    Entered in the test itself: pytest captures each test phase with a handler of its own."""
     caplog.set_level(logging.DEBUG, logger="agentic_rl.server")
     uvicorn_logger = logging.getLogger("uvicorn")
     uvicorn_logger.addHandler(caplog.handler)
     try:
-        yield caplog
+        yield
     finally:
         uvicorn_logger.removeHandler(caplog.handler)
 
@@ -145,25 +147,27 @@ def test_health_and_other_calls_answer_while_a_large_prompt_is_tokenized(limited
     assert big.status_code == 400 and "model window" in big.json()["error"]["message"]  # tokenized, then refused
 
 
-def test_a_client_that_leaves_mid_body_leaves_no_traceback(limited, server_log):
+def test_a_client_that_leaves_mid_body_leaves_no_traceback(limited, caplog):
     url, _ = limited
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    for _ in range(3):
-        with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 5000\r\n\r\n{\"messages\": [")  # fmt: skip
-    _wait_for(server_log, "disconnected before sending its whole request")
-    assert httpx.get(f"{url}/health", timeout=60).status_code == 200
-    _no_tracebacks(server_log)
+    with _server_log(caplog):
+        for _ in range(3):
+            with socket.create_connection((host, int(port))) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json"
+                             b"\r\nContent-Length: 5000\r\n\r\n{\"messages\": [")  # fmt: skip
+        _wait_for(caplog, "disconnected before sending its whole request")
+        assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+        _no_tracebacks(caplog)
 
 
-def test_a_client_that_leaves_mid_stream_leaves_no_traceback(limited, server_log):
+def test_a_client_that_leaves_mid_stream_leaves_no_traceback(limited, caplog):
     url, _ = limited
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Count to a hundred."}], "stream": True,
             "max_tokens": 1000, "min_tokens": 1000}  # fmt: skip
-    with httpx.Client(timeout=300) as client, client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-        assert r.status_code == 200
-        next(r.iter_lines())
-    _wait_for(server_log, "a stream was left before its end")
-    assert httpx.get(f"{url}/health", timeout=60).status_code == 200
-    _no_tracebacks(server_log)
+    with _server_log(caplog):
+        with httpx.Client(timeout=300) as client, client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            next(r.iter_lines())
+        _wait_for(caplog, "a stream was left before its end")
+        assert httpx.get(f"{url}/health", timeout=60).status_code == 200
+        _no_tracebacks(caplog)
