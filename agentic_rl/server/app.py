@@ -134,6 +134,23 @@ def _call_headers(call: PreparedCall) -> dict[str, str]:
     return {DEFAULTS_HEADER: text.encode("ascii", "backslashreplace").decode("ascii")}
 
 
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors -> `error_response`; a client that disconnects mid-body -> a debug line, no traceback."""
+
+    @app.exception_handler(Exception)
+    async def _any_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(request: Request, _: ClientDisconnect) -> Response:
+        logger.debug("%s disconnected before sending its whole request to %s", _client(request), request.url.path)
+        return Response(status_code=400)  # nobody reads it
+
+
 def create_app(serving: OpenAIServing) -> FastAPI:
     """Build the app: `/v1/completions`, `/v1/chat/completions`, `/v1/models` (and `/v1/models/{id}`), `/health`, `/v1/trajectories/{id}`.
 
@@ -151,18 +168,7 @@ def create_app(serving: OpenAIServing) -> FastAPI:
     if serving.max_body_bytes is not None:
         app.add_middleware(BodyLimit, max_bytes=serving.max_body_bytes)
 
-    @app.exception_handler(Exception)
-    async def _any_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(RequestError)
-    async def _request_error(_: Request, exc: RequestError) -> JSONResponse:
-        return error_response(exc)
-
-    @app.exception_handler(ClientDisconnect)
-    async def _client_left(request: Request, _: ClientDisconnect) -> Response:
-        logger.debug("%s disconnected before sending its whole request to %s", _client(request), request.url.path)
-        return Response(status_code=400)  # nobody reads it
+    _add_error_handlers(app)
 
     async def answer(request: Request, *, chat: bool) -> Response:
         serving: OpenAIServing = app.state.serving
