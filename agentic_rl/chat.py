@@ -110,15 +110,19 @@ class ChatRenderer:
     Args:
         tokenizer: a `transformers` tokenizer with a chat template.
         template_kwargs: extra variables for the template on every render (e.g. `{"enable_thinking": False}`).
+        strict: raise when the tool loop cannot be followed token-exactly. With False (a server, which renders
+            each request's prompt whole) the reason is kept in `tool_loop_problem` and `append_problem` refuses
+            tool messages; the renderer still renders prompts.
 
     Raises:
-        TemplateError: if the tokenizer has no chat template, or the template cannot be followed token-exactly
-            through a tool loop: it fails to render one, drops tool messages, rewrites earlier turns once later
-            ones follow (e.g. strips the `<think>` blocks of earlier assistant turns, as the QwQ and DeepSeek-R1
-            distill templates do), or has no single end-of-turn token. The message names the reason.
+        TemplateError: if the tokenizer has no chat template or no single end-of-turn token, or (when `strict`) the
+            template cannot be followed token-exactly through a tool loop: it fails to render one, drops tool
+            messages, rewrites earlier turns once later ones follow (e.g. strips the `<think>` blocks of earlier
+            assistant turns, as the QwQ and DeepSeek-R1 distill templates do, or as Qwen3's does with
+            `enable_thinking=False`). The message names the reason.
     """
 
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None, *, strict: bool = True) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
@@ -134,9 +138,15 @@ class ChatRenderer:
         self.end_of_turn_id = self._single_token_id(self.end_of_turn_text)
         self._role_problems: dict[str, str | None] = {}
         problem = self._role_problem("tool")
-        if problem is not None:
+        if problem is not None and strict:
             raise TemplateError(problem)
         self._role_problem("user")
+
+    @property
+    def tool_loop_problem(self) -> str | None:
+        """Why the template cannot be followed token-exactly through a tool loop (only a renderer built with
+        `strict=False` has one), or None."""
+        return self._role_problems["tool"]
 
     def _init_special_tokens(self) -> None:
         decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}

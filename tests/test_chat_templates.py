@@ -108,6 +108,23 @@ def test_qwen3_takes_tool_results_exactly_but_refuses_user_messages_after_thinki
     assert "<think>\nMultiply" in renderer.render([*history, {"role": "tool", "content": "5"}])
 
 
+def test_qwen3_without_thinking_renders_prompts_but_keeps_its_tool_loop_problem_when_not_strict(tokenizers):
+    """With enable_thinking=False every generation prompt holds an empty <think> block the history drops: a tool loop
+    cannot be followed, yet one prompt renders as the template writes it."""
+    tok = tokenizers["Qwen3"]
+    no_think = {"enable_thinking": False}
+    with pytest.raises(TemplateError, match="opens a <think> block for the model and drops it"):
+        ChatRenderer(tok, template_kwargs=no_think)
+    renderer = ChatRenderer(tok, template_kwargs=no_think, strict=False)
+    assert renderer.tool_loop_problem is not None and "opens a <think> block" in renderer.tool_loop_problem
+    assert renderer.append_problem([{"role": "tool", "content": "5"}]) == renderer.tool_loop_problem
+    messages = [{"role": "user", "content": "Hi"}]
+    text = renderer.render(messages, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert renderer.prompt_ids(messages) == tok.encode(text, add_special_tokens=False)
+    assert ChatRenderer(tok, strict=False).tool_loop_problem is None
+
+
 def test_qwen3_last_assistant_turn_form_is_not_held_against_the_record(tokenizers):
     """Qwen3 writes an empty <think> block into the last assistant turn only: no prompt ever contained it."""
     tok = tokenizers["Qwen3"]

@@ -50,6 +50,27 @@ def _config_command(sub: Any, name: str, help_text: str, config: str, example: s
     p.add_argument("-v", "--verbose", action="store_true")
 
 
+def _serve_parser(sub: Any) -> None:
+    """The `serve` subcommand's options."""
+    s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
+    s.add_argument("--name", default=None, help="model name clients pass (default: the --model value)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=_bounded(int, 0, 65535), default=8000, help="0 picks a free port")
+    s.add_argument("--max-model-len", type=_bounded(int, 16), default=4096)
+    s.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
+    s.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0)
+    s.add_argument("--default", action="append", default=[], metavar="KEY=VALUE", dest="defaults",
+                   help="the server's default for a request field clients leave out, VALUE as JSON (repeatable), e.g. "
+                        "max_tokens=1024, temperature=1.0, top_k=0 or chat_template_kwargs='{\"enable_thinking\": "
+                        "false}'; left out: max_tokens 128, temperature 0.2, top_k 50 (a reply lists the defaults it "
+                        "took)")  # fmt: skip
+    s.add_argument("--max-body-mib", type=_bounded(float, 0.001), default=8.0,
+                   help="the largest request body accepted, in MiB (a larger one gets 413)")  # fmt: skip
+    s.add_argument("-v", "--verbose", action="store_true")
+
+
 def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
     """The `agentic-rl` parser; with `typed_only`, `rollout` options left out of the command line stay unset (to
     tell which options were given)."""
@@ -109,16 +130,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
                     "with the config it recorded (config.json); instead of --config, and without --set")  # fmt: skip
     _config_command(sub, "sft", "supervised fine-tuning for tool use on synthesized traces, from a YAML config",
                     "SFTConfig", "examples/sft_tools.yaml", "--set steps=10 --set traces=64", required=False)  # fmt: skip
-    s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
-                       formatter_class=fmt)  # fmt: skip
-    s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
-    s.add_argument("--name", default=None, help="model name clients pass (default: the --model value)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=_bounded(int, 0, 65535), default=8000, help="0 picks a free port")
-    s.add_argument("--max-model-len", type=_bounded(int, 16), default=4096)
-    s.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
-    s.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0)
-    s.add_argument("-v", "--verbose", action="store_true")
+    _serve_parser(sub)
     v = sub.add_parser("view", help="write a self-contained HTML page to browse a run's trajectories",
                        formatter_class=fmt)  # fmt: skip
     v.add_argument("run_dir", help="a folder written by 'agentic-rl rollout' or 'agentic-rl train'")
@@ -216,6 +228,29 @@ def _held_out_text(manifest: dict[str, Any]) -> str:
             f"({manifest['held_out_traces']} traces)")  # fmt: skip
 
 
+def _serve_defaults(pairs: list[str]) -> dict[str, Any]:
+    """`--default KEY=VALUE` options as a dict: VALUE read as JSON, else kept as a string.
+
+    Raises:
+        ConfigError: for an item without `=`, or a key or value a server default cannot take.
+    """
+    import json
+
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.server.protocol import check_defaults
+
+    defaults: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--default expects KEY=VALUE, got {pair!r}")
+        try:
+            defaults[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            defaults[key.strip()] = text
+    return check_defaults(defaults)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -227,12 +262,16 @@ def _run_serve(args: argparse.Namespace) -> int:
     from agentic_rl.models import resolve_model
     from agentic_rl.server.group import EngineServers
 
+    defaults = _serve_defaults(args.defaults)
     model_dir = resolve_model(args.model)
     engine = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=args.max_model_len, **dtype_option(args),
                                          kv_cache_gib=args.kv_cache_gib))  # fmt: skip
     engine.start_sync()
     name = args.name or args.model
     servers = EngineServers([engine], AutoTokenizer.from_pretrained(str(model_dir)), model_name=name)
+    for serving in servers.servings:
+        serving.defaults = defaults
+        serving.max_body_bytes = int(args.max_body_mib * 2**20)
     (address,) = servers.start(host=args.host, ports=[args.port])
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -8,6 +8,8 @@ and sets the sampling options and the output constraint. Every refusal is a `Req
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -17,18 +19,23 @@ from typing import Any
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine
 from agentic_rl.engine.sampling import SamplingConfig
-from agentic_rl.errors import RequestError
+from agentic_rl.errors import ConfigError, RequestError
 from agentic_rl.server.capture import TrajectoryRecorder
 from agentic_rl.server.constraints import MAX_TOOL_CALLS, Constraint, output_constraint
 from agentic_rl.server.protocol import (
+    REPORTED_DEFAULTS,
     TRAJECTORY_HEADER,
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
+    check_defaults,
+    omitted,
     parse_request,
 )
 
 __all__ = ["PreparedCall", "RequestPreparer"]
+
+logger = logging.getLogger(__name__)
 
 _PASS_THROUGH = ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "seed")
 _MAX_RENDERERS = 16
@@ -51,6 +58,11 @@ class PreparedCall:
         id: the response id (`chatcmpl-...` or `cmpl-...`).
         created: the response's creation time, in Unix seconds.
         weight_version: the engine's weight version when the call was prepared (recorded with a captured call).
+        defaulted: the server defaults the call took for fields its request left out (those of `REPORTED_DEFAULTS`
+            and those the server set), by field name.
+        capture_problem: for a captured chat call whose template cannot be followed token-exactly through a tool
+            loop, the reason (each such call then starts a new token run of its trajectory); else None.
+        client: who sent the call (`HOST User-Agent` over HTTP), to warn each client once.
     """
 
     request: SamplingFields
@@ -65,6 +77,9 @@ class PreparedCall:
     id: str = ""
     created: int = 0
     weight_version: int = 0
+    defaulted: dict[str, Any] = field(default_factory=dict)
+    capture_problem: str | None = None
+    client: str = "in-process"
 
     @property
     def chat(self) -> bool:
@@ -82,6 +97,11 @@ class RequestPreparer:
         recorder: the trajectory recorder that builds the prompts of tagged chat calls.
         max_tokens_cap: an upper bound on `max_tokens` (besides the model window), or None.
         max_tool_calls: the most tool calls a constrained turn may hold (`tool_choice="required"`, ...).
+        defaults: the server's own defaults for fields requests leave out (`check_defaults`); other fields keep
+            the request models' defaults.
+
+    Raises:
+        ConfigError: for an invalid `defaults` entry, or default `chat_template_kwargs` the template fails with.
     """
 
     def __init__(
@@ -94,6 +114,7 @@ class RequestPreparer:
         recorder: TrajectoryRecorder,
         max_tokens_cap: int | None = None,
         max_tool_calls: int = MAX_TOOL_CALLS,
+        defaults: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -105,6 +126,24 @@ class RequestPreparer:
             raise ValueError(f"max_tool_calls must be at least 1, got {max_tool_calls}")
         self.max_tool_calls = max_tool_calls
         self._renderers: OrderedDict[str, ChatRenderer] = OrderedDict()
+        self._lock = threading.Lock()  # calls are prepared in worker threads
+        self._warned: set[str] = set()
+        self.defaults = defaults or {}
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The server's own defaults for fields requests leave out."""
+        return self._defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        defaults = check_defaults(value)
+        if defaults.get("chat_template_kwargs"):
+            try:
+                self._renderer(defaults["chat_template_kwargs"])
+            except RequestError as exc:
+                raise ConfigError(f"invalid default chat_template_kwargs: {exc}") from None
+        self._defaults = defaults
 
     def prepare(
         self, body: Any, *, trajectory_id: str | None = None, chat: bool | None = None, streaming: bool | None = None
@@ -129,7 +168,7 @@ class RequestPreparer:
             if has_messages == has_prompt:
                 raise RequestError("the request needs exactly one of 'prompt' (completion) or 'messages' (chat)")
             chat = has_messages
-        request = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+        request = parse_request(ChatCompletionRequest if chat else CompletionRequest, body, self.defaults)
         if request.stream and streaming is False:
             raise RequestError("stream=true is served over HTTP (or `OpenAIServing.stream`); this call returns one "
                                "response", param="stream")  # fmt: skip
@@ -141,6 +180,8 @@ class RequestPreparer:
             call = self._prepare_completion(request, tid)
         call.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         call.created = int(time.time())
+        names = dict.fromkeys((*REPORTED_DEFAULTS, *self.defaults))
+        call.defaulted = {n: getattr(request, n) for n in names if hasattr(request, n) and omitted(body, n)}
         return call
 
     def _trajectory_id(self, request: SamplingFields, header_id: str | None) -> str | None:
@@ -160,21 +201,36 @@ class RequestPreparer:
         return tid
 
     def _renderer(self, template_kwargs: dict[str, Any] | None) -> ChatRenderer:
+        """The renderer for these `chat_template_kwargs` (built on first use, the last few kept); one whose tool loop
+        cannot be followed still renders prompts (`ChatRenderer(strict=False)`)."""
         if not template_kwargs:
             return self.renderer
         key = json.dumps(template_kwargs, sort_keys=True)
-        renderer = self._renderers.get(key)
+        with self._lock:
+            renderer = self._renderers.get(key)
         if renderer is None:
             try:
-                renderer = ChatRenderer(self.tokenizer, template_kwargs=template_kwargs)
+                renderer = ChatRenderer(self.tokenizer, template_kwargs=template_kwargs, strict=False)
             except Exception as exc:
                 raise RequestError(f"the chat template fails with these chat_template_kwargs: {exc}",
                                    param="chat_template_kwargs") from None  # fmt: skip
-            self._renderers[key] = renderer
+        with self._lock:
+            renderer = self._renderers.setdefault(key, renderer)
+            self._renderers.move_to_end(key)
             while len(self._renderers) > _MAX_RENDERERS:
                 self._renderers.popitem(last=False)
-        self._renderers.move_to_end(key)
         return renderer
+
+    def _capture_problem(self, renderer: ChatRenderer, tid: str | None) -> str | None:
+        """For a captured call, why its template cannot be followed through a tool loop (warned once per template
+        variables); None when it can, or for a call that is not captured."""
+        problem = renderer.tool_loop_problem if tid is not None else None
+        key = json.dumps(renderer.template_kwargs, sort_keys=True)
+        if problem is not None and key not in self._warned:
+            self._warned.add(key)
+            logger.warning("captured calls with chat_template_kwargs %s are not continued token by token, each starts "
+                           "a new token run of its trajectory: %s", key, problem)  # fmt: skip
+        return problem
 
     def _prepare_chat(self, request: ChatCompletionRequest, tid: str | None) -> PreparedCall:
         messages = [m.plain() for m in request.messages]
@@ -189,8 +245,9 @@ class RequestPreparer:
         constraint = output_constraint(request, max_tool_calls=self.max_tool_calls)
         sampling = self._sampling(request, len(prompt_ids), [renderer.end_of_turn_id], constraint)
         return PreparedCall(request, prompt_ids, sampling, tid, continued, weight_version=self.engine.weight_version,
-                            messages=messages, tools=tools,
-                            constraint=constraint, template_kwargs=request.chat_template_kwargs)  # fmt: skip
+                            messages=messages, tools=tools, constraint=constraint,
+                            template_kwargs=request.chat_template_kwargs,
+                            capture_problem=self._capture_problem(renderer, tid))  # fmt: skip
 
     def _prepare_completion(self, request: CompletionRequest, tid: str | None) -> PreparedCall:
         prompt_ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)

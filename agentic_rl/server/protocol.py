@@ -26,13 +26,15 @@ from pydantic import (
     model_validator,
 )
 
-from agentic_rl.errors import RequestError
+from agentic_rl.errors import ConfigError, RequestError
 from agentic_rl.parser import MAX_JSON_DEPTH, json_nesting_exceeds
 
 __all__ = [
+    "DEFAULTABLE_FIELDS",
     "IGNORED_FIELDS",
     "MAX_JSON_DEPTH",
     "MAX_TOKENS_LIMIT",
+    "REPORTED_DEFAULTS",
     "TRAJECTORY_HEADER",
     "UNSUPPORTED_FIELDS",
     "AllowedToolsChoice",
@@ -44,8 +46,10 @@ __all__ = [
     "JSONSchemaFormat",
     "NamedToolChoice",
     "SamplingFields",
+    "check_defaults",
     "check_json",
     "error_body",
+    "omitted",
     "parse_json",
     "parse_request",
 ]
@@ -66,6 +70,15 @@ UNSUPPORTED_FIELDS: dict[str, dict[str, Any]] = {
              "logit_bias": {}},
     "completion": {"echo": False, "best_of": 1, "suffix": None, "logit_bias": {}},
 }  # fmt: skip
+
+# Defaults a reply reports when its request leaves the field out: they differ from OpenAI's (which samples up to the
+# model window, at temperature 1, without top-k), so a client may not expect them.
+REPORTED_DEFAULTS = ("max_tokens", "temperature", "top_k")
+# Fields a server may give other defaults (`agentic-rl serve --default KEY=VALUE`); `chat_template_kwargs` is chat's.
+DEFAULTABLE_FIELDS = (
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "min_tokens", "frequency_penalty", "presence_penalty",
+    "repetition_penalty", "seed", "stop", "stop_token_ids", "chat_template_kwargs",
+)  # fmt: skip
 
 # Strict: an int is a number, a string such as "0.5" or a bool is a 400, as in the OpenAI API.
 _Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
@@ -501,8 +514,44 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def parse_request(model: type[SamplingFields], body: Any) -> SamplingFields:
+def omitted(body: dict[str, Any], name: str) -> bool:
+    """Whether a request body leaves the field `name` to its default: absent or null (for `max_tokens`, so is
+    `max_completion_tokens`)."""
+    names = (name, "max_completion_tokens") if name == "max_tokens" else (name,)
+    return all(body.get(n) is None for n in names)
+
+
+def check_defaults(defaults: dict[str, Any]) -> dict[str, Any]:
+    """Validate a server's own defaults for fields requests leave out.
+
+    Args:
+        defaults: field name -> value, as a request would send it (e.g. `{"max_tokens": 1024}`).
+
+    Returns:
+        A copy of `defaults`.
+
+    Raises:
+        ConfigError: naming a key that is not in `DEFAULTABLE_FIELDS`, or the first value a request could not hold.
+    """
+    for key in defaults:
+        if key not in DEFAULTABLE_FIELDS:
+            raise ConfigError(f"no server default can be set for {key!r}; one of: {', '.join(DEFAULTABLE_FIELDS)}")
+    try:
+        parse_request(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], **defaults})
+    except RequestError as exc:
+        raise ConfigError(f"invalid server default: {exc}") from None
+    return dict(defaults)
+
+
+def parse_request(
+    model: type[SamplingFields], body: Any, defaults: dict[str, Any] | None = None
+) -> SamplingFields:
     """Validate a request body.
+
+    Args:
+        model: `ChatCompletionRequest` or `CompletionRequest`.
+        body: the decoded JSON body.
+        defaults: the server's own defaults (`check_defaults`), taken for the fields the body leaves out.
 
     Raises:
         RequestError: 400 naming the first invalid field, its value and the rule.
@@ -510,6 +559,8 @@ def parse_request(model: type[SamplingFields], body: Any) -> SamplingFields:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
     check_json(body)
+    if defaults:
+        body = {**body, **{k: v for k, v in defaults.items() if k in model.model_fields and omitted(body, k)}}
     try:
         request = model.model_validate(_prepared(_REQUEST_KINDS[model], body))
     except ValidationError as exc:
