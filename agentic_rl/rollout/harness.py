@@ -23,7 +23,14 @@ from agentic_rl.engine.base import Engine, Generation
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.engine.turns import ABORTED, CUT, TurnEnd, read_turn
 from agentic_rl.environments.base import Sample, StepResult
-from agentic_rl.errors import AgenticRLError, EngineAbortedError, EngineTimeoutError, RewardError, TrajectoryError
+from agentic_rl.errors import (
+    AgenticRLError,
+    EngineAbortedError,
+    EngineTimeoutError,
+    EnvStepError,
+    RewardError,
+    TrajectoryError,
+)
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import action_text, split_thought
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
@@ -189,6 +196,9 @@ async def _reset(spec: RolloutSpec, state: _State) -> None:
     """`environment.reset`, then the memory of a new trajectory."""
     t0 = time.perf_counter()
     state.sample = await spec.environment.reset({**state.task, "trajectory_id": f"{state.task.get('id', state.idx)}-{state.idx}"})
+    if not isinstance(state.sample, Sample):
+        sample, state.sample = state.sample, None  # nothing to close
+        raise EnvStepError(f"reset() must return a Sample, got {type(sample).__name__}")
     state.metrics["env_time"] += time.perf_counter() - t0
     if spec.memory_factory is not None:
         state.memory = spec.memory_factory()

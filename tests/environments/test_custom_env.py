@@ -112,3 +112,22 @@ async def test_a_none_observation_appends_no_message(tokenizer):
 def test_guess_game_refuses_an_empty_range(guess_game):
     with pytest.raises(ValueError, match="low must be below high"):
         guess_game(low=5, high=5)
+
+
+async def test_a_reset_that_returns_no_sample_fails_its_trajectory_only(tokenizer):
+    class Sloppy(Environment):
+        async def reset(self, request: dict[str, Any]) -> Any:
+            if request["id"] == 1:
+                return {"messages": []}  # a dict, not a Sample
+            return Sample(id=request["trajectory_id"], task=request,
+                          messages=[{"role": "user", "content": request["question"]}])  # fmt: skip
+
+        async def step(self, sample: Sample) -> tuple[Any, bool, dict[str, Any]]:
+            return None, True, {}
+
+    spec = RolloutSpec(ScriptedEngine(tokenizer, lambda q, turn: "done"), Sloppy(), ChatRenderer(tokenizer),
+                       HarnessConfig(max_steps=2, max_prompt_length=1024, max_response_length=512))  # fmt: skip
+    tasks = [{"id": i, "question": "say", "ground_truth": "0"} for i in range(3)]
+    out = (await Rollout(spec, n_parallel_agents=3).run(tasks)).trajectories
+    assert [t.failed for t in out] == [False, True, False]
+    assert out[1].error == "EnvStepError: reset() must return a Sample, got dict"
