@@ -46,14 +46,21 @@ def test_two_loads_on_two_threads_each_count_their_own_casts(caplog):
     assert not loader.filters  # after the loads, vLLM's records pass as before
 
 
-def test_quiet_vllm_drops_the_start_up_noise_and_nothing_else(caplog, monkeypatch):
+def test_quiet_vllm_drops_the_start_up_noise_and_nothing_else(monkeypatch):
     import warnings
 
     from agentic_rl.engine.load_log import VERBOSE_ENV, quiet_vllm
 
     monkeypatch.delenv(VERBOSE_ENV, raising=False)
     cpu, worker = logging.getLogger("vllm.platforms.cpu"), logging.getLogger("vllm.v1.worker.cpu_worker")
-    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+    reached: list[logging.LogRecord] = []  # read at the loggers: once vLLM is imported, its records do not propagate
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = reached.append
+    for logger in (cpu, worker):
+        logger.addHandler(handler)
+        monkeypatch.setattr(logger, "level", logging.DEBUG)  # whatever level an earlier engine start left
+        monkeypatch.setattr(logger, "filters", [])  # a live engine (another test's) keeps its own quiet filter
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with quiet_vllm():
             cpu.warning("Triton is not installed. triton-cpu is expected on x86 CPUs.")
@@ -66,7 +73,9 @@ def test_quiet_vllm_drops_the_start_up_noise_and_nothing_else(caplog, monkeypatc
         monkeypatch.setenv(VERBOSE_ENV, "1")
         with quiet_vllm():
             worker.warning("libiomp is not found in LD_PRELOAD.")  # verbose: kept
-    assert [r.getMessage()[:24] for r in caplog.records] == [
+    for logger in (cpu, worker):
+        logger.removeHandler(handler)
+    assert [r.getMessage()[:24] for r in reached] == [
         "the KV cache does not fi", "Triton is not installed.", "libiomp is not found in "]  # fmt: skip
     assert [str(w.message) for w in caught] == ["a user warning"]
 
