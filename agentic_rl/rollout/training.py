@@ -174,9 +174,7 @@ def load_classes(*, tools: Sequence[str | PluginRef], environment: PluginRef | N
     if environment is not None:
         cls = environment.load(what="environment", base=Environment)
         _check_kwargs(environment, cls, "environment")
-        if tools and not issubclass(cls, ToolEnvironment) and "tools" not in _parameters(cls):
-            raise ConfigError(f"environment {environment.path!r} takes no 'tools' argument, but tools were given: set "
-                              "tools: [] or give the environment its tools through environment.kwargs")  # fmt: skip
+        _takes_tools(environment, cls, tools)
     if agent is not None:
         _check_kwargs(agent, agent.load(what="agent", base=BaseEngineWrapper), "agent")
 
@@ -251,15 +249,24 @@ def _build_environment(ref: PluginRef | None, tools: list[Any], renderer: ChatRe
     if ref is None:
         return ToolEnvironment.for_renderer(tools, renderer)
     cls = ref.load(what="environment", base=Environment)
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"tools": tools} if _takes_tools(ref, cls, tools) else {}
     if issubclass(cls, ToolEnvironment):
-        extra = {"tools": tools, "tools_in_system_prompt": not renderer.supports_tools}
-    elif "tools" in inspect.signature(cls).parameters:
-        extra = {"tools": tools}
-    elif tools:
+        extra["tools_in_system_prompt"] = not renderer.supports_tools
+    return ref.build(what="environment", base=Environment, **extra)
+
+
+def _takes_tools(ref: PluginRef, cls: type, tools: Sequence[Any]) -> bool:
+    """Whether the environment class is given the tools (a `ToolEnvironment`, or a constructor with `tools`).
+
+    Raises:
+        ConfigError: if it takes none while tools were given.
+    """
+    if issubclass(cls, ToolEnvironment) or "tools" in _parameters(cls):
+        return True
+    if tools:
         raise ConfigError(f"environment {ref.path!r} takes no 'tools' argument, but tools were given: set tools: [] "
                           "or give the environment its tools through environment.kwargs")  # fmt: skip
-    return ref.build(what="environment", base=Environment, **extra)
+    return False
 
 
 def _build_agent(ref: PluginRef, engine: Engine, renderer: ChatRenderer, tokenizer: Any, harness: HarnessConfig,
