@@ -125,10 +125,29 @@ class SampleLedger:
             return list(self._samples.get(key, ()))
 
     def clear(self) -> None:
-        """Drop every recorded output (the loop does so at the start of each training rollout)."""
+        """Drop every recorded output."""
         with self._lock:
             self._samples.clear()
             self._count = 0
+
+    def forget_before(self, weight_version: int) -> int:
+        """Drop the outputs sent to the engine before it reached `weight_version` (what the training loop does
+        once no record that may still be trained can hold them).
+
+        Returns:
+            How many outputs were dropped.
+        """
+        with self._lock:
+            dropped = 0
+            for key in list(self._samples):
+                kept = [s for s in self._samples[key] if s.weight_version >= weight_version]
+                dropped += len(self._samples[key]) - len(kept)
+                if kept:
+                    self._samples[key] = kept
+                else:
+                    del self._samples[key]
+            self._count -= dropped
+            return dropped
 
     def check_run(self, run: TokenRun) -> RunCheck:
         """Check that every sampled span of `run` is what the engine sampled (rules in the module docstring).
