@@ -360,3 +360,13 @@ async def test_captured_trajectories_of_the_server_over_a_recording_engine_pass(
     assert all(len(t.runs) >= 2 for t in trajectories)
     assert _assert_every_run_passes(recording.ledger, trajectories) >= 4
     assert "the engine sampled" in recording.ledger.check_run(_tampered(trajectories[1].runs[0])).reason
+
+
+def test_forget_before_drops_only_outputs_sent_before_that_weight_version():
+    ledger = SampleLedger()
+    for version in (0, 1, 1, 2):
+        ledger.record([1, 2, version], [7, 8], [-0.5, -0.25], version)
+    assert ledger.forget_before(1) == 1 and len(ledger) == 3
+    assert ledger.samples([1, 2, 0]) == [] and len(ledger.samples([1, 2, 1])) == 2
+    assert ledger.forget_before(1) == 0
+    assert ledger.forget_before(3) == 3 and len(ledger) == 0
