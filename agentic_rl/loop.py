@@ -386,6 +386,7 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     the whole rollout), one GRPO step on their trajectories in a worker thread, then the new weights into the engine
     (asleep during the GRPO step when `engine.sleep_while_training`; generation paused during it with the `pause`
     placement, running on with `overlap`). Their task ids go to the task ids file, in training order."""
+    from agentic_rl.rollout.continuous import drop_stale_groups
     from agentic_rl.rollout.training import refuse_untrainable
 
     config = run.config
@@ -396,6 +397,7 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     with run.task_ids.open("a") as f:
         f.write(json.dumps({"step": step + 1, "task_ids": [_task_id(g.task) for g in groups]}, default=str) + "\n")
     trajectories = [t for g in groups for t in g.trajectories]
+    dropped = drop_stale_groups(groups, run.engine.weight_version, config.rollout.max_staleness)
     refused = refuse_untrainable(trajectories, run.rollout.ledger)
     if all(t.failed for t in trajectories):  # each says why in its `error` (rollouts/step_K.jsonl)
         logger.warning("step %d: every trajectory of this rank failed or was refused: none trains", step + 1)
@@ -418,7 +420,7 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     sync_s = time.perf_counter() - t0
     run.rollout.ledger.forget_before(run.engine.weight_version - config.rollout.max_staleness)  # none trainable
     run.feed.step_done()
-    counts = {"trained": len(groups), "failed": sum(g.failed for g in groups), "dropped_stale": 0,
+    counts = {"trained": len(groups) - dropped, "failed": sum(g.failed for g in groups) - dropped, "dropped_stale": dropped,
               "in_flight": len(run.feed.groups)}  # fmt: skip
     task_ids = [_task_id(g.task) for g in groups for _ in g.trajectories]
     return StepFigures(trajectories, refused, stats, rollout_s, sync_s, time.perf_counter() - started, counts,
