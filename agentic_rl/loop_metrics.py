@@ -107,7 +107,7 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
         "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
         "failed": sum(t.failed for t in trajectories), "refused": figures.refused,
         "response_length": stats["response_length"],
-        "tokens_per_s": generated / max(figures.rollout_s, 1e-9),
+        "tokens_per_s": generated / max(figures.step_s, 1e-9),
         "samples_per_s": len(trajectories) / max(figures.step_s, 1e-9), "rollout_seconds": figures.rollout_s,
         "train_seconds": stats["train_seconds"], "sync_seconds": figures.sync_s, "step_seconds": figures.step_s,
         "logprob_diff": _nan_if_none(stats["logprob_diff"]),  # NaN: no row here
@@ -126,8 +126,8 @@ def metrics_row(dist: Any, step: int, figures: StepFigures, *, weight_version: i
 
     It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed
     trajectories, the GRPO step's losses, KL, gradient norm and clip fractions, the response length, throughput
-    (`tokens_per_s`: generated tokens per second waited; `samples_per_s`: trajectories trained per second of the
-    step, summed over ranks) and timings, `logprob_diff` (the engine-trainer logprob gap, over the ranks that
+    (`tokens_per_s` and `samples_per_s`: generated tokens and trajectories trained per second of the step, end to
+    end, summed over ranks) and timings, `logprob_diff` (the engine-trainer logprob gap, over the ranks that
     measured it; None when none did), the step's token accounting summed over ranks (`tokens_sampled` =
     `tokens_trained` + `tokens_excluded`), the off-policy correction's importance weights (`is_*`), trained tokens
     and the engine-trainer logprob gap by version lag (`tokens_lag_j`, `logprob_gap_lag_j`), the groups trained,

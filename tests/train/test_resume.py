@@ -110,7 +110,7 @@ def test_train_resume_is_given_alone_and_a_new_run_does_not_overwrite_an_old_one
 # ---- killed runs, end to end -------------------------------------------------------------------------------------
 
 STEPS, PER_STEP = 4, 2 * 3  # trajectories (reward calls) per step: 2 tasks x 3 samples
-TIMING = {"rollout_seconds", "train_seconds", "sync_seconds", "tokens_per_s"}  # wall-clock, differs between runs
+TIMING = {"rollout_seconds", "train_seconds", "sync_seconds", "step_seconds", "tokens_per_s", "samples_per_s"}  # wall-clock, differs between runs
 
 
 def _rows(run_dir: Path) -> list[dict]:
