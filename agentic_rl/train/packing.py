@@ -164,7 +164,8 @@ class PackedBatch:
         response_real = torch.nonzero(real[p:]).flatten()
         r = int(response_real[-1]) + 1 if response_real.numel() else 0
         wide = {k: getattr(picked, k)[:, lead : p + r] for k in ("input_ids", "attention_mask", "position_ids")}
-        narrow = {k: getattr(picked, k)[:, :r] for k in ("responses", "response_mask", "old_logprobs", "weight_versions")}
+        per_token = ("responses", "response_mask", "old_logprobs", "weight_versions")
+        narrow = {k: getattr(picked, k)[:, :r] for k in per_token}
         return dataclasses.replace(picked, **wide, **narrow, prompt_width=p - lead)
 
 
@@ -283,7 +284,7 @@ def _assemble(rows: list[_Row], p: int, r: int, pad_token_id: int, trajectory_re
         old_logprobs = _pad(logprobs, r, 0.0, "right") * response_mask
     weight_versions = torch.full((len(rows), r), INSERTED_VERSION, dtype=torch.long)
     if any(x.versions is not None for x in rows):
-        per_row = [x.versions if x.versions is not None else torch.full_like(x.response, INSERTED_VERSION) for x in rows]
+        per_row = [torch.full_like(x.response, INSERTED_VERSION) if x.versions is None else x.versions for x in rows]
         weight_versions = _pad(per_row, r, INSERTED_VERSION, "right")
     # Positions count real tokens from 0; left padding is 0 and right padding repeats the last position.
     offset = torch.arange(p + r) - (p - lp)[:, None]
