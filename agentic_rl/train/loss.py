@@ -10,7 +10,13 @@ import torch
 
 from agentic_rl.errors import ConfigError, TrajectoryError
 from agentic_rl.train.buckets import length_buckets
-from agentic_rl.train.off_policy import ImportanceWeights, OffPolicyConfig, importance_weights, sequence_sums
+from agentic_rl.train.off_policy import (
+    LOG_RATIO_MAX,
+    ImportanceWeights,
+    OffPolicyConfig,
+    importance_weights,
+    sequence_sums,
+)
 from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length, suffix_inputs
 
 __all__ = ["LOG_RATIO_MAX", "LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
@@ -131,10 +137,6 @@ def _forward_takes(model: torch.nn.Module, argument: str) -> bool:
         return argument in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
-
-
-LOG_RATIO_MAX = 20.0
-"""Upper bound (nats) on a log-ratio before `exp`, in the policy ratio and in the k3 KL (see `grpo_loss`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,9 +35,11 @@ from pydantic import Field
 
 from agentic_rl.config import Config
 
-__all__ = ["ImportanceWeights", "OffPolicyConfig", "importance_weights", "lag_sums", "sequence_sums"]
+__all__ = ["LOG_RATIO_MAX", "ImportanceWeights", "OffPolicyConfig", "importance_weights", "lag_sums", "sequence_sums"]
 
-_LOG_WEIGHT_MAX = 20.0  # nats: exp bound of log w, as `loss.LOG_RATIO_MAX` (e^20 stays finite in float32)
+LOG_RATIO_MAX = 20.0
+"""Upper bound (nats) on a log-ratio before `exp`: in the policy ratio and the k3 KL (see `loss.grpo_loss`) and in the
+importance weight (`importance_weights`)."""
 
 
 class OffPolicyConfig(Config):
@@ -103,7 +105,7 @@ def importance_weights(
     """
     on = response_mask.bool()
     log_w = torch.where(on, proximal_logprobs.detach().float() - behaviour_logprobs.float(), 0.0)
-    raw = torch.exp(torch.clamp(log_w, max=_LOG_WEIGHT_MAX))
+    raw = torch.exp(torch.clamp(log_w, max=LOG_RATIO_MAX))
     none = torch.zeros_like(on)
     if config.correction == "tis":
         truncated = on & (raw > config.tis_cap)
