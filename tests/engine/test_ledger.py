@@ -48,6 +48,12 @@ class FakeTrainableEngine(FakeEngine):
         self.weight_version += 1
         return 0.0
 
+    async def pause_generation(self) -> None:
+        return None
+
+    async def resume_generation(self) -> None:
+        return None
+
     async def sleep(self, level: int = 1) -> bool:
         return False
 
