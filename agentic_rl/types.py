@@ -115,7 +115,9 @@ class TokenRun:
             if self.weight_versions == []:
                 self.weight_versions = None
 
-    def sample(self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int | Sequence[int]) -> tuple[int, int]:
+    def sample(
+        self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int | Sequence[int]
+    ) -> tuple[int, int]:
         """Append tokens the engine sampled; returns their span `[start, end)` in `response_ids`.
 
         Args:

@@ -103,8 +103,10 @@ async def test_a_request_in_flight_across_a_weight_update_has_each_tokens_versio
     ids_b = [t for d in deltas for t in d.token_ids]
     assert recording.ledger.samples(PROMPT_B)[-1].weight_versions.tolist() == streamed
     assert recording.ledger.samples(PROMPT_A)[-1].weight_versions.tolist() == a.weight_versions
-    for prompt, ids, logprobs, versions in ((PROMPT_A, a.token_ids, a.logprobs, a.weight_versions),
-                                            (PROMPT_B, ids_b, [x for d in deltas for x in d.logprobs], streamed)):
+    for prompt, ids, logprobs, versions in (
+        (PROMPT_A, a.token_ids, a.logprobs, a.weight_versions),
+        (PROMPT_B, ids_b, [x for d in deltas for x in d.logprobs], streamed),
+    ):
         run = TokenRun(prompt)
         run.sample(ids, logprobs, versions)
         assert run.weight_versions == versions
