@@ -394,8 +394,10 @@ class Step:
         observation: what the model saw before acting: the user question on turn 0, later the previous
             action's result; None when not recorded.
         model_response: the full assistant text of this turn.
-        info: details of this turn: finish reason, sampled token count, weight version, `llm_time_s` and
-            `env_time_s` (seconds in the engine and in the environment), tool-call counts and errors.
+        info: details of this turn: finish reason, sampled token count, `weight_version` (the engine's when the
+            turn was sent), `weight_versions` (`[min, max]` of its tokens' versions: they differ when the weights
+            changed while the turn was sampled), `llm_time_s` and `env_time_s` (seconds in the engine and in the
+            environment), tool-call counts and errors.
         reward: step reward.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).
