@@ -64,13 +64,31 @@ class _Sampled:
     top_logprobs: list[dict[int, float]] | None = None
     deliver: Callable[[Generation], None] | None = None
 
-    def add(self, delta: Generation) -> None:
-        """Append one step's new tokens (a `Generation` with `weight_versions` set)."""
-        self.token_ids.extend(delta.token_ids)
-        self.logprobs.extend(delta.logprobs)
-        self.weight_versions.extend(delta.weight_versions or ())
+    def add(self, completion: Any, weight_version: int) -> None:
+        """Append the tokens of one engine step (vLLM's DELTA `CompletionOutput`), all sampled at `weight_version`.
+
+        Raises:
+            EngineError: if a sampled token has no logprob (nothing is appended then).
+        """
+        ids = list(completion.token_ids)
+        logprobs = _sampled_logprobs(ids, completion.logprobs)
         if self.top_logprobs is not None:
-            self.top_logprobs.extend(delta.top_logprobs or ())
+            positions = completion.logprobs
+            self.top_logprobs.extend(_top_logprobs(positions) if positions is not None else [{} for _ in ids])
+        self.token_ids.extend(ids)
+        self.logprobs.extend(logprobs)
+        self.weight_versions.extend([weight_version] * len(ids))
+
+    def since(self, start: int) -> Generation:
+        """The tokens from position `start` on, as an item of a stream (`finish_reason` "")."""
+        tops = self.top_logprobs
+        return Generation(
+            token_ids=self.token_ids[start:],
+            logprobs=self.logprobs[start:],
+            finish_reason="",
+            top_logprobs=None if tops is None else tops[start:],
+            weight_versions=self.weight_versions[start:],
+        )
 
 
 class EngineThread:
@@ -201,18 +219,18 @@ class EngineThread:
         if sampled is None:  # aborted meanwhile
             return
         completion = output.outputs[0]
-        try:
-            delta = self._delta(completion, sampled.top_logprobs is not None)
-        except Exception as exc:
-            self._sampled.pop(request_id)
-            result = self.pending.pop(request_id, None)
-            if result is not None:  # vLLM finishes the request; its later outputs are dropped
-                result.set_exception(EngineError(f"could not read engine output: {exc}"))
-            return
-        if delta.token_ids:
-            sampled.add(delta)
+        if completion.token_ids:
+            start = len(sampled.token_ids)
+            try:
+                sampled.add(completion, self.weight_version)
+            except Exception as exc:
+                self._sampled.pop(request_id)
+                result = self.pending.pop(request_id, None)
+                if result is not None:  # vLLM finishes the request; its later outputs are dropped
+                    result.set_exception(EngineError(f"could not read engine output: {exc}"))
+                return
             if sampled.deliver is not None and not output.finished:
-                _hand_over(sampled.deliver, delta)
+                _hand_over(sampled.deliver, sampled.since(start))
         if not output.finished:
             return
         del self._sampled[request_id]
@@ -223,18 +241,6 @@ class EngineThread:
                 finish_reason=completion.finish_reason or "abort", stop_reason=completion.stop_reason,
                 top_logprobs=sampled.top_logprobs, weight_versions=sampled.weight_versions,
             ))  # fmt: skip
-
-    def _delta(self, completion: Any, top: bool) -> Generation:
-        """The tokens one engine step sampled for a request (vLLM's DELTA output), with their weight version."""
-        new_ids = list(completion.token_ids)
-        logprobs = completion.logprobs
-        return Generation(
-            token_ids=new_ids,
-            logprobs=_sampled_logprobs(new_ids, logprobs),
-            finish_reason="",
-            top_logprobs=_top_logprobs(logprobs) if top and logprobs is not None and new_ids else None,
-            weight_versions=[self.weight_version] * len(new_ids),
-        )
 
     def fail_all(self, exc: EngineError) -> None:
         """Fail every pending request with `exc` (when the thread ends)."""
