@@ -140,6 +140,15 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
     return kwargs
 
 
+def _set_paused(worker: EngineThread, paused: bool) -> Callable[[Any], None]:
+    """A `call` function that pauses (or resumes) the engine thread's stepping; it runs on that thread."""
+
+    def set_paused(llm: Any) -> None:
+        worker.paused = paused
+
+    return set_paused
+
+
 def _refresh_tied_lm_head(model: Any) -> None:
     head = getattr(model, "lm_head", None)
     method = getattr(head, "quant_method", None)
@@ -178,14 +187,14 @@ class VLLMEngine:
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
-        self._worker = EngineThread()  # the engine thread's state; the event loop only sends it messages
+        # The engine thread's state; the event loop only sends it messages (and reads its weight version).
+        self._worker = EngineThread(config.weight_version)
         self._thread: threading.Thread | None = None
         self._ready: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._ids = itertools.count()
         self._max_model_len = config.max_model_len
         self._dead: BaseException | None = None
         self._closed = False
-        self._weight_version = config.weight_version
         self.last_weight_sync: str | None = None  # how the last `update_weights` loaded (the path, for logs/tests)
 
     @property
@@ -315,6 +324,7 @@ class VLLMEngine:
                 finish_reason=final.finish_reason,
                 stop_reason=final.stop_reason,
                 top_logprobs=None if final.top_logprobs is None else final.top_logprobs[sent:],
+                weight_versions=None if final.weight_versions is None else final.weight_versions[sent:],
             )
         finally:
             if not result.done() or result.cancelled():
@@ -322,8 +332,38 @@ class VLLMEngine:
 
     @property
     def weight_version(self) -> int:
-        """How many weight updates the weights went through (`config.weight_version` = those it was built with)."""
-        return self._weight_version
+        """How many weight updates the weights went through (`config.weight_version` = those it was built with).
+
+        The engine thread bumps it inside `update_weights`, between two engine steps, so it is the version of the
+        weights the next engine step samples with; the `weight_versions` of each `Generation` are read from it.
+        """
+        return self._worker.weight_version
+
+    @property
+    def generation_paused(self) -> bool:
+        """True between `pause_generation` and `resume_generation` (as the engine thread last saw them)."""
+        return self._worker.paused
+
+    async def pause_generation(self) -> None:
+        """Stop sampling until `resume_generation`, keeping every request in flight and its KV cache.
+
+        Once this returns, the engine thread runs no engine step: requests in flight keep the tokens sampled so far
+        (a stream has been handed every one of them), new requests are accepted and wait, and `call` and
+        `update_weights` still run, so the tokens sampled after resuming carry the new `weight_version`.
+        Idempotent; `close()` while paused fails what is pending, as always.
+
+        Raises:
+            EngineError: if the engine is not running.
+        """
+        await self.call(_set_paused(self._worker, True))
+
+    async def resume_generation(self) -> None:
+        """Sample again after `pause_generation`: paused and waiting requests continue. Idempotent.
+
+        Raises:
+            EngineError: if the engine is not running.
+        """
+        await self.call(_set_paused(self._worker, False))
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> float:
         """Load new weights into the running engine, in place, between two engine steps.
@@ -333,7 +373,9 @@ class VLLMEngine:
         preempted, so that their KV is recomputed with the new weights on the next step (they keep the tokens
         sampled so far), and the prefix cache is reset. Where that reset cannot be done at once (a vLLM without
         preemption on reset), requests that arrive later wait until the requests in flight have finished and the
-        reset succeeded. `weight_version` goes up by one.
+        reset succeeded. `weight_version` goes up by one on the engine thread, before its next step: a request in
+        flight has the old version on the tokens sampled before and the new one on those after
+        (`Generation.weight_versions`).
 
         How the weights are loaded follows `config.weight_sync`: on vLLM's CPU backend, an in-place copy through the
         model's own loaders that re-packs only layers served from a packed copy (see `weight_copy`); elsewhere, or
@@ -358,7 +400,7 @@ class VLLMEngine:
             tied = getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
             weights = [(n, t) for n, t in tensors if not (tied and n.endswith("lm_head.weight"))]
             why_not = "weight_sync is 'reload'" if self.config.weight_sync == "reload" else weight_copy.unavailable(llm)
-            with counted_casts(f"weight sync to version {self._weight_version + 1}"):
+            with counted_casts(f"weight sync to version {self._worker.weight_version + 1}"):
                 if why_not is None:
                     stats = weight_copy.copy_weights(llm, weights, self._worker.scratch)
                     path = f"in-place copy of {stats.tensors} tensors, {stats.repacked} layers re-packed"
@@ -367,14 +409,14 @@ class VLLMEngine:
                     if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
                         llm.apply_model(_refresh_tied_lm_head)
                     path = f"vLLM reload_weights (in-place copy not used: {why_not})"
-            # Set on the engine thread before it takes any further request from the inbox.
+            # Both set on the engine thread before its next step and before it takes any further request.
+            self._worker.weight_version += 1
             self._worker.stale_cache = not _drop_old_kv(llm)
             return time.perf_counter() - t0, path
 
         seconds, path = await self.call(load)
-        self._weight_version += 1
         self.last_weight_sync = path
-        logger.info("weights updated to version %d in %.2f s: %s", self._weight_version, seconds, path)
+        logger.info("weights updated to version %d in %.2f s: %s", self._worker.weight_version, seconds, path)
         return seconds
 
     def _can_sleep(self) -> bool:
