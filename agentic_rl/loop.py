@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from agentic_rl.engine.base import TrainableEngine
+from agentic_rl.engine.base import PausableEngine, TrainableEngine
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop_config import (
     EngineSection,
@@ -311,6 +311,9 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
     try:
         if not isinstance(engine, TrainableEngine):
             raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
+        if r.max_staleness and r.placement == "pause" and not isinstance(engine, PausableEngine):
+            raise ConfigError(f"rollout.placement 'pause' needs an engine that can pause generation, got "
+                              f"{type(engine).__name__}: use placement 'overlap'")  # fmt: skip
         rollout = build_training_rollout(engine, renderer, tokenizer, harness=harness, n_parallel_agents=r.n_parallel_agents,
                                          tools=config.tools, reward_fn=reward_fn, environment=config.environment,
                                          agent=config.agent)  # fmt: skip
@@ -390,7 +393,8 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     from agentic_rl.rollout.training import refuse_untrainable
 
     config = run.config
-    sleep, pause = config.engine.sleep_while_training, config.rollout.placement == "pause"
+    sleep = config.engine.sleep_while_training
+    pause = config.rollout.placement == "pause" and config.rollout.max_staleness > 0  # lockstep has nothing to pause
     t0 = time.perf_counter()
     groups = await run.feed.next_step(step)
     rollout_s = time.perf_counter() - t0

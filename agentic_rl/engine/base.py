@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentic_rl.engine.sampling import SamplingConfig
 
-__all__ = ["Engine", "Generation", "StreamingEngine", "TrainableEngine", "sampled_versions"]
+__all__ = ["Engine", "Generation", "PausableEngine", "StreamingEngine", "TrainableEngine", "sampled_versions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +105,23 @@ class TrainableEngine(Engine, Protocol):
         """
         ...
 
+    async def sleep(self, level: int = 1) -> bool:
+        """Free accelerator memory while the trainer runs; False (a no-op) where the engine cannot sleep."""
+        ...
+
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
+        """Reallocate what `sleep` freed (`tags`: `["weights"]`, then `["kv_cache"]`); False where a no-op."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the engine; requests still in flight fail with `EngineError`. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class PausableEngine(TrainableEngine, Protocol):
+    """A `TrainableEngine` whose generation can pause while the trainer steps (`rollout.placement: pause`)."""
+
     async def pause_generation(self) -> None:
         """Stop sampling until `resume_generation`: requests in flight keep their tokens and KV cache, new requests
         are accepted and wait, and `update_weights` still works (the tokens sampled after resuming carry the new
@@ -122,16 +139,4 @@ class TrainableEngine(Engine, Protocol):
         Raises:
             EngineError: if the engine is not running.
         """
-        ...
-
-    async def sleep(self, level: int = 1) -> bool:
-        """Free accelerator memory while the trainer runs; False (a no-op) where the engine cannot sleep."""
-        ...
-
-    async def wake_up(self, tags: list[str] | None = None) -> bool:
-        """Reallocate what `sleep` freed (`tags`: `["weights"]`, then `["kv_cache"]`); False where a no-op."""
-        ...
-
-    async def close(self) -> None:
-        """Stop the engine; requests still in flight fail with `EngineError`. Idempotent."""
         ...

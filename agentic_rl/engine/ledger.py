@@ -137,8 +137,8 @@ class SampleLedger:
             self._count = 0
 
     def forget_before(self, weight_version: int) -> int:
-        """Drop the outputs sent to the engine before it reached `weight_version` (what the training loop does
-        once no record that may still be trained can hold them).
+        """Drop the outputs whose first token was sampled before the engine reached `weight_version`, and empty
+        outputs (what the training loop does once no record that may still be trained can hold them).
 
         Returns:
             How many outputs were dropped.
@@ -146,7 +146,7 @@ class SampleLedger:
         with self._lock:
             dropped = 0
             for key in list(self._samples):
-                kept = [s for s in self._samples[key] if s.weight_version >= weight_version]
+                kept = [s for s in self._samples[key] if s.weight_versions and s.weight_versions[0] >= weight_version]
                 dropped += len(self._samples[key]) - len(kept)
                 if kept:
                     self._samples[key] = kept
