@@ -125,7 +125,9 @@ async def test_the_trainer_computes_the_policy_and_the_reference_under_its_sampl
                               config=GRPOConfig(kl_coef=0.1), sampling=distribution)  # fmt: skip
         metrics[name] = trainer.train_step(trajectories, group_ids=[0] * PROMPTS)
     report = {name: {key: m[key] for key in ("logprob_diff", "kl", "clip_fraction")} for name, m in metrics.items()}
+    print(report)
     # Before the update the policy is the reference, so the KL is 0 only if both see the same distribution; and
-    # the policy's logprobs are the engine's.
+    # the policy's logprobs are the engine's. Measured: with the sampling, logprob_diff 4e-6 nats and no token
+    # clipped; without it, 0.40 nats and a third of the tokens (0.34) clipped before any update.
     assert metrics["with"]["logprob_diff"] < 1e-3, report
     assert metrics["with"]["kl"] < 1e-6 and metrics["with"]["clip_fraction"] == 0.0, report
