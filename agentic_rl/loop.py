@@ -270,6 +270,8 @@ def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict
                                "seed": config.seed + dist.rank, "enable_sleep_mode": engine.sleep_while_training}  # fmt: skip
     if engine.max_model_len:
         options["max_model_len"] = engine.max_model_len
+    if _distribution(config) is not None:  # the sampled token's logprob under the distribution it was drawn from
+        options["logprobs_mode"] = "processed"
     if state is not None:  # the engine starts from the checkpoint's weights (fp32), at their version
         options["weight_version"] = state["weight_version"]
         if engine.dtype == "auto":  # the dtype the model's own folder asks for, as in the first process
@@ -346,7 +348,22 @@ def _make_trainer(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Pat
     from agentic_rl.train.trainer import GRPOTrainer
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-    return GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
+    return GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist,
+                       sampling=_distribution(config))  # fmt: skip
+
+
+def _distribution(config: TrainConfig) -> Any:
+    """The distribution the rollout samples from (temperature, top-k, top-p), which the trainer's logprobs follow
+    and the engine reports processed logprobs of; None for plain sampling (temperature 1, no truncation), where
+    the raw and processed logprobs are the same.
+
+    Raises:
+        ConfigError: for sampling options the trainer cannot follow (temperature 0, min_p, penalties, logit bias).
+    """
+    from agentic_rl.train.logprobs import SamplingDistribution
+
+    distribution = SamplingDistribution.of(config.rollout.sampling)
+    return None if distribution.is_plain else distribution
 
 
 def _feed(run: _Run, state: dict[str, Any] | None) -> Any:

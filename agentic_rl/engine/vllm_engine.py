@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentic_rl.config import Config
 from agentic_rl.engine import weight_copy
@@ -69,8 +69,16 @@ class VLLMEngineConfig(Config):
             blocks only, so each turn's continuation recomputes the history's last, partial block: with vLLM's CPU
             default of 128 that was ~80 tokens per continuation (a multi-turn rollout prefilled 31% more tokens
             than the same work in one request); 32 is the smallest block vLLM's CPU backend took here.
-        logprobs_mode: vLLM's `logprobs_mode`: `raw_logprobs` (before temperature / top-p) or
-            `processed_logprobs` (of the distribution actually sampled from).
+        logprobs_mode: which distribution the recorded logprob of each sampled token is of (vLLM's
+            `logprobs_mode`; its names `raw_logprobs` / `processed_logprobs` are taken too). `raw`: the model's own
+            softmax, before anything `SamplingConfig` changes. `processed`: the distribution the token was sampled
+            from, as vLLM 0.32's `Sampler` builds it, in this order: allowed-token and bad-word masks, `min_tokens`
+            (stop tokens masked until then) and `logit_bias`, the repetition / frequency / presence penalties,
+            the temperature, `min_p`, then top-k and top-p (renormalized over the tokens they keep). The trainer
+            reproduces the temperature, top-k and top-p (`train.logprobs.SamplingDistribution`, `GRPOTrainer`'s
+            `sampling`), not the rest. A greedy request (temperature 0) reports log softmax of the penalized
+            logits. vLLM's FlashInfer and ROCm samplers cannot report processed logprobs; vLLM falls back to its
+            PyTorch sampler on those GPUs.
         enable_sleep_mode: let `sleep()` free engine memory while training (GPU/NPU only; ignored on the CPU).
         weight_version: the `weight_version` of the weights in `model` (a resumed training run starts its engine from
             a checkpoint that many updates in).
@@ -90,11 +98,17 @@ class VLLMEngineConfig(Config):
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
     enable_prefix_caching: bool = True
     block_size: Annotated[int, Field(ge=1)] | None = None
-    logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] = "raw_logprobs"
+    logprobs_mode: Literal["raw", "processed"] = "raw"
     enable_sleep_mode: bool = False
     weight_version: Annotated[int, Field(ge=0)] = 0
     weight_sync: Literal["in_place", "reload"] = "in_place"
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("logprobs_mode", mode="before")
+    @classmethod
+    def _vllm_logprobs_mode_name(cls, value: Any) -> Any:
+        names = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
+        return names.get(value, value) if isinstance(value, str) else value
 
 
 #: KV block size on the CPU, so that a turn's continuation recomputes at most 31 tokens of history the prefix cache
@@ -118,7 +132,7 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
         "seed": config.seed,
         "max_num_seqs": config.max_num_seqs,
         "enable_prefix_caching": config.enable_prefix_caching,
-        "logprobs_mode": config.logprobs_mode,
+        "logprobs_mode": f"{config.logprobs_mode}_logprobs",
     }
     from ascend.device import current_platform
 

@@ -10,6 +10,7 @@ import torch
 
 from agentic_rl.errors import ConfigError, TrajectoryError
 from agentic_rl.train.buckets import length_buckets
+from agentic_rl.train.logprobs import SamplingDistribution, sampling_logprobs, token_logprobs
 from agentic_rl.train.off_policy import (
     LOG_RATIO_MAX,
     ImportanceWeights,
@@ -22,28 +23,8 @@ from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_leng
 __all__ = ["LOG_RATIO_MAX", "LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] per position, computed row by row to bound memory.
-
-    Args:
-        logits: (B, T, V) float.
-        targets: (B, T) int64.
-
-    Returns:
-        (B, T) float32 log-probabilities in nats.
-    """
-    # A (T, V) float32 copy at a time instead of (B, T, V). Rows come from `unbind`, whose backward stacks the B row
-    # gradients once; indexing `logits[i]` instead made every row's backward a zero-filled (B, T, V) tensor, summed
-    # B times (12% of a SmolLM2-135M SFT step on the CPU).
-    rows = [
-        row.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1)
-        for row, target in zip((r.float() for r in logits.unbind(0)), targets.unbind(0), strict=True)
-    ]
-    return torch.stack(rows) if rows else torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
-
-
 def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = True,  # noqa: ANN001
-                      bucket: bool = True) -> torch.Tensor:  # fmt: skip
+                      bucket: bool = True, distribution: SamplingDistribution | None = None) -> torch.Tensor:  # fmt: skip
     """Log-probabilities the model gives each response token of a packed batch (`PackedBatch`).
 
     Only the columns that predict response tokens go through the output head when the model takes
@@ -57,6 +38,10 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
     - `bucket`: rows of similar length run as separate forward passes, each padded only to its own rows
       (`train.buckets.length_buckets`), and their logprobs are put back in row order.
 
+    With a `distribution` (the engine's temperature, top-k and top-p), each logprob is that of the tempered,
+    truncated and renormalized distribution the engine sampled from (`sampling_logprobs`), what vLLM reports with
+    `logprobs_mode="processed_logprobs"`; None or a plain one: the model's own softmax (`token_logprobs`).
+
     Returns:
         (B, R) float32; the logits predicting response token j come from column P - 1 + j. Columns past a row's
         last real response token hold 0 or the logprob of a pad token (masked by `response_mask` either way).
@@ -66,16 +51,16 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
     if not _forward_takes(model, "logits_to_keep"):
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                   "position_ids": batch.position_ids}  # fmt: skip
-        return token_logprobs(model(**inputs).logits[:, p - 1 : p - 1 + r], batch.responses)
+        return sampling_logprobs(model(**inputs).logits[:, p - 1 : p - 1 + r], batch.responses, distribution)
     k = shared_prefix_length(batch.input_ids, batch.attention_mask, p) if share_prefix else 0
     cache = _prefix_cache(model, batch, k) if k >= MIN_SHARED_PREFIX else None
     k = k if cache is not None else 0
     groups = length_buckets(batch.attention_mask, p, skip=k) if bucket else []
     if len(groups) < 2:
-        return _logprobs(model, batch, cache, k)
+        return _logprobs(model, batch, cache, k, distribution)
     parts = []
     for rows in groups:
-        part = _logprobs(model, batch.select(rows, trim=True), cache, k)
+        part = _logprobs(model, batch.select(rows, trim=True), cache, k, distribution)
         parts.append(torch.nn.functional.pad(part, (0, r - part.shape[1])))
     order = torch.cat(groups)
     inverse = torch.empty_like(order)
@@ -112,8 +97,10 @@ def _plain_full_attention(cache: object) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
-def _logprobs(model: torch.nn.Module, batch, cache, k: int) -> torch.Tensor:  # noqa: ANN001
-    """(B, R) response logprobs of one forward pass; rows read their first k tokens from `cache` when k > 0."""
+def _logprobs(model: torch.nn.Module, batch, cache, k: int,  # noqa: ANN001
+              distribution: SamplingDistribution | None = None) -> torch.Tensor:  # fmt: skip
+    """(B, R) response logprobs (under `distribution`, `sampling_logprobs`) of one forward pass; rows read their
+    first k tokens from `cache` when k > 0."""
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
     if k:
         grown = cache.get_seq_length() - k  # what an earlier group's pass appended to the prefix
@@ -128,7 +115,7 @@ def _logprobs(model: torch.nn.Module, batch, cache, k: int) -> torch.Tensor:  # 
     r = batch.responses.shape[1]
     width = inputs["input_ids"].shape[1]
     keep = torch.arange(width - r - 1, width - 1, device=batch.input_ids.device)
-    return token_logprobs(model(**inputs, logits_to_keep=keep).logits, batch.responses)
+    return sampling_logprobs(model(**inputs, logits_to_keep=keep).logits, batch.responses, distribution)
 
 
 def _forward_takes(model: torch.nn.Module, argument: str) -> bool:

@@ -17,6 +17,7 @@ from agentic_rl.config import Config
 from agentic_rl.errors import TrainingError
 from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
+from agentic_rl.train.logprobs import SamplingDistribution
 from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
 from agentic_rl.train.off_policy import OffPolicyConfig, lag_sums
 from agentic_rl.train.optim import adamw, load_optimizer_state
@@ -164,6 +165,10 @@ class GRPOTrainer:
         dist: the data-parallel context under torchrun: the loss is normalized by the response tokens (or
             sequences) of all its ranks and the gradients are averaged across them (`_accumulate_gradients`). A DDP
             wrapper's ranks need it too; without it the normalizers count this process's rows only.
+        sampling: the distribution the engine sampled from (its temperature, top-k, top-p), for an engine that
+            records it (`VLLMEngineConfig.logprobs_mode="processed"`): the policy's and the reference's logprobs are
+            then computed under it (`response_logprobs`), so the importance ratio compares like with like. None
+            (default): the model's own softmax, for an engine recording raw logprobs.
 
     Attributes:
         steps_done: `train_step` calls so far.
@@ -172,8 +177,10 @@ class GRPOTrainer:
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, config: GRPOConfig | None = None,
-                 reference: torch.nn.Module | None = None, dist: DistContext | None = None) -> None:  # fmt: skip
+                 reference: torch.nn.Module | None = None, dist: DistContext | None = None,
+                 sampling: SamplingDistribution | None = None) -> None:  # fmt: skip
         self.model = model
+        self.sampling = sampling
         self.dist = dist
         if dist is not None:
             dist.broadcast_params_(model)  # identical start on every rank
@@ -321,11 +328,11 @@ class GRPOTrainer:
             normalizer: the loss's divisor (`_StepRows.loss_normalizer`).
         """
         cfg = self.config
-        new = response_logprobs(self.model, micro)
+        new = response_logprobs(self.model, micro, distribution=self.sampling)
         ref = None
         if self._with_kl:
             with torch.no_grad():
-                ref = response_logprobs(self.reference, micro)
+                ref = response_logprobs(self.reference, micro, distribution=self.sampling)
         out = grpo_loss(new, micro.old_logprobs, advantages, micro.response_mask,
                         clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
                         ref_logprobs=ref, kl_coef=cfg.kl_coef, loss_agg_mode=cfg.loss_agg_mode,
