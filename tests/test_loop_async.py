@@ -61,3 +61,17 @@ def test_staleness_one_trains_every_task_once_within_the_bound(tmp_path, placeme
         for record in map(json.loads, (run_dir / f"rollouts/step_{step}.jsonl").read_text().splitlines()):
             versions = [v for v, m in zip(record["weight_versions"], record["response_mask"], strict=True) if m]
             assert versions and all(step - 2 <= v <= step - 1 for v in versions)
+
+
+@pytest.mark.slow
+def test_truncated_sampling_is_trained_on_the_distribution_it_was_drawn_from(tmp_path):
+    """With temperature 0.7 and top_p 0.8 the engine reports processed logprobs and the trainer computes the same
+    tempered, truncated distribution: before the first update they agree (importance weights of 1)."""
+    path = write_train_config(tmp_path, steps=1)
+    config = yaml.safe_load(path.read_text())
+    config["rollout"]["sampling"].update(temperature=0.7, top_p=0.8)
+    path.write_text(yaml.safe_dump(config))
+    run(cli_command("train", "--config", str(path), "--no-progress"))
+    (row,) = _rows(tmp_path / "run")
+    assert row["logprob_diff"] < 1e-3
+    assert row["is_weight_mean"] == pytest.approx(1.0, abs=0.01) and row["is_truncated_fraction"] == 0.0
