@@ -17,9 +17,10 @@ stands still from the step's start to the end of its sync (in-flight turns resum
 on. Every duration is multiplied by a time factor (1/30; 1/60 with `--quick`) so that the run takes minutes.
 
 **Part B, the real engine and trainer on this CPU**: `agentic_rl.loop.run_training` on the small tool model of
-`examples/train_arithmetic.yaml` (smollm2-135m-tools, `arithmetic:train:4096:1`, calculator), each case in its own
-process, through `LatencyEnvironment` (below): the calculator environment plus a tool latency on every step that
-runs a tool call. The numbers come from each run's metrics.jsonl.
+`examples/train_arithmetic.yaml` (smollm2-135m-tools, `arithmetic:train:4096:1`, calculator, 2 turns, its sampling
+and optimizer), each case in its own process, through `LatencyEnvironment` (below): the calculator environment plus
+a tool latency on every step that runs a tool call. 4 tasks x 8 samples per step, 8 steps (`--quick`: 2 x 4, 4
+steps, latencies x 1/4); n_parallel_agents = a step's samples, as in part A. The figures come from metrics.jsonl.
 
 Figures, per case: trained samples per second = trajectories trained / total wall of the steps (sum of
 `step_seconds`: from the end of one step to the end of the next, the first from the loop's start), and its ratio to
@@ -27,17 +28,26 @@ k = 0. Per step: R = time waited for the step's groups (`rollout_seconds`), T = 
 
 - Part A bound: lockstep takes L = R0 + T0 per step (means at k = 0). With agent slots always busy, a batch needs
   at least R_eff = (agent-seconds of the trajectories trained) / (steps * n_parallel_agents) of rollout wall, so no
-  overlap does better than max(R_eff, T) per step: bound = L / max(R_eff, T), from the case's own R_eff and T.
-  Measured in lockstep, R_eff is an optimistic figure for overlap, whose fuller batches make each token slower.
-  Bounded staleness adds a limit of its own: batch t is admitted when step t - k - 1 ends and step t trains only
-  once batch t's last group is in (slow groups are waited for, never dropped), so k + 1 steps take at least one
-  batch's rollout wall plus one train step: `k bound` = L / max(R_eff, T, L / (k + 1)).
-- Part B bound: on 2 cores the engine and the trainer share the CPU, so compute does not overlap compute; only the
-  engine's idle time can be hidden. `LatencyEnvironment` measures W, the seconds during which every trajectory in
-  flight was waiting on a tool (the engine had nothing to do). Per lockstep step the CPU is busy L0 - W, and a step
-  needs at least T0: bound = L0 / max(T0, L0 - W), W per step from the k = 0 run (L0, T0: its means).
+  overlap does better than max(R_eff, T) per step: bound = L / max(R_eff, T), R_eff and T from the case's own
+  steps (how close the scheduler came, given the trajectories as they ran). Bounded staleness adds a limit of its
+  own: batch t is admitted when step t - k - 1 ends and step t trains only once batch t's last group is in (slow
+  groups are waited for, never dropped), so k + 1 steps take at least one batch's rollout wall plus one train step:
+  `k bound` = L / max(R_eff, T, L / (k + 1)) (optimistic: overlap's fuller batches make each token slower than
+  in lockstep).
+- Part B bound: on this CPU the engine and the trainer share the cores, so the overlap can only fill cores that
+  lockstep leaves unused: while every trajectory in flight waits on a tool (W, measured by `LatencyEnvironment`:
+  the engine has nothing to do), and while a step's few last requests or the trainer leave a core idle. A lockstep
+  step does C0 CPU-seconds of work (the run's process, all threads: `time.process_time` per step from the end of
+  step 1 on; the reward workers' small share is left out), which takes at least C0 / cores on this machine's
+  cores, and the loop trains step by step, so a step lasts at least T0: bound = L0 / max(T0, C0 / cores), with
+  L0 (mean step seconds), T0 and C0 from the k = 0 run. It is optimistic where the overlap's train step is slower
+  for sharing the cores, pessimistic where threads spinning while they wait count CPU time that did no work.
 
-    .venv/bin/python benchmarks/async_training.py [--quick] [--part a|b|ab] [--seed S] [--out FILE]
+Goals: part A, k = 2 (overlap) >= 2x lockstep with slow tools; part B, k = 1 (overlap) >= 1.5x lockstep with slow
+tools and >= 0.8 of the bound at both tool latencies. Part B trains a real model: run it alone, e.g.
+
+    flock /tmp/heavy.lock .venv/bin/python benchmarks/async_training.py [--quick] [--part a|b|ab] [--seed S]
+        [--placements overlap,pause] [--runs-dir DIR] [--out FILE]
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ from agentic_rl.rollout.continuous import ContinuousRollout
 Z99 = NormalDist().inv_cdf(0.99)
 TOOLS = {"slow": (2.0, 20.0), "fast": (0.05, 0.5)}  # median and p99 seconds
 MODEL = "smollm2-135m-tools"
+CORES = os.cpu_count() or 1
 CASES = [(0, "overlap"), (1, "overlap"), (2, "overlap"), (1, "pause"), (2, "pause")]
 
 # Part A: the simulated engine, trainer and workload (seconds before the time factor).
@@ -349,27 +360,34 @@ def train_config(tools: str, k: int, placement: str, quick: bool, seed: int, out
 
 
 def train_case(config_path: str) -> None:
-    """Run one part B case (in its own process): `run_training` on the config JSON at `config_path`."""
+    """Run one part B case (in its own process): `run_training` on the config JSON at `config_path`, then write
+    `clock.json` into its output folder: after each step, wall seconds (`time.perf_counter`) and the CPU seconds
+    of this process, every thread counted (`time.process_time`: the in-process engine, the trainer, the harness)."""
     from agentic_rl.loop import TrainConfig, run_training
 
-    run_training(TrainConfig.model_validate(json.loads(Path(config_path).read_text())))
+    config = TrainConfig.model_validate(json.loads(Path(config_path).read_text()))
+    marks: list[dict[str, float]] = []
+    run_training(config, on_step=lambda row: marks.append({"wall": time.perf_counter(), "cpu": time.process_time()}))
+    (Path(config.output_dir) / "clock.json").write_text(json.dumps(marks))
 
 
 def read_run(out_dir: Path) -> dict[str, Any]:
     """A finished part B run's figures (`summarize` of its metrics.jsonl), the engine's idle seconds per step
-    (`LatencyEnvironment`), and the trained tokens by weight-version lag."""
+    (`LatencyEnvironment`), its CPU seconds per step (`clock.json`) and the trained tokens by weight-version lag."""
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     metrics = [m for m in metrics if "step_seconds" in m]
     rows = [{"rollout_s": m["rollout_seconds"], "train_s": m["train_seconds"], "sync_s": m["sync_seconds"],
              "step_s": m["step_seconds"], "trajectories": m["trajectories"]} for m in metrics]  # fmt: skip
     latency = json.loads((out_dir / "latency.json").read_text())
+    clock = json.loads((out_dir / "clock.json").read_text())  # CPU per step from the end of step 1 on
+    cpu_s = (clock[-1]["cpu"] - clock[0]["cpu"]) / max(len(clock) - 1, 1)
     lags: dict[str, int] = {}
     for m in metrics:
         for key, value in m.items():
             if key.startswith("tokens_lag_"):
                 lags[key.removeprefix("tokens_")] = lags.get(key.removeprefix("tokens_"), 0) + int(value or 0)
-    return {**summarize(rows), "idle_s": latency["idle_s"] / len(rows), "tool_calls": latency["tool_calls"],
-            "tool_s": latency["tool_s"], "tokens_by": lags, "rows": metrics}  # fmt: skip
+    return {**summarize(rows), "idle_s": latency["idle_s"] / len(rows), "cpu_s": cpu_s,
+            "tool_calls": latency["tool_calls"], "tool_s": latency["tool_s"], "tokens_by": lags, "rows": metrics}  # fmt: skip
 
 
 def part_b(quick: bool, seed: int, placements: list[str], runs_dir: Path) -> list[dict[str, Any]]:
@@ -396,7 +414,7 @@ def part_b(quick: bool, seed: int, placements: list[str], runs_dir: Path) -> lis
                     "process_s": time.perf_counter() - t0}  # fmt: skip
             lock = next(r for r in results if r["tools"] == tools and r["k"] == 0) if k else case
             case["ratio"] = case["samples_per_s"] / lock["samples_per_s"]
-            case["bound"] = lock["step_s"] / max(lock["train_sync_s"], lock["step_s"] - lock["idle_s"])
+            case["bound"] = lock["step_s"] / max(lock["train_sync_s"], lock["cpu_s"] / CORES)
             case["of_bound"] = case["ratio"] / case["bound"]
             results.append(case)
             print(f"B {tools} tools k={k} {placement}: {case['samples_per_s']:.3f} samples/s, {case['ratio']:.2f}x, "
@@ -410,10 +428,11 @@ def part_b(quick: bool, seed: int, placements: list[str], runs_dir: Path) -> lis
 def report(cases: list[dict[str, Any]]) -> str:
     """The table of every case (seconds per step: R rollout wait, T train + sync, R_eff (A) or idle W (B))."""
     headers = ["part", "tools", "k", "placement", "steps", "samples", "samples/s", "vs k=0", "R s", "T s",
-               "R_eff|W s", "step s", "bound", "of bound", "k bound"]  # fmt: skip
+               "R_eff|W s", "CPU s", "step s", "bound", "of bound", "k bound"]  # fmt: skip
     rows = [(c["part"], c["tools"], c["k"], c["placement"], c["steps"], c["trajectories"], f"{c['samples_per_s']:.3f}",
              f"{c['ratio']:.2f}x", f"{c['rollout_s']:.2f}", f"{c['train_sync_s']:.2f}",
-             f"{c.get('r_eff_s', c.get('idle_s', math.nan)):.2f}", f"{c['step_s']:.2f}", f"{c['bound']:.2f}x",
+             f"{c.get('r_eff_s', c.get('idle_s', math.nan)):.2f}", f"{c['cpu_s']:.1f}" if "cpu_s" in c else "-",
+             f"{c['step_s']:.2f}", f"{c['bound']:.2f}x",
              f"{c['of_bound']:.2f}" if c["k"] else "-", f"{c['k_bound']:.2f}x" if "k_bound" in c else "-")
             for c in cases]  # fmt: skip
     return table(headers, rows)
@@ -441,7 +460,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps, smaller batches, latency scaled down")
     parser.add_argument("--part", choices=["a", "b", "ab"], default="ab")
-    parser.add_argument("--placements", default="overlap,pause", help="part B placements of k >= 1")
+    parser.add_argument(
+        "--placements",
+        default=None,
+        help="part B placements of k >= 1, comma-separated (default overlap,pause; --quick: overlap)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs-dir", default=None, help="part B run folders (default: a temporary folder)")
     parser.add_argument("--out", default=None)
@@ -453,7 +476,8 @@ def main() -> None:
     b = []
     if "b" in args.part:
         with tempfile.TemporaryDirectory(prefix="async-training-") as tmp:
-            b = part_b(args.quick, args.seed, args.placements.split(","), Path(args.runs_dir or tmp))
+            placements = (args.placements or ("overlap" if args.quick else "overlap,pause")).split(",")
+            b = part_b(args.quick, args.seed, placements, Path(args.runs_dir or tmp))
     print(f"bounded-staleness training vs lockstep, seed {args.seed}: A = simulated, {AGENTS} agents, "
           f"{TASKS_PER_STEP} x {GROUP_SIZE} samples per step; B = run_training on this machine")  # fmt: skip
     print(report(a + b))
