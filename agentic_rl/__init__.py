@@ -4,7 +4,7 @@ import logging
 
 from agentic_rl.chat import AlignmentReport, ChatRenderer, check_alignment
 from agentic_rl.config import Config
-from agentic_rl.engine.base import Engine, Generation, TrainableEngine
+from agentic_rl.engine.base import Engine, Generation, PausableEngine, TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import ToolEnvironment
@@ -77,6 +77,7 @@ __all__ = [
     "ToolCallError",
     "ToolEnvironment",
     "ToolError",
+    "PausableEngine",
     "TrainableEngine",
     "TrainingError",
     "Trajectory",

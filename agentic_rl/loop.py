@@ -9,18 +9,17 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import anyio
 
-from agentic_rl.engine.base import TrainableEngine
+from agentic_rl.engine.base import PausableEngine, TrainableEngine
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop_config import (
     EngineSection,
@@ -30,6 +29,7 @@ from agentic_rl.loop_config import (
     load_run_config,
     load_train_config,
 )
+from agentic_rl.loop_metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint, weights_digest
 
@@ -46,11 +46,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
-_TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
-               "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length")  # fmt: skip
-
 
 def resume_point(config: TrainConfig) -> Checkpoint | None:
     """The checkpoint `train(config, resume=True)` continues from: the newest complete one under
@@ -159,13 +154,7 @@ async def train(
             checkpoints.restore_rng_state(state["rng"])
         if run.eval_tasks and state is None:
             _log(run, {"step": 0, **await _evaluate(run, run.out / "rollouts" / "eval_step_0.jsonl")}, step=0)
-        for step in range(run.done, config.steps):
-            tasks = _step_tasks(run, step)
-            result = await _train_step(run, step, tasks)
-            row = _metrics_row(run, step, result)
-            await _record_step(run, step, row, result.trajectories, [_task_id(t) for t in tasks])
-            if on_step is not None:
-                on_step(row)
+        await _run_steps(run, on_step)
         _finish(run)
         dist.close()  # every rank got here: leave the training group before the interpreter shuts down
     finally:
@@ -178,7 +167,7 @@ async def train(
     return run.history
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Run:
     """What a training run holds from its set-up (`_set_up`) to its end."""
 
@@ -194,18 +183,9 @@ class _Run:
     trainer: Any  # a GRPOTrainer
     engine: TrainableEngine
     rollout: Any  # the `TrainingRollout` every rollout of the run goes through (`_start_rollouts`), closed at the end
+    feed: Any  # the `ContinuousRollout` that hands the steps their groups (`_feed`)
     sinks: list[Any]  # rank 0's metric sinks (`build_loggers`), filled when the run starts
     history: list[dict[str, Any]]  # the metrics rows so far
-
-
-class _StepResult(NamedTuple):
-    """What one training step leaves for its metrics row (`_train_step`)."""
-
-    trajectories: list[Any]  # this rank's trajectories (`group_size` per task)
-    refused: int  # records refused for training (`refuse_untrainable`)
-    stats: dict[str, Any]  # `GRPOTrainer.train_step`'s statistics
-    rollout_s: float  # wall-clock seconds of the rollout
-    sync_s: float  # wall-clock seconds of the weight sync (and waking the engine)
 
 
 async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, state: dict[str, Any] | None, *,
@@ -237,9 +217,11 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
         history = list(state["history"])
     elif dist.world_size > 1:
         await engine.update_weights(trainer.named_weights())
-    return _Run(config=config, dist=dist, out=out, start=start, done=state["step"] if state is not None else 0,
-                eval_tasks=eval_tasks, task_order=task_order, task_ids=task_ids, tokenizer=tokenizer, trainer=trainer,
-                engine=engine, rollout=rollout, sinks=[], history=history)  # fmt: skip
+    run = _Run(config=config, dist=dist, out=out, start=start, done=state["step"] if state is not None else 0,
+               eval_tasks=eval_tasks, task_order=task_order, task_ids=task_ids, tokenizer=tokenizer, trainer=trainer,
+               engine=engine, rollout=rollout, feed=None, sinks=[], history=history)  # fmt: skip
+    run.feed = _feed(run, state)
+    return run
 
 
 def _first_redone(state: dict[str, Any] | None) -> int:
@@ -288,6 +270,8 @@ def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict
                                "seed": config.seed + dist.rank, "enable_sleep_mode": engine.sleep_while_training}  # fmt: skip
     if engine.max_model_len:
         options["max_model_len"] = engine.max_model_len
+    if _distribution(config) is not None:  # the sampled token's logprob under the distribution it was drawn from
+        options["logprobs_mode"] = "processed"
     if state is not None:  # the engine starts from the checkpoint's weights (fp32), at their version
         options["weight_version"] = state["weight_version"]
         if engine.dtype == "auto":  # the dtype the model's own folder asks for, as in the first process
@@ -329,6 +313,9 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
     try:
         if not isinstance(engine, TrainableEngine):
             raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
+        if r.max_staleness and r.placement == "pause" and not isinstance(engine, PausableEngine):
+            raise ConfigError(f"rollout.placement 'pause' needs an engine that can pause generation, got "
+                              f"{type(engine).__name__}: use placement 'overlap'")  # fmt: skip
         rollout = build_training_rollout(engine, renderer, tokenizer, harness=harness, n_parallel_agents=r.n_parallel_agents,
                                          tools=config.tools, reward_fn=reward_fn, environment=config.environment,
                                          agent=config.agent)  # fmt: skip
@@ -361,111 +348,107 @@ def _make_trainer(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Pat
     from agentic_rl.train.trainer import GRPOTrainer
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-    return GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist)
+    return GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist,
+                       sampling=_distribution(config))  # fmt: skip
 
 
-def _step_tasks(run: _Run, step: int) -> list[dict[str, Any]]:
-    """This rank's share of step `step`'s tasks (0-based; their ids appended to the task ids file), each repeated
-    `group_size` times: a group shares its task id."""
+def _distribution(config: TrainConfig) -> Any:
+    """The distribution the rollout samples from (temperature, top-k, top-p), which the trainer's logprobs follow
+    and the engine reports processed logprobs of; None for plain sampling (temperature 1, no truncation), where
+    the raw and processed logprobs are the same.
+
+    Raises:
+        ConfigError: for sampling options the trainer cannot follow (temperature 0, min_p, penalties, logit bias).
+    """
+    from agentic_rl.train.logprobs import SamplingDistribution
+
+    distribution = SamplingDistribution.of(config.rollout.sampling)
+    return None if distribution.is_plain else distribution
+
+
+def _feed(run: _Run, state: dict[str, Any] | None) -> Any:
+    """The run's `ContinuousRollout`: rollout batches of this rank's share of each step's tasks (`_TaskOrder`,
+    sharded by group), batch s sampled with step s's options, admitted under `rollout.max_staleness`; resuming,
+    the checkpoint's admitted but untrained groups are rolled out again first."""
+    from agentic_rl.rollout.continuous import ContinuousRollout, PendingGroup
     from agentic_rl.train.distributed import shard
 
-    mine = shard(run.task_order.next_batch(), run.dist)
-    with run.task_ids.open("a") as f:
-        f.write(json.dumps({"step": step + 1, "task_ids": [_task_id(t) for t in mine]}, default=str) + "\n")
-    return [dict(task) for task in mine for _ in range(run.config.rollout.group_size)]
+    r = run.config.rollout
+    saved = (state or {}).get("rollout") or {}
+    return ContinuousRollout(
+        run=lambda tasks, sampling, indices: run.rollout.run(tasks, sampling, indices=indices),
+        next_batch=lambda: shard(run.task_order.next_batch(), run.dist), sampling=lambda batch: _sampling(run, batch),
+        group_size=r.group_size, groups_per_step=r.tasks_per_step, max_staleness=r.max_staleness,
+        n_parallel_agents=r.n_parallel_agents, first_step=run.done, last_step=run.config.steps,
+        pending=[PendingGroup(**p) for p in saved.get("pending", ())], next_batch_index=saved.get("next_batch"),
+        whole_batches=run.rollout.whole_batches,
+    )  # fmt: skip
 
 
-async def _train_step(run: _Run, step: int, tasks: list[dict[str, Any]]) -> _StepResult:
-    """Training step `step` (0-based) on this rank: roll out `tasks` (`_rollout`), one GRPO step on the
-    trajectories in a worker thread, then the new weights into the engine (asleep during the GRPO step when
-    `engine.sleep_while_training`)."""
+async def _run_steps(run: _Run, on_step: Callable[[dict[str, Any]], None] | None) -> None:
+    """Steps `run.done` ... `config.steps - 1`, with the rollout's batches admitted in the background meanwhile."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run.feed.serve)
+        mark = time.perf_counter()
+        for step in range(run.done, run.config.steps):
+            figures = await _train_step(run, step, mark)
+            mark = time.perf_counter()
+            row = metrics_row(run.dist, step, figures, weight_version=run.engine.weight_version,
+                              max_staleness=run.config.rollout.max_staleness)  # fmt: skip
+            await _record_step(run, step, row, figures)
+            if on_step is not None:
+                on_step(row)
+        tg.cancel_scope.cancel()
+
+
+async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
+    """Training step `step` (0-based) on this rank: wait for its groups (`ContinuousRollout.next_step`; in lockstep,
+    the whole rollout), one GRPO step on their trajectories in a worker thread, then the new weights into the engine
+    (asleep during the GRPO step when `engine.sleep_while_training`; generation paused during it with the `pause`
+    placement, running on with `overlap`). Their task ids go to the task ids file, in training order."""
+    from agentic_rl.rollout.continuous import drop_stale_groups
     from agentic_rl.rollout.training import refuse_untrainable
 
-    sleep = run.config.engine.sleep_while_training
+    config = run.config
+    sleep = config.engine.sleep_while_training
+    pause = config.rollout.placement == "pause" and config.rollout.max_staleness > 0  # lockstep has nothing to pause
     t0 = time.perf_counter()
-    run.rollout.ledger.clear()
-    trajectories = await run.rollout.run(tasks, _sampling(run, step))
+    groups = await run.feed.next_step(step)
     rollout_s = time.perf_counter() - t0
+    with run.task_ids.open("a") as f:
+        f.write(json.dumps({"step": step + 1, "task_ids": [_task_id(g.task) for g in groups]}, default=str) + "\n")
+    trajectories = [t for g in groups for t in g.trajectories]
+    dropped = drop_stale_groups(groups, run.engine.weight_version, config.rollout.max_staleness)
     refused = refuse_untrainable(trajectories, run.rollout.ledger)
     if all(t.failed for t in trajectories):  # each says why in its `error` (rollouts/step_K.jsonl)
         logger.warning("step %d: every trajectory of this rank failed or was refused: none trains", step + 1)
+    if pause:
+        await run.engine.pause_generation()
     if sleep:
         await run.engine.sleep()
-    groups = [i // run.config.rollout.group_size for i in range(len(trajectories))]  # `_step_tasks`' order
-    stats = await anyio.to_thread.run_sync(functools.partial(run.trainer.train_step, trajectories, group_ids=groups))
+    ids = [i for i, g in enumerate(groups) for _ in g.trajectories]  # GRPO groups: the step's task positions
+    train = functools.partial(run.trainer.train_step, trajectories, group_ids=ids,
+                              weight_version=run.engine.weight_version)  # fmt: skip
+    stats = await anyio.to_thread.run_sync(train)
     t0 = time.perf_counter()
     if sleep:
         await run.engine.wake_up(["weights"])
     await run.engine.update_weights(run.trainer.named_weights())
     if sleep:
         await run.engine.wake_up(["kv_cache"])
-    return _StepResult(trajectories, refused, stats, rollout_s, time.perf_counter() - t0)
+    if pause:
+        await run.engine.resume_generation()
+    sync_s = time.perf_counter() - t0
+    run.rollout.ledger.forget_before(run.engine.weight_version - config.rollout.max_staleness)  # none trainable
+    run.feed.step_done()
+    counts = {"trained": len(groups) - dropped, "failed": sum(g.failed for g in groups) - dropped, "dropped_stale": dropped,
+              "in_flight": len(run.feed.groups)}  # fmt: skip
+    task_ids = [_task_id(g.task) for g in groups for _ in g.trajectories]
+    return StepFigures(trajectories, refused, stats, rollout_s, sync_s, time.perf_counter() - started, counts,
+                       task_ids)
 
 
-def _measured_mean(values: Sequence[float]) -> float | None:
-    """The mean over the ranks that measured the value (NaN: not measured); None when none did."""
-    measured = [v for v in values if not math.isnan(v)]
-    return sum(measured) / len(measured) if measured else None
-
-
-# How each gathered value of a metrics row combines the ranks' values.
-_ACROSS_RANKS: dict[str, Callable[[Sequence[float]], Any]] = {
-    "mean": lambda values: sum(values) / len(values), "sum": sum, "count": lambda values: int(sum(values)),
-    "measured": _measured_mean,
-}  # fmt: skip
-# A metrics row's keys in order, and where each comes from: gathered from every rank (`_ACROSS_RANKS`); "local":
-# this rank's GRPO step (rank 0's row is the one logged); "run": the step, the engine's weight version, the
-# trajectories of all ranks.
-_ROW: dict[str, str] = {
-    "step": "run", "reward_mean": "mean", "reward_std": "mean", "accuracy": "mean", "failed": "count", "refused": "count",
-    "loss": "local", "pg_loss": "local", "kl": "local", "grad_norm": "local", "clip_fraction": "local",
-    "dual_clip_fraction": "local", "kl_clamp_fraction": "local", "response_length": "mean", "tokens_per_s": "sum",
-    "rollout_seconds": "mean", "train_seconds": "mean", "sync_seconds": "mean", "logprob_diff": "measured",
-    **dict.fromkeys(_TOKEN_KEYS, "count"),
-    "step_skipped": "local", "skipped_steps": "local", "zero_advantage_rows": "local", "weight_version": "run",
-    "trajectories": "run",
-}  # fmt: skip
-_GATHERED = tuple(key for key, source in _ROW.items() if source in _ACROSS_RANKS)  # gathered in this order
-# The held-out evaluation's counts, summed over ranks (`_evaluate`).
-_HELDOUT_COUNTS = ("solved", "with_tool_calls", "turns", "trajectories")
-
-
-def _gather(dist: Any, keys: Sequence[str], local: dict[str, float]) -> dict[str, list[float]]:
-    """Every rank's value of each of `keys` (gathered in that order, the same on every rank), in rank order."""
-    ranks = dist.gather_floats([local[key] for key in keys])
-    return {key: [rk[i] for rk in ranks] for i, key in enumerate(keys)}
-
-
-def _metrics_row(run: _Run, step: int, result: _StepResult) -> dict[str, Any]:
-    """The metrics row of step `step` (0-based), with the keys of `_ROW` in its order.
-
-    It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed
-    trajectories, the GRPO step's losses, KL, gradient norm and clip fractions, the response length, throughput and
-    timings, `logprob_diff` (the engine-trainer logprob gap, over the ranks that measured it; None when none did),
-    the step's token accounting summed over ranks (`tokens_sampled` = `tokens_trained` + `tokens_excluded`, and
-    `tokens_excluded_failed` / `_aborted` / `_over_length`), `step_skipped` / `skipped_steps` (optimizer steps
-    skipped for a non-finite gradient norm), `zero_advantage_rows`, the weight version and the trajectories.
-    """
-    trajectories, stats = result.trajectories, result.stats
-    generated = sum(t.num_generated_tokens for t in trajectories)
-    local = {
-        "reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"],
-        "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
-        "failed": sum(t.failed for t in trajectories), "refused": result.refused,
-        "response_length": stats["response_length"],
-        "tokens_per_s": generated / max(result.rollout_s, 1e-9), "rollout_seconds": result.rollout_s,
-        "train_seconds": stats["train_seconds"], "sync_seconds": result.sync_s,
-        "logprob_diff": math.nan if stats["logprob_diff"] is None else stats["logprob_diff"],  # NaN: no row here
-        **{key: stats[key] for key in _TOKEN_KEYS},
-    }  # fmt: skip
-    gathered = {key: _ACROSS_RANKS[_ROW[key]](ranks) for key, ranks in _gather(run.dist, _GATHERED, local).items()}
-    own = {"step": step + 1, "weight_version": run.engine.weight_version,
-           "trajectories": len(trajectories) * run.dist.world_size}  # fmt: skip
-    sources = {"run": own, "local": stats, **dict.fromkeys(_ACROSS_RANKS, gathered)}
-    return {key: sources[source][key] for key, source in _ROW.items()}
-
-
-async def _record_step(run: _Run, step: int, row: dict[str, Any], trajectories: list[Any], task_ids: list[Any]) -> None:
+async def _record_step(run: _Run, step: int, row: dict[str, Any], figures: StepFigures) -> None:
     """After step `step` (0-based): evaluate when due (every `eval_every` steps and after the last; into `row`), keep
     the row, and (rank 0) log it, write the step's trajectories and, every `checkpoint_every` steps, a checkpoint."""
     config, done = run.config, step + 1
@@ -475,7 +458,7 @@ async def _record_step(run: _Run, step: int, row: dict[str, Any], trajectories: 
     if not run.dist.is_main:
         return
     _log(run, row, step=done)
-    _write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", trajectories, task_ids)
+    _write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", figures.trajectories, figures.task_ids)
     if config.checkpoint_every and done % config.checkpoint_every == 0:
         _save_checkpoint(run, f"step_{done}", done)
         checkpoints.prune_checkpoints(run.out / "checkpoints", config.keep_checkpoints)
@@ -526,7 +509,7 @@ async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
         "with_tool_calls": float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
         "turns": float(sum(t.metrics.get("steps", 0) for t in trajectories)), "trajectories": float(len(trajectories)),
     }  # fmt: skip
-    totals = {key: sum(values) for key, values in _gather(run.dist, _HELDOUT_COUNTS, local).items()}
+    totals = {key: sum(values) for key, values in gather(run.dist, HELDOUT_COUNTS, local).items()}
     n = max(totals["trajectories"], 1.0)
     if run.dist.is_main:
         _write_trajectories(records, trajectories)
@@ -580,7 +563,7 @@ def _state(run: _Run, step: int) -> dict[str, Any]:
     one intact."""
     return {"step": step, "trainer": run.trainer.state_dict(), "task_position": run.task_order.position,
             "weight_version": run.engine.weight_version, "rng": checkpoints.capture_rng_state(),
-            "history": run.history, "world_size": run.dist.world_size}  # fmt: skip
+            "history": run.history, "world_size": run.dist.world_size, "rollout": run.feed.checkpoint()}  # fmt: skip
 
 
 def _restore(trainer: Any, folder: Path, state: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -44,6 +44,17 @@ class RolloutSection(Config):
     reward_timeout_s: float = Field(
         default=60.0, gt=0, allow_inf_nan=False,
         description="most seconds a reward call may take; past it the trajectory fails with a reward error (not trained)",
+    )  # fmt: skip
+    max_staleness: int = Field(
+        default=0, ge=0,
+        description="k: trajectories keep running while the trainer steps, and a step trains complete groups in the "
+        "order they finish, but no trained token was sampled by weights more than k updates older than the ones it "
+        "updates (0: lockstep, every step waits for its whole rollout)",
+    )  # fmt: skip
+    placement: Literal["overlap", "pause"] = Field(
+        default="overlap",
+        description="with max_staleness > 0: 'overlap' keeps generating during the train step (memory for both); "
+        "'pause' pauses generation during it (requests and KV cache stay, nothing drains)",
     )  # fmt: skip
 
 
@@ -123,6 +134,9 @@ class TrainConfig(Config):
                                  f"{', '.join(clashing)} (pass settings to the agent with agent.kwargs)")  # fmt: skip
         elif self.environment is not None and "tools" not in given:
             self.tools = []
+        if self.rollout.max_staleness and self.engine.sleep_while_training:
+            raise ValueError("engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
+                             "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause")  # fmt: skip
         return self
 
 

@@ -19,6 +19,7 @@ keep the AgentSDK names: `prompt_tokens`, `response_tokens`, `response_masks`, `
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -37,6 +38,7 @@ __all__ = [
     "TokenRun",
     "Trajectory",
     "default_metrics",
+    "per_token_versions",
     "trajectory_from_dict",
     "trajectory_to_dict",
 ]
@@ -64,6 +66,20 @@ class TerminationReason(StrEnum):
 
 INSERTED_VERSION = -1
 """`TokenRun.weight_versions` entry of a token the environment inserted (no weights sampled it)."""
+
+
+def per_token_versions(weight_version: int | Sequence[int], n: int) -> list[int]:
+    """`n` weight versions, one per token: `weight_version` repeated, or a copy of its `n` entries.
+
+    Raises:
+        TrajectoryError: if a sequence does not hold exactly `n` versions.
+    """
+    if isinstance(weight_version, numbers.Integral):
+        return [int(weight_version)] * n
+    versions = [int(v) for v in weight_version]
+    if len(versions) != n:
+        raise TrajectoryError(f"{len(versions)} weight versions for {n} sampled ids")
+    return versions
 
 
 @dataclass(slots=True)
@@ -99,21 +115,30 @@ class TokenRun:
             if self.weight_versions == []:
                 self.weight_versions = None
 
-    def sample(self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int) -> tuple[int, int]:
+    def sample(
+        self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int | Sequence[int]
+    ) -> tuple[int, int]:
         """Append tokens the engine sampled; returns their span `[start, end)` in `response_ids`.
 
+        Args:
+            ids: the sampled token ids.
+            logprobs: their logprobs (nats), one per id.
+            weight_version: the engine weight version that sampled them: one int for all, or one per id
+                (`Generation.weight_versions`, for tokens sampled across a weight update).
+
         Raises:
-            TrajectoryError: if `logprobs` is not one value per id.
+            TrajectoryError: if `logprobs`, or a per-id `weight_version`, is not one value per id.
         """
         if len(logprobs) != len(ids):
             raise TrajectoryError(f"{len(logprobs)} logprobs for {len(ids)} sampled ids")
+        versions = per_token_versions(weight_version, len(ids))
         start = len(self.response_ids)
         self.response_ids.extend(ids)
         self.response_mask.extend([1] * len(ids))
         if self.response_logprobs is not None:
             self.response_logprobs.extend(logprobs)
         if self.weight_versions is not None:
-            self.weight_versions.extend([weight_version] * len(ids))
+            self.weight_versions.extend(versions)
         return start, len(self.response_ids)
 
     def insert(self, ids: Sequence[int]) -> None:
@@ -189,8 +214,10 @@ class RunRecorder:
         self.runs.append(TokenRun(list(prompt_ids)))
         return self.runs[-1]
 
-    def sample(self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int) -> tuple[TokenRun, tuple[int, int]]:
-        """Append sampled ids to the current run; returns the run and their span in its `response_ids`."""
+    def sample(self, ids: Sequence[int], logprobs: Sequence[float],
+               weight_version: int | Sequence[int]) -> tuple[TokenRun, tuple[int, int]]:  # fmt: skip
+        """Append sampled ids to the current run (`TokenRun.sample`); returns the run and their span in its
+        `response_ids`."""
         run = self.current
         return run, run.sample(ids, logprobs, weight_version)
 
@@ -367,8 +394,10 @@ class Step:
         observation: what the model saw before acting: the user question on turn 0, later the previous
             action's result; None when not recorded.
         model_response: the full assistant text of this turn.
-        info: details of this turn: finish reason, sampled token count, weight version, `llm_time_s` and
-            `env_time_s` (seconds in the engine and in the environment), tool-call counts and errors.
+        info: details of this turn: finish reason, sampled token count, `weight_version` (the engine's when the
+            turn was sent), `weight_versions` (`[min, max]` of its tokens' versions: they differ when the weights
+            changed while the turn was sampled), `llm_time_s` and `env_time_s` (seconds in the engine and in the
+            environment), tool-call counts and errors.
         reward: step reward.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).

@@ -37,6 +37,12 @@ def test_config_overrides_and_validation(tmp_path):
     assert load_train_config(path, []).loggers == ["jsonl"]
     with pytest.raises(ConfigError, match="loggers"):
         load_train_config(path, ["loggers=[mlflow]"])
+    assert load_train_config(path, ["rollout.max_staleness=2"]).rollout.max_staleness == 2
+    assert load_train_config(path, []).rollout.max_staleness == 0  # lockstep unless asked
+    for bad in (["rollout.max_staleness=-1"], ["rollout.placement=sideways"],
+                ["rollout.max_staleness=1", "engine.sleep_while_training=true"]):  # fmt: skip
+        with pytest.raises(ConfigError, match="max_staleness|placement"):
+            load_train_config(path, bad)
 
 
 @pytest.mark.parametrize(("field", "value", "reason"), [

@@ -346,3 +346,20 @@ def test_every_termination_reason_is_produced_somewhere_in_the_package():
     assert unused == []
     assert TerminationReason.TIMEOUT.aborts_a_turn and TerminationReason.ABORTED.aborts_a_turn
     assert not TerminationReason.ERROR.aborts_a_turn and TerminationReason.ENV_DONE == "env_done"
+
+
+def test_a_token_run_takes_one_weight_version_for_all_sampled_ids_or_one_per_id():
+    from agentic_rl.types import INSERTED_VERSION, TokenRun
+
+    run = TokenRun([1, 2])
+    assert run.sample([10, 11], [-0.1, -0.2], 4) == (0, 2)  # one version for all
+    run.insert([7])
+    assert run.sample([12, 13, 14], [-0.3, -0.4, -0.5], [4, 5, 5]) == (3, 6)  # per id: a weight update midway
+    assert run.weight_versions == [4, 4, INSERTED_VERSION, 4, 5, 5]
+    run.check()
+    with pytest.raises(TrajectoryError, match="2 weight versions for 3 sampled ids"):
+        run.sample([15, 16, 17], [-0.1] * 3, [5, 5])
+    assert len(run.response_ids) == len(run.weight_versions) == 6  # nothing appended by the refused call
+    unrecorded = TokenRun([1], [9], [0], None, None)  # a run without versions keeps none
+    unrecorded.sample([10], [-0.1], [3])
+    assert unrecorded.weight_versions is None and unrecorded.response_ids == [9, 10]

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agentic_rl.engine.sampling import SamplingConfig
 
-__all__ = ["Engine", "Generation", "StreamingEngine", "TrainableEngine"]
+__all__ = ["Engine", "Generation", "PausableEngine", "StreamingEngine", "TrainableEngine", "sampled_versions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,10 @@ class Generation:
         stop_reason: the stop token id or stop string that ended generation, None for an end-of-sequence token.
         top_logprobs: per position, the engine's most likely tokens `{token_id: logprob}`, when requested with
             `sampling.logprobs = k > 0`; otherwise None.
+        weight_versions: per token id, the engine `weight_version` whose forward pass sampled it (a request in
+            flight across a weight update has the old version on its first tokens and the new one after); None
+            from an engine that does not track it, whose tokens count as sampled at the version read when the
+            request was sent (`sampled_versions`).
     """
 
     token_ids: list[int]
@@ -32,6 +36,15 @@ class Generation:
     finish_reason: str
     stop_reason: int | str | None = None
     top_logprobs: list[dict[int, float]] | None = None
+    weight_versions: list[int] | None = None
+
+
+def sampled_versions(generation: Generation, sent_version: int) -> list[int]:
+    """The weight version of each of `generation`'s tokens: its own `weight_versions`, or `sent_version` (the
+    engine's `weight_version` when the request was sent) for every token when the engine did not set them."""
+    if generation.weight_versions is not None:
+        return list(generation.weight_versions)
+    return [sent_version] * len(generation.token_ids)
 
 
 @runtime_checkable
@@ -102,4 +115,28 @@ class TrainableEngine(Engine, Protocol):
 
     async def close(self) -> None:
         """Stop the engine; requests still in flight fail with `EngineError`. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class PausableEngine(TrainableEngine, Protocol):
+    """A `TrainableEngine` whose generation can pause while the trainer steps (`rollout.placement: pause`)."""
+
+    async def pause_generation(self) -> None:
+        """Stop sampling until `resume_generation`: requests in flight keep their tokens and KV cache, new requests
+        are accepted and wait, and `update_weights` still works (the tokens sampled after resuming carry the new
+        `weight_version`). Idempotent.
+
+        Raises:
+            EngineError: if the engine is not running.
+        """
+        ...
+
+    async def resume_generation(self) -> None:
+        """Sample again after `pause_generation`: paused and waiting requests continue. Idempotent (a no-op when
+        not paused).
+
+        Raises:
+            EngineError: if the engine is not running.
+        """
         ...

@@ -9,8 +9,8 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import queue
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentic_rl.engine.base import Generation
@@ -48,34 +48,79 @@ def _top_logprobs(logprobs: Any) -> list[dict[int, float]]:
 
 
 @dataclass(slots=True)
-class _Stream:
-    """A streamed request: where its tokens go, and how many were delivered so far."""
+class _Sampled:
+    """What one request sampled so far, gathered from vLLM's per-step deltas on the engine thread.
 
-    deliver: Any
-    sent: int = 0
+    Attributes:
+        token_ids, logprobs: the sampled ids and their logprobs (nats), in order.
+        weight_versions: per id, `EngineThread.weight_version` at the engine step that sampled it.
+        top_logprobs: per position, `{token_id: logprob}` when the request asked for top logprobs, else None.
+        deliver: for a streamed request, where each step's new tokens go; else None.
+    """
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] | None = None
+    deliver: Callable[[Generation], None] | None = None
+
+    def add(self, completion: Any, weight_version: int) -> None:
+        """Append the tokens of one engine step (vLLM's DELTA `CompletionOutput`), all sampled at `weight_version`.
+
+        Raises:
+            EngineError: if a sampled token has no logprob (nothing is appended then).
+        """
+        ids = list(completion.token_ids)
+        logprobs = _sampled_logprobs(ids, completion.logprobs)
+        if self.top_logprobs is not None:
+            positions = completion.logprobs
+            self.top_logprobs.extend(_top_logprobs(positions) if positions is not None else [{} for _ in ids])
+        self.token_ids.extend(ids)
+        self.logprobs.extend(logprobs)
+        self.weight_versions.extend([weight_version] * len(ids))
+
+    def since(self, start: int) -> Generation:
+        """The tokens from position `start` on, as an item of a stream (`finish_reason` "")."""
+        tops = self.top_logprobs
+        return Generation(
+            token_ids=self.token_ids[start:],
+            logprobs=self.logprobs[start:],
+            finish_reason="",
+            top_logprobs=None if tops is None else tops[start:],
+            weight_versions=self.weight_versions[start:],
+        )
 
 
 class EngineThread:
     """The engine thread's state, and one handler per `commands` message.
 
+    Every request is sent to vLLM with `RequestOutputKind.DELTA`: each engine step hands back only the tokens it
+    sampled, which are stamped with `weight_version` as it is at that step and gathered here until the request
+    finishes. A weight update runs on this thread between two steps and bumps `weight_version` there, so every
+    token carries the version of the weights whose forward pass sampled it.
+
     Attributes:
         inbox: the messages from the event loop, in the order they were sent.
         pending: request id -> result of each request taken from the inbox that has neither finished nor been
             aborted (held requests included).
+        weight_version: the version of the weights loaded now; only this thread changes it (between two steps).
+        paused: while True the thread runs no engine step: requests keep their tokens and KV cache, new ones are
+            added and wait, messages (weight updates included) are still handled. Set from `Call`s on this thread.
         stale_cache: True from a weight update whose prefix-cache reset failed until a reset succeeds; meanwhile
             new requests are held back so that none can reuse KV of the old weights. Set by the weight update,
             which runs on this thread.
         scratch: reused by in-place weight sync (`weight_copy.copy_weights`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, weight_version: int = 0) -> None:
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.pending: dict[str, concurrent.futures.Future[Generation]] = {}
+        self.weight_version = weight_version
+        self.paused = False
         self.stale_cache = False
         self.scratch: ScratchPool = {}
         self._held: list[AddRequest] = []  # taken while the cache was stale: added once a reset succeeds
-        self._top_k: dict[str, int] = {}  # requests that asked for top-k logprobs
-        self._streams: dict[str, _Stream] = {}
+        self._sampled: dict[str, _Sampled] = {}  # the tokens of each request submitted to vLLM
 
     def run(self, llm: Any) -> None:
         """Handle messages and step the engine until a `Stop` message; blocks while there is nothing to step."""
@@ -83,7 +128,7 @@ class EngineThread:
         while True:
             if self.stale_cache and not engine.has_unfinished_requests():
                 self._retry_cache_reset(llm)
-            block = not engine.has_unfinished_requests()
+            block = self.paused or not engine.has_unfinished_requests()
             while True:
                 try:
                     command = self.inbox.get(block=block)
@@ -92,7 +137,7 @@ class EngineThread:
                 block = False
                 if not self._handle(llm, command):
                     return
-            if engine.has_unfinished_requests():
+            if not self.paused and engine.has_unfinished_requests():
                 for output in engine.step():
                     self._on_output(output)
 
@@ -123,24 +168,20 @@ class EngineThread:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        request_id, deliver = request.request_id, request.deliver
+        request_id = request.request_id
         try:
-            output_kind = RequestOutputKind.CUMULATIVE if deliver else RequestOutputKind.FINAL_ONLY
-            params = SamplingParams(output_kind=output_kind, **request.sampling)
+            params = SamplingParams(output_kind=RequestOutputKind.DELTA, **request.sampling)
             llm.llm_engine.add_request(request_id, {"prompt_token_ids": request.prompt_ids}, params)
         except Exception as exc:  # a bad request fails alone
             del self.pending[request_id]
             request.result.set_exception(EngineRejectedError(f"request rejected by vLLM: {exc}"))
             return
-        if request.sampling["logprobs"]:
-            self._top_k[request_id] = request.sampling["logprobs"]
-        if deliver:
-            self._streams[request_id] = _Stream(deliver)
+        top: list[dict[int, float]] | None = [] if request.sampling["logprobs"] else None
+        self._sampled[request_id] = _Sampled(top_logprobs=top, deliver=request.deliver)
 
     def _on_abort(self, llm: Any, abort: Abort) -> None:
         request_id = abort.request_id
-        self._top_k.pop(request_id, None)
-        self._streams.pop(request_id, None)
+        self._sampled.pop(request_id, None)
         if self.pending.pop(request_id, None) is not None:
             held = [request for request in self._held if request.request_id != request_id]
             if len(held) == len(self._held):
@@ -171,54 +212,35 @@ class EngineThread:
                 result.set_exception(error)
 
     def _on_output(self, output: Any) -> None:
-        """Deliver a streamed request's new tokens, or resolve a finished request's result."""
+        """Add one step's new tokens to the request's, stamped with the current `weight_version`; hand them to a
+        streamed request's reader; resolve the request's result when it finished."""
         request_id = output.request_id
+        sampled = self._sampled.get(request_id)
+        if sampled is None:  # aborted meanwhile
+            return
+        completion = output.outputs[0]
+        if completion.token_ids:
+            start = len(sampled.token_ids)
+            try:
+                sampled.add(completion, self.weight_version)
+            except Exception as exc:
+                self._sampled.pop(request_id)
+                result = self.pending.pop(request_id, None)
+                if result is not None:  # vLLM finishes the request; its later outputs are dropped
+                    result.set_exception(EngineError(f"could not read engine output: {exc}"))
+                return
+            if sampled.deliver is not None and not output.finished:
+                _hand_over(sampled.deliver, sampled.since(start))
         if not output.finished:
-            if request_id in self._streams:
-                self._deliver(self._streams[request_id], output, self._top_k.get(request_id, 0))
             return
-        self._streams.pop(request_id, None)
+        del self._sampled[request_id]
         result = self.pending.pop(request_id, None)
-        if result is None:
-            return
-        completion = output.outputs[0]
-        token_ids = list(completion.token_ids)
-        try:
-            generation = Generation(
-                token_ids=token_ids,
-                logprobs=_sampled_logprobs(token_ids, completion.logprobs),
-                finish_reason=completion.finish_reason or "abort",
-                stop_reason=completion.stop_reason,
-                top_logprobs=_top_logprobs(completion.logprobs) if self._top_k.pop(request_id, 0) else None,
-            )
-        except Exception as exc:
-            result.set_exception(EngineError(f"could not read engine output: {exc}"))
-            return
-        result.set_result(generation)
-
-    @staticmethod
-    def _deliver(stream: _Stream, output: Any, top_k: int) -> None:
-        """Hand a streamed request's tokens sampled since the last delivery to its reader."""
-        completion = output.outputs[0]
-        new_ids = list(completion.token_ids[stream.sent :])
-        if not new_ids:
-            return
-        logprobs = None if completion.logprobs is None else completion.logprobs[stream.sent :]
-        try:
-            delta = Generation(
-                token_ids=new_ids,
-                logprobs=_sampled_logprobs(new_ids, logprobs),
-                finish_reason="",
-                top_logprobs=_top_logprobs(logprobs) if top_k and logprobs is not None else None,
-            )
-        except Exception:  # the final output reports the problem through the request's result
-            logger.exception("could not read a streamed engine output")
-            return
-        stream.sent += len(new_ids)
-        try:
-            stream.deliver(delta)
-        except RuntimeError:  # the reader's event loop is closed: nobody reads, its abort is on the way
-            logger.debug("dropped a streamed delta: the reader's event loop is closed")
+        if result is not None:
+            result.set_result(Generation(
+                token_ids=sampled.token_ids, logprobs=sampled.logprobs,
+                finish_reason=completion.finish_reason or "abort", stop_reason=completion.stop_reason,
+                top_logprobs=sampled.top_logprobs, weight_versions=sampled.weight_versions,
+            ))  # fmt: skip
 
     def fail_all(self, exc: EngineError) -> None:
         """Fail every pending request with `exc` (when the thread ends)."""
@@ -226,3 +248,11 @@ class EngineThread:
             if not result.done():
                 result.set_exception(exc)
         self.pending.clear()
+
+
+def _hand_over(deliver: Callable[[Generation], None], delta: Generation) -> None:
+    """Give a streamed request's reader the tokens one step sampled."""
+    try:
+        deliver(delta)
+    except RuntimeError:  # the reader's event loop is closed: nobody reads, its abort is on the way
+        logger.debug("dropped a streamed delta: the reader's event loop is closed")

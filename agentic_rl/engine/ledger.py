@@ -3,7 +3,8 @@
 A user-written agent drives the engine itself and hands back `TokenRun`s; before such a run is trained, its
 sampled tokens must be what the engine sampled. `RecordingEngine` wraps any engine and records every completed
 request into a `SampleLedger`: the request's prompt ids (as a digest), the sampled ids, their logprobs and the
-engine's `weight_version` when the request was sent. `SampleLedger.check_run` then checks a run span by span:
+weight version of each (the engine's `Generation.weight_versions`; for an engine that does not set them, its
+`weight_version` when the request was sent). `SampleLedger.check_run` then checks a run span by span:
 
 - the response splits into maximal spans of mask 1; a span starting at response position `s` was sampled in the
   context `prompt_ids + response_ids[:s]`;
@@ -28,9 +29,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentic_rl.engine.base import Engine, Generation, StreamingEngine
+from agentic_rl.engine.base import Engine, Generation, StreamingEngine, sampled_versions
 from agentic_rl.engine.sampling import SamplingConfig
-from agentic_rl.types import INSERTED_VERSION, TokenRun
+from agentic_rl.types import INSERTED_VERSION, TokenRun, per_token_versions
 
 __all__ = ["RecordedSample", "RecordingEngine", "RunCheck", "SampleLedger"]
 
@@ -56,12 +57,12 @@ class RecordedSample:
     Attributes:
         token_ids: the sampled ids, int64, in order (the stop token included when the engine stopped on one).
         logprobs: their logprobs (nats) rounded to float32, one per id.
-        weight_version: the engine's `weight_version` when the request was sent.
+        weight_versions: the weight version that sampled each id, int64, one per id.
     """
 
     token_ids: array
     logprobs: array
-    weight_version: int
+    weight_versions: array
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,17 +102,22 @@ class SampleLedger:
         return self._count
 
     def record(self, prompt_ids: Sequence[int], token_ids: Sequence[int], logprobs: Sequence[float],
-               weight_version: int) -> None:  # fmt: skip
+               weight_version: int | Sequence[int]) -> None:  # fmt: skip
         """Record one output sampled from `prompt_ids`.
 
         Args:
             prompt_ids: the request's whole prompt, token ids.
             token_ids: the ids the engine sampled.
             logprobs: their logprobs (nats), one per id.
-            weight_version: the engine's `weight_version` when the request was sent.
+            weight_version: the weight version that sampled them: one per id (`Generation.weight_versions`), or
+                one int for all (the engine's `weight_version` when the request was sent).
+
+        Raises:
+            TrajectoryError: if a per-id `weight_version` is not one value per id.
         """
         key = _context_key(prompt_ids)
-        sample = RecordedSample(array("q", token_ids), array("f", logprobs), int(weight_version))
+        versions = array("q", per_token_versions(weight_version, len(token_ids)))
+        sample = RecordedSample(array("q", token_ids), array("f", logprobs), versions)
         with self._lock:
             self._samples.setdefault(key, []).append(sample)
             self._count += 1
@@ -125,10 +131,29 @@ class SampleLedger:
             return list(self._samples.get(key, ()))
 
     def clear(self) -> None:
-        """Drop every recorded output (the loop does so at the start of each training rollout)."""
+        """Drop every recorded output."""
         with self._lock:
             self._samples.clear()
             self._count = 0
+
+    def forget_before(self, weight_version: int) -> int:
+        """Drop the outputs whose first token was sampled before the engine reached `weight_version`, and empty
+        outputs (what the training loop does once no record that may still be trained can hold them).
+
+        Returns:
+            How many outputs were dropped.
+        """
+        with self._lock:
+            dropped = 0
+            for key in list(self._samples):
+                kept = [s for s in self._samples[key] if s.weight_versions and s.weight_versions[0] >= weight_version]
+                dropped += len(self._samples[key]) - len(kept)
+                if kept:
+                    self._samples[key] = kept
+                else:
+                    del self._samples[key]
+            self._count -= dropped
+            return dropped
 
     def check_run(self, run: TokenRun) -> RunCheck:
         """Check that every sampled span of `run` is what the engine sampled (rules in the module docstring).
@@ -238,7 +263,7 @@ class _RunChecker:
             n = min(len(want), len(sample.token_ids))
             problem = self._differs(sample, position, n)
             if problem is None:
-                self.found[position : position + n] = [sample.weight_version] * n
+                self.found[position : position + n] = sample.weight_versions[:n].tolist()
                 return n, ""
             problems.append(problem)
         best = max(problems, key=lambda p: p[0])
@@ -261,10 +286,10 @@ class _RunChecker:
                                f"{theirs!r}")  # fmt: skip
         if self.versions is not None:
             for j in range(n):
-                if self.versions[position + j] != sample.weight_version:
+                if self.versions[position + j] != sample.weight_versions[j]:
                     return n + 1, (
                         f"weight version of response token {position + j} is "
-                        f"{self.versions[position + j]}, the engine sampled it at {sample.weight_version}"
+                        f"{self.versions[position + j]}, the engine sampled it at {sample.weight_versions[j]}"
                     )
         return None
 
@@ -303,10 +328,11 @@ class RecordingEngine:
         return getattr(self._inner, name)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
-        """`inner.generate`, recording the result with the weight version read when the request was sent."""
+        """`inner.generate`, recording the result with its per-token weight versions (where `inner` sets none: the
+        weight version read when the request was sent)."""
         version = self._inner.weight_version
         generation = await self._inner.generate(prompt_ids, sampling)
-        self.ledger.record(prompt_ids, generation.token_ids, generation.logprobs, version)
+        self.ledger.record(prompt_ids, generation.token_ids, generation.logprobs, sampled_versions(generation, version))
         return generation
 
 
@@ -318,10 +344,12 @@ class _StreamingRecordingEngine(RecordingEngine):
         version = self._inner.weight_version
         ids: list[int] = []
         logprobs: list[float] = []
+        versions: list[int] = []
         try:
             async for delta in self._inner.stream(prompt_ids, sampling):  # type: ignore[attr-defined]
                 ids.extend(delta.token_ids)
                 logprobs.extend(delta.logprobs)
+                versions.extend(sampled_versions(delta, version))
                 yield delta
         finally:
-            self.ledger.record(prompt_ids, ids, logprobs, version)
+            self.ledger.record(prompt_ids, ids, logprobs, versions)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentic_rl.config import Config
 from agentic_rl.engine import weight_copy
@@ -69,8 +69,16 @@ class VLLMEngineConfig(Config):
             blocks only, so each turn's continuation recomputes the history's last, partial block: with vLLM's CPU
             default of 128 that was ~80 tokens per continuation (a multi-turn rollout prefilled 31% more tokens
             than the same work in one request); 32 is the smallest block vLLM's CPU backend took here.
-        logprobs_mode: vLLM's `logprobs_mode`: `raw_logprobs` (before temperature / top-p) or
-            `processed_logprobs` (of the distribution actually sampled from).
+        logprobs_mode: which distribution the recorded logprob of each sampled token is of (vLLM's
+            `logprobs_mode`; its names `raw_logprobs` / `processed_logprobs` are taken too). `raw`: the model's own
+            softmax, before anything `SamplingConfig` changes. `processed`: the distribution the token was sampled
+            from, as vLLM 0.32's `Sampler` builds it, in this order: allowed-token and bad-word masks, `min_tokens`
+            (stop tokens masked until then) and `logit_bias`, the repetition / frequency / presence penalties,
+            the temperature, `min_p`, then top-k and top-p (renormalized over the tokens they keep). The trainer
+            reproduces the temperature, top-k and top-p (`train.logprobs.SamplingDistribution`, `GRPOTrainer`'s
+            `sampling`), not the rest. A greedy request (temperature 0) reports log softmax of the penalized
+            logits. vLLM's FlashInfer and ROCm samplers cannot report processed logprobs; vLLM falls back to its
+            PyTorch sampler on those GPUs.
         enable_sleep_mode: let `sleep()` free engine memory while training (GPU/NPU only; ignored on the CPU).
         weight_version: the `weight_version` of the weights in `model` (a resumed training run starts its engine from
             a checkpoint that many updates in).
@@ -90,11 +98,17 @@ class VLLMEngineConfig(Config):
     max_num_seqs: Annotated[int, Field(ge=1)] = 256
     enable_prefix_caching: bool = True
     block_size: Annotated[int, Field(ge=1)] | None = None
-    logprobs_mode: Literal["raw_logprobs", "processed_logprobs", "raw_logits", "processed_logits"] = "raw_logprobs"
+    logprobs_mode: Literal["raw", "processed"] = "raw"
     enable_sleep_mode: bool = False
     weight_version: Annotated[int, Field(ge=0)] = 0
     weight_sync: Literal["in_place", "reload"] = "in_place"
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("logprobs_mode", mode="before")
+    @classmethod
+    def _vllm_logprobs_mode_name(cls, value: Any) -> Any:
+        names = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
+        return names.get(value, value) if isinstance(value, str) else value
 
 
 #: KV block size on the CPU, so that a turn's continuation recomputes at most 31 tokens of history the prefix cache
@@ -118,7 +132,7 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
         "seed": config.seed,
         "max_num_seqs": config.max_num_seqs,
         "enable_prefix_caching": config.enable_prefix_caching,
-        "logprobs_mode": config.logprobs_mode,
+        "logprobs_mode": f"{config.logprobs_mode}_logprobs",
     }
     from ascend.device import current_platform
 
@@ -138,6 +152,15 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
         kwargs["block_size"] = config.block_size
     kwargs.update(config.engine_kwargs)
     return kwargs
+
+
+def _set_paused(worker: EngineThread, paused: bool) -> Callable[[Any], None]:
+    """A `call` function that pauses (or resumes) the engine thread's stepping; it runs on that thread."""
+
+    def set_paused(llm: Any) -> None:
+        worker.paused = paused
+
+    return set_paused
 
 
 def _refresh_tied_lm_head(model: Any) -> None:
@@ -178,14 +201,14 @@ class VLLMEngine:
 
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
-        self._worker = EngineThread()  # the engine thread's state; the event loop only sends it messages
+        # The engine thread's state; the event loop only sends it messages (and reads its weight version).
+        self._worker = EngineThread(config.weight_version)
         self._thread: threading.Thread | None = None
         self._ready: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._ids = itertools.count()
         self._max_model_len = config.max_model_len
         self._dead: BaseException | None = None
         self._closed = False
-        self._weight_version = config.weight_version
         self.last_weight_sync: str | None = None  # how the last `update_weights` loaded (the path, for logs/tests)
 
     @property
@@ -315,6 +338,7 @@ class VLLMEngine:
                 finish_reason=final.finish_reason,
                 stop_reason=final.stop_reason,
                 top_logprobs=None if final.top_logprobs is None else final.top_logprobs[sent:],
+                weight_versions=None if final.weight_versions is None else final.weight_versions[sent:],
             )
         finally:
             if not result.done() or result.cancelled():
@@ -322,8 +346,38 @@ class VLLMEngine:
 
     @property
     def weight_version(self) -> int:
-        """How many weight updates the weights went through (`config.weight_version` = those it was built with)."""
-        return self._weight_version
+        """How many weight updates the weights went through (`config.weight_version` = those it was built with).
+
+        The engine thread bumps it inside `update_weights`, between two engine steps, so it is the version of the
+        weights the next engine step samples with; the `weight_versions` of each `Generation` are read from it.
+        """
+        return self._worker.weight_version
+
+    @property
+    def generation_paused(self) -> bool:
+        """True between `pause_generation` and `resume_generation` (as the engine thread last saw them)."""
+        return self._worker.paused
+
+    async def pause_generation(self) -> None:
+        """Stop sampling until `resume_generation`, keeping every request in flight and its KV cache.
+
+        Once this returns, the engine thread runs no engine step: requests in flight keep the tokens sampled so far
+        (a stream has been handed every one of them), new requests are accepted and wait, and `call` and
+        `update_weights` still run, so the tokens sampled after resuming carry the new `weight_version`.
+        Idempotent; `close()` while paused fails what is pending, as always.
+
+        Raises:
+            EngineError: if the engine is not running.
+        """
+        await self.call(_set_paused(self._worker, True))
+
+    async def resume_generation(self) -> None:
+        """Sample again after `pause_generation`: paused and waiting requests continue. Idempotent.
+
+        Raises:
+            EngineError: if the engine is not running.
+        """
+        await self.call(_set_paused(self._worker, False))
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> float:
         """Load new weights into the running engine, in place, between two engine steps.
@@ -333,7 +387,9 @@ class VLLMEngine:
         preempted, so that their KV is recomputed with the new weights on the next step (they keep the tokens
         sampled so far), and the prefix cache is reset. Where that reset cannot be done at once (a vLLM without
         preemption on reset), requests that arrive later wait until the requests in flight have finished and the
-        reset succeeded. `weight_version` goes up by one.
+        reset succeeded. `weight_version` goes up by one on the engine thread, before its next step: a request in
+        flight has the old version on the tokens sampled before and the new one on those after
+        (`Generation.weight_versions`).
 
         How the weights are loaded follows `config.weight_sync`: on vLLM's CPU backend, an in-place copy through the
         model's own loaders that re-packs only layers served from a packed copy (see `weight_copy`); elsewhere, or
@@ -358,7 +414,7 @@ class VLLMEngine:
             tied = getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
             weights = [(n, t) for n, t in tensors if not (tied and n.endswith("lm_head.weight"))]
             why_not = "weight_sync is 'reload'" if self.config.weight_sync == "reload" else weight_copy.unavailable(llm)
-            with counted_casts(f"weight sync to version {self._weight_version + 1}"):
+            with counted_casts(f"weight sync to version {self._worker.weight_version + 1}"):
                 if why_not is None:
                     stats = weight_copy.copy_weights(llm, weights, self._worker.scratch)
                     path = f"in-place copy of {stats.tensors} tensors, {stats.repacked} layers re-packed"
@@ -367,14 +423,14 @@ class VLLMEngine:
                     if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
                         llm.apply_model(_refresh_tied_lm_head)
                     path = f"vLLM reload_weights (in-place copy not used: {why_not})"
-            # Set on the engine thread before it takes any further request from the inbox.
+            # Both set on the engine thread before its next step and before it takes any further request.
+            self._worker.weight_version += 1
             self._worker.stale_cache = not _drop_old_kv(llm)
             return time.perf_counter() - t0, path
 
         seconds, path = await self.call(load)
-        self._weight_version += 1
         self.last_weight_sync = path
-        logger.info("weights updated to version %d in %.2f s: %s", self._weight_version, seconds, path)
+        logger.info("weights updated to version %d in %.2f s: %s", self._worker.weight_version, seconds, path)
         return seconds
 
     def _can_sleep(self) -> bool:

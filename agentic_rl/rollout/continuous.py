@@ -32,7 +32,7 @@ from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.runner import check_n_parallel_agents
 from agentic_rl.types import Trajectory
 
-__all__ = ["ContinuousRollout", "Group", "PendingGroup"]
+__all__ = ["ContinuousRollout", "Group", "PendingGroup", "drop_stale_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -249,3 +249,31 @@ class ContinuousRollout:
     async def _wait_until(self, condition: Callable[[], bool]) -> None:
         while not condition():
             await self._changed.wait()
+
+
+def drop_stale_groups(groups: Sequence[Group], weight_version: int, max_staleness: int) -> int:
+    """Refuse, in place, every group holding a sampled token more than `max_staleness` versions older than
+    `weight_version` (the weights the step updates): each of its trajectories fails with the reason in `error` and
+    `metrics["refused"]`, so none of its tokens is trained (`tokens_excluded_refused`). Admission and due groups
+    make this impossible for the built-in rollout; it guards the bound against a rollout that samples outside it
+    (say, an agent that reuses tokens of an earlier call). Tokens whose version is not recorded are not judged.
+
+    Returns:
+        How many groups were dropped (`groups_dropped_stale`).
+    """
+    dropped = 0
+    for group in groups:
+        oldest = min((v for t in group.trajectories if t is not None for run in t.token_runs()
+                      for v, m in zip(run.weight_versions or (), run.response_mask, strict=False) if m and v >= 0),
+                     default=None)  # fmt: skip
+        if oldest is None or weight_version - oldest <= max_staleness:
+            continue
+        dropped += 1
+        reason = (f"stale: a token sampled by weight version {oldest} is more than max_staleness={max_staleness} "
+                  f"versions older than the weights it would update ({weight_version})")  # fmt: skip
+        for t in group.trajectories:
+            if t is not None and not t.failed:
+                t.failed, t.error = True, f"refused for training: {reason}"
+                t.metrics["refused"] = reason
+        logger.warning("group of task position %d (batch %d) dropped: %s", group.position, group.batch, reason)
+    return dropped

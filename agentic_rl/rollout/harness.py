@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from agentic_rl.chat import Segment, check_alignment
-from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.engine.base import Engine, Generation, sampled_versions
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.engine.turns import ABORTED, CUT, TurnEnd, read_turn
 from agentic_rl.environments.base import Sample, StepResult
@@ -403,7 +403,7 @@ async def _generate(
     """
     assert state.sample is not None
     run = state.recorder.current
-    version = spec.engine.weight_version  # stamped on the turn and its tokens: the weights it sampled with
+    version = spec.engine.weight_version  # stamped on the turn (and on its tokens if the engine does not say)
     t0 = time.perf_counter()
     generation = await _generate_within(spec.engine, run.prompt_ids + run.response_ids, sampling,
                                         spec.config.turn_timeout_s)  # fmt: skip
@@ -416,7 +416,8 @@ async def _generate(
             f"the engine ended turn {turn} with finish_reason {generation.finish_reason!r} after {len(ids)} "
             "sampled tokens; an aborted turn is never trained"
         )
-    run, span = state.recorder.sample(ids[: end.kept], generation.logprobs[: end.kept], version)
+    versions = sampled_versions(generation, version)  # per token: the weights whose forward pass sampled it
+    run, span = state.recorder.sample(ids[: end.kept], generation.logprobs[: end.kept], versions[: end.kept])
     state.segments.append(Segment(tuple(ids[: end.kept]), sampled=True))
     if end.tail_ids:
         _insert(state, end.tail_ids)
@@ -428,6 +429,8 @@ async def _generate(
         state.memory.add_message({"role": "assistant", "content": end.content or "(no output)"})
     info: dict[str, Any] = {"finish_reason": generation.finish_reason, "stop_reason": generation.stop_reason,
                             "sampled_tokens": len(ids), "weight_version": version, "llm_time_s": llm_time_s}  # fmt: skip
+    if versions:  # [min, max] of its tokens: they differ when the weights changed while the turn was sampled
+        info["weight_versions"] = [min(versions), max(versions)]
     if end.kept < len(ids):  # the stop token or the tokens of a stop string: not part of the turn's content
         info["unrecorded_tokens"] = len(ids) - end.kept
     step = Step(chat_completions=list(state.sample.messages), thought=split_thought(end.content)[0],

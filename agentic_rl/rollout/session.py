@@ -5,8 +5,9 @@ new tasks, lets every turn in flight finish (a generation is never interrupted; 
 then checkpoints each unfinished trajectory at the next turn boundary. It returns a `SuspendedRollout`: the tasks
 not started yet and one `TrajectoryCheckpoint` per suspended trajectory. `rollout.resume(suspended)` continues
 them; with greedy decoding, the same weights and the same batch composition the final trajectories equal those of
-an uninterrupted run. Every turn records the engine's `weight_version`, so a trajectory resumed after
-`engine.update_weights` says which weights sampled each turn.
+an uninterrupted run. Every turn records the engine's `weight_version`, and every sampled token the version whose
+weights sampled it (`TokenRun.weight_versions`), so a trajectory resumed after `engine.update_weights` says which
+weights sampled each turn.
 
 Suspended trajectories keep their environment open (tool sessions, sandbox processes): resume them in the same
 process with the same `Rollout`, or call `discard` to close them.

@@ -12,8 +12,10 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import anyio
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine
@@ -38,8 +40,13 @@ class TrainingRollout(Protocol):
     """Tasks in, one trajectory per task out (in task order), sampled with the given options."""
 
     ledger: SampleLedger  # what the engine sampled for this rollout source
+    whole_batches: bool  # `run` must get a whole batch per call (calls do not overlap): see `ContinuousRollout`
 
-    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig) -> list[Trajectory]: ...
+    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *,
+                  indices: Sequence[int] | None = None) -> list[Trajectory]:
+        """One trajectory per task, in task order; `indices` are the tasks' positions in their batch (which offset
+        their sampling seeds; default 0, 1, ...)."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -51,12 +58,14 @@ class SpecRollout:
     spec: RolloutSpec
     n_parallel_agents: int
     ledger: SampleLedger
+    whole_batches: bool = False
 
-    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig) -> list[Trajectory]:
+    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *,
+                  indices: Sequence[int] | None = None) -> list[Trajectory]:  # fmt: skip
         from agentic_rl.rollout.session import Rollout
 
         rollout = Rollout(self.spec.with_sampling(sampling), n_parallel_agents=self.n_parallel_agents)
-        return list((await rollout.run(list(tasks))).trajectories)
+        return list((await rollout.run(list(tasks), indices=indices)).trajectories)
 
     async def aclose(self) -> None:
         await self.spec.environment.aclose()
@@ -68,18 +77,23 @@ class AgentRollout:
 
     agent: BaseEngineWrapper
     ledger: SampleLedger
+    whole_batches: bool = True  # the agent's sampling options are its own state: one call at a time
+    _lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
 
-    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig) -> list[Trajectory]:
-        """The agent's trajectories of `tasks`, in task order.
+    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *,
+                  indices: Sequence[int] | None = None) -> list[Trajectory]:  # fmt: skip
+        """The agent's trajectories of `tasks`, in task order; one call at a time, each with its own sampling options
+        (`indices` is not used: the agent seeds its own requests from the options it is given).
 
         Raises:
             TrainingError: if the agent raised or returned a list of another length (the trajectories could not be
                 matched to their tasks).
         """
-        self.agent.set_sampling(sampling.model_dump(exclude_none=True))
         name = type(self.agent).__name__
         try:
-            out = await collect_trajectories(self.agent, tasks)
+            async with self._lock:
+                self.agent.set_sampling(sampling.model_dump(exclude_none=True))
+                out = await collect_trajectories(self.agent, tasks)
         except Exception as exc:
             raise TrainingError(f"agent {name} failed to roll out {len(tasks)} tasks: {_describe(exc)}") from exc
         if len(out) != len(tasks):

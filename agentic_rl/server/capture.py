@@ -50,7 +50,9 @@ class CapturedTurn:
         text: the text the client received (completions) or the decoded sampled text (chat).
         template_kwargs: the request's `chat_template_kwargs`.
         streamed: whether the call was answered as a stream.
-        weight_version: the engine weight version that sampled the call.
+        weight_version: the engine's weight version when the call was prepared.
+        weight_versions: the weight version that sampled each of `response_ids` (they differ when the weights
+            changed while the call was sampled); None: `weight_version` for all. Moved into the run by `record`.
         run: index of the trajectory's token run the call was sampled in (set by `record`).
         span: `[start, end)` of its sampled ids in that run's `response_ids` (set by `record`).
     """
@@ -67,6 +69,7 @@ class CapturedTurn:
     template_kwargs: dict[str, Any] | None = None
     streamed: bool = False
     weight_version: int = 0
+    weight_versions: list[int] | None = None
     run: int = 0
     span: tuple[int, int] = (0, 0)
 
@@ -256,9 +259,11 @@ class TrajectoryRecorder:
                 recorder.insert(turn.prompt_ids[recorder.current.total_length :])  # the observation and its glue
             else:
                 recorder.start(turn.prompt_ids)
-            _, span = recorder.sample(turn.response_ids, turn.logprobs, turn.weight_version)
+            versions = turn.weight_version if turn.weight_versions is None else turn.weight_versions
+            _, span = recorder.sample(turn.response_ids, turn.logprobs, versions)
             captured.turns.append(dataclasses.replace(turn, prompt_ids=[], response_ids=[], logprobs=[],
-                                                      run=len(recorder.runs) - 1, span=span))  # fmt: skip
+                                                      weight_versions=None, run=len(recorder.runs) - 1,
+                                                      span=span))  # fmt: skip
             self._captured.move_to_end(trajectory_id)
             while len(self._captured) > self.max_trajectories:
                 self._captured.popitem(last=False)
@@ -302,6 +307,9 @@ def _step(turn: CapturedTurn, run: TokenRun, call_format: str) -> Step:
     info = {"finish_reason": turn.finish_reason, "continued": turn.continued, "streamed": turn.streamed,
             "weight_version": turn.weight_version, **({"tools": turn.tools} if turn.tools else {}),
             **({"chat_template_kwargs": turn.template_kwargs} if turn.template_kwargs else {})}  # fmt: skip
+    versions = (run.weight_versions or [])[turn.span[0] : turn.span[1]]
+    if versions:  # [min, max] of its tokens: they differ when the weights changed while the call was sampled
+        info["weight_versions"] = [min(versions), max(versions)]
     return Step(
         chat_completions=[*(turn.messages or []), *([turn.response_message] if turn.response_message else [])],
         action=action_text(_written(turn, call_format)),

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from agentic_rl.chat import ChatRenderer
-from agentic_rl.engine.base import Generation
+from agentic_rl.engine.base import Generation, sampled_versions
 from agentic_rl.engine.turns import read_turn
 from agentic_rl.parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, find_tool_calls
 from agentic_rl.server.capture import CapturedTurn, TrajectoryRecorder
@@ -173,6 +173,7 @@ def record_call(
         call.prompt_ids, gen.token_ids, gen.logprobs, call.continued, gen.finish_reason, messages=call.messages,
         response_message=message, tools=call.tools, text=text, template_kwargs=call.template_kwargs,
         streamed=call.request.stream, weight_version=call.weight_version,
+        weight_versions=sampled_versions(gen, call.weight_version),
     ))  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from agentic_rl.engine.base import Engine, Generation
+from agentic_rl.engine.base import Engine, Generation, sampled_versions
 from agentic_rl.errors import EngineError
 from agentic_rl.server.capture import TrajectoryRecorder
 from agentic_rl.server.engine_calls import choice_deltas, engine_failure, failed_request
@@ -56,6 +56,7 @@ class _Choice:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list[dict[int, float]] = []
+        self.versions: list[int] = []  # the weight version of each id
         self.sent = ""
         self.started = False
         self.final: Generation | None = None
@@ -124,8 +125,8 @@ async def stream_chunks(
     if call.trajectory_id is not None:
         c = choices[0]
         assert c.final is not None
-        record_call(recorder, call, Generation(c.ids, c.logprobs, c.final.finish_reason, c.final.stop_reason),
-                    c.message, c.text)  # fmt: skip
+        whole = Generation(c.ids, c.logprobs, c.final.finish_reason, c.final.stop_reason, weight_versions=c.versions)
+        record_call(recorder, call, whole, c.message, c.text)
 
 
 def _delta_chunks(
@@ -134,6 +135,7 @@ def _delta_chunks(
     """The chunks for one engine delta of one choice (the last delta also closes the choice)."""
     choice.ids += delta.token_ids
     choice.logprobs += delta.logprobs
+    choice.versions += sampled_versions(delta, call.weight_version)
     if delta.top_logprobs is not None:
         choice.tops += delta.top_logprobs
     extra: dict[str, Any] = {"token_ids": delta.token_ids, "sampled_logprobs": finite_logprobs(delta.logprobs)}

@@ -10,33 +10,21 @@ import torch
 
 from agentic_rl.errors import ConfigError, TrajectoryError
 from agentic_rl.train.buckets import length_buckets
+from agentic_rl.train.logprobs import SamplingDistribution, sampling_logprobs, token_logprobs
+from agentic_rl.train.off_policy import (
+    LOG_RATIO_MAX,
+    ImportanceWeights,
+    OffPolicyConfig,
+    importance_weights,
+    sequence_sums,
+)
 from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_length, suffix_inputs
 
 __all__ = ["LOG_RATIO_MAX", "LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] per position, computed row by row to bound memory.
-
-    Args:
-        logits: (B, T, V) float.
-        targets: (B, T) int64.
-
-    Returns:
-        (B, T) float32 log-probabilities in nats.
-    """
-    # A (T, V) float32 copy at a time instead of (B, T, V). Rows come from `unbind`, whose backward stacks the B row
-    # gradients once; indexing `logits[i]` instead made every row's backward a zero-filled (B, T, V) tensor, summed
-    # B times (12% of a SmolLM2-135M SFT step on the CPU).
-    rows = [
-        row.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1)
-        for row, target in zip((r.float() for r in logits.unbind(0)), targets.unbind(0), strict=True)
-    ]
-    return torch.stack(rows) if rows else torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
-
-
 def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = True,  # noqa: ANN001
-                      bucket: bool = True) -> torch.Tensor:  # fmt: skip
+                      bucket: bool = True, distribution: SamplingDistribution | None = None) -> torch.Tensor:  # fmt: skip
     """Log-probabilities the model gives each response token of a packed batch (`PackedBatch`).
 
     Only the columns that predict response tokens go through the output head when the model takes
@@ -50,6 +38,10 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
     - `bucket`: rows of similar length run as separate forward passes, each padded only to its own rows
       (`train.buckets.length_buckets`), and their logprobs are put back in row order.
 
+    With a `distribution` (the engine's temperature, top-k and top-p), each logprob is that of the tempered,
+    truncated and renormalized distribution the engine sampled from (`sampling_logprobs`), what vLLM reports with
+    `logprobs_mode="processed_logprobs"`; None or a plain one: the model's own softmax (`token_logprobs`).
+
     Returns:
         (B, R) float32; the logits predicting response token j come from column P - 1 + j. Columns past a row's
         last real response token hold 0 or the logprob of a pad token (masked by `response_mask` either way).
@@ -59,16 +51,16 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
     if not _forward_takes(model, "logits_to_keep"):
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                   "position_ids": batch.position_ids}  # fmt: skip
-        return token_logprobs(model(**inputs).logits[:, p - 1 : p - 1 + r], batch.responses)
+        return sampling_logprobs(model(**inputs).logits[:, p - 1 : p - 1 + r], batch.responses, distribution)
     k = shared_prefix_length(batch.input_ids, batch.attention_mask, p) if share_prefix else 0
     cache = _prefix_cache(model, batch, k) if k >= MIN_SHARED_PREFIX else None
     k = k if cache is not None else 0
     groups = length_buckets(batch.attention_mask, p, skip=k) if bucket else []
     if len(groups) < 2:
-        return _logprobs(model, batch, cache, k)
+        return _logprobs(model, batch, cache, k, distribution)
     parts = []
     for rows in groups:
-        part = _logprobs(model, batch.select(rows, trim=True), cache, k)
+        part = _logprobs(model, batch.select(rows, trim=True), cache, k, distribution)
         parts.append(torch.nn.functional.pad(part, (0, r - part.shape[1])))
     order = torch.cat(groups)
     inverse = torch.empty_like(order)
@@ -105,8 +97,10 @@ def _plain_full_attention(cache: object) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
-def _logprobs(model: torch.nn.Module, batch, cache, k: int) -> torch.Tensor:  # noqa: ANN001
-    """(B, R) response logprobs of one forward pass; rows read their first k tokens from `cache` when k > 0."""
+def _logprobs(model: torch.nn.Module, batch, cache, k: int,  # noqa: ANN001
+              distribution: SamplingDistribution | None = None) -> torch.Tensor:  # fmt: skip
+    """(B, R) response logprobs (under `distribution`, `sampling_logprobs`) of one forward pass; rows read their
+    first k tokens from `cache` when k > 0."""
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
     if k:
         grown = cache.get_seq_length() - k  # what an earlier group's pass appended to the prefix
@@ -121,7 +115,7 @@ def _logprobs(model: torch.nn.Module, batch, cache, k: int) -> torch.Tensor:  # 
     r = batch.responses.shape[1]
     width = inputs["input_ids"].shape[1]
     keep = torch.arange(width - r - 1, width - 1, device=batch.input_ids.device)
-    return token_logprobs(model(**inputs, logits_to_keep=keep).logits, batch.responses)
+    return sampling_logprobs(model(**inputs, logits_to_keep=keep).logits, batch.responses, distribution)
 
 
 def _forward_takes(model: torch.nn.Module, argument: str) -> bool:
@@ -130,10 +124,6 @@ def _forward_takes(model: torch.nn.Module, argument: str) -> bool:
         return argument in inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return False
-
-
-LOG_RATIO_MAX = 20.0
-"""Upper bound (nats) on a log-ratio before `exp`, in the policy ratio and in the k3 KL (see `grpo_loss`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +145,11 @@ class LossOutput:
         kl_clamp_fraction: share of response tokens whose KL log-ratio (ref - new) exceeded `LOG_RATIO_MAX` and was
             clamped (0 without a KL term).
         approx_kl_old: mean of (old_logprobs - new_logprobs) on response tokens, a drift diagnostic.
+        is_weight_mean, is_weight_max: mean and max over response tokens of the importance weight
+            w = pi_prox / pi_behav before truncation or masking (`off_policy.importance_weights`; with no proximal
+            logprobs given, pi_prox is the policy itself: w = exp(new - old)); 0 for a batch without any.
+        is_truncated_fraction: share of response tokens whose weight `tis` truncated.
+        is_masked_fraction: share of response tokens `mask` gave weight 0.
     """
 
     loss: torch.Tensor
@@ -164,6 +159,10 @@ class LossOutput:
     dual_clip_fraction: torch.Tensor
     kl_clamp_fraction: torch.Tensor
     approx_kl_old: torch.Tensor
+    is_weight_mean: torch.Tensor
+    is_weight_max: torch.Tensor
+    is_truncated_fraction: torch.Tensor
+    is_masked_fraction: torch.Tensor
 
 
 def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids: torch.Tensor | None,
@@ -181,14 +180,7 @@ def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids
     if mode == "token-mean":
         return masked.sum() / (mask.sum().clamp(min=1) if normalizer is None else normalizer)
     if mode == "sequence-mean":
-        if sequence_ids is None:
-            sequence_ids = torch.arange(values.shape[0], device=values.device)
-        _, seq = torch.unique(sequence_ids, return_inverse=True)
-        n = int(seq.max()) + 1 if seq.numel() else 0
-        sums = torch.zeros(n, dtype=values.dtype, device=values.device).index_add(0, seq, masked.sum(-1))
-        counts = torch.zeros(n, dtype=values.dtype, device=values.device).index_add(
-            0, seq, mask.to(values.dtype).sum(-1)
-        )
+        _, sums, counts = sequence_sums(masked, mask, sequence_ids)
         present = counts > 0
         per_sequence = sums / counts.clamp(min=1)
         return (per_sequence * present).sum() / (present.sum().clamp(min=1) if normalizer is None else normalizer)
@@ -210,17 +202,20 @@ def _check_finite(
     response_mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
     sequence_ids: torch.Tensor | None,
+    proximal_logprobs: torch.Tensor | None = None,
 ) -> None:
     if old_logprobs.shape != new_logprobs.shape or response_mask.shape != new_logprobs.shape:
         raise TrajectoryError(f"new_logprobs {tuple(new_logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} "
                               f"and response_mask {tuple(response_mask.shape)} must have one (B, R) shape")  # fmt: skip
     if advantages.shape not in (new_logprobs.shape, new_logprobs.shape[:1]):
         raise TrajectoryError(f"advantages must be (B,) or (B, R), got {tuple(advantages.shape)}")
-    if ref_logprobs is not None and ref_logprobs.shape != new_logprobs.shape:
-        raise TrajectoryError(f"ref_logprobs must be (B, R) like new_logprobs, got {tuple(ref_logprobs.shape)}")
+    for name, tensor in (("ref_logprobs", ref_logprobs), ("proximal_logprobs", proximal_logprobs)):
+        if tensor is not None and tensor.shape != new_logprobs.shape:
+            raise TrajectoryError(f"{name} must be (B, R) like new_logprobs, got {tuple(tensor.shape)}")
     if sequence_ids is not None and sequence_ids.shape != new_logprobs.shape[:1]:
         raise TrajectoryError(f"sequence_ids must be (B,), got {tuple(sequence_ids.shape)}")
-    tensors = {"old_logprobs": old_logprobs, "advantages": advantages, "ref_logprobs": ref_logprobs}
+    tensors = {"old_logprobs": old_logprobs, "advantages": advantages, "ref_logprobs": ref_logprobs,
+               "proximal_logprobs": proximal_logprobs}  # fmt: skip
     for name, tensor in tensors.items():
         if tensor is not None and not bool(torch.isfinite(tensor).all()):
             raise TrajectoryError(f"{name} holds {int((~torch.isfinite(tensor)).sum())} NaN or Inf value(s)")
@@ -243,33 +238,31 @@ def grpo_loss(
     loss_agg_mode: Literal["token-mean", "sequence-mean"] = "token-mean",
     sequence_ids: torch.Tensor | None = None,
     normalizer: float | None = None,
+    off_policy: OffPolicyConfig | None = None,
+    proximal_logprobs: torch.Tensor | None = None,
 ) -> LossOutput:
-    """Dual-clipped importance-ratio policy loss with an optional k3 KL penalty.
+    """Dual-clipped importance-ratio policy loss, decoupled from the behaviour policy or not, with a k3 KL penalty.
 
     Per response token, with the trajectory's advantage A on each of its tokens (GRPO, Shao et al. 2024,
-    "DeepSeekMath"):
+    "DeepSeekMath"), and r = exp(min(new - old, LOG_RATIO_MAX)) (`_policy_ratio`):
 
-    - ratio = exp(min(new - old, LOG_RATIO_MAX)) (`_policy_ratio`);
-    - clipped objective: J = min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A) (PPO, Schulman et al.
-      2017, "Proximal Policy Optimization Algorithms", eq. 7; `_clipped_surrogate`);
+    - clipped objective: J = min(r * A, clip(r, 1 - clip_low, 1 + clip_high) * A) (PPO, Schulman et al. 2017,
+      "Proximal Policy Optimization Algorithms", eq. 7; `_clipped_surrogate`);
     - dual clip: for A < 0, J = max(J, clip_ratio_c * A) (Ye et al. 2020, "Mastering Complex Control in MOBA Games
-      with Deep Reinforcement Learning"; `_dual_clip`);
-    - pg = -J.
+      with Deep Reinforcement Learning"; `_dual_clip`); pg = -J.
+    - decoupled PPO (`off_policy` `tis` or `mask`; Hilton et al. 2021, see `train.off_policy`): r = exp(min(new -
+      prox, LOG_RATIO_MAX)), pg = -w' * J, w' the truncated or masked constant weight pi_prox / pi_behav (= old).
 
     KL to the reference uses the k3 estimator exp(d) - d - 1 with d = min(ref - new, LOG_RATIO_MAX) (Schulman 2020,
     "Approximating KL Divergence"; `_k3_kl`). `token-mean` averages over all response tokens of the batch (DAPO, Yu
-    et al. 2025); `sequence-mean` averages over each sequence's tokens first, then over sequences (the original
-    GRPO; `_aggregate`). loss = pg + kl_coef * KL. With `normalizer` N, both are sums divided by N instead: a
-    batch that is one part of a step (a micro-batch, a rank's rows) then adds exactly its part of the step's
-    mean when N counts the whole step's tokens (`token-mean`) or sequences (`sequence-mean`).
-
-    Both log-ratios are clamped to at most LOG_RATIO_MAX = 20 nats before `exp` (why that costs no useful gradient:
-    `_policy_ratio`, `_k3_kl`); there is no lower bound. Everything is computed in float32 whatever the input dtype
-    (float16's range would overflow at e^11).
+    et al. 2025); `sequence-mean` over each sequence's tokens, then over sequences (GRPO; `_aggregate`); a masked
+    token counts in both with weight 0. loss = pg + kl_coef * KL. With `normalizer` N, both are sums divided by N: a
+    batch that is one part of a step then adds exactly its part of the step's mean. Log-ratios are bounded above by
+    LOG_RATIO_MAX = 20 nats before `exp` (`_policy_ratio`, `_k3_kl`); all is float32 whatever the input dtype.
 
     Args:
         new_logprobs: (B, R) float, log-probabilities (nats) under the policy being trained (with gradient).
-        old_logprobs: (B, R) float, the engine's logprobs at sampling time (nats).
+        old_logprobs: (B, R) float, the engine's logprobs at sampling time (nats): the behaviour policy.
         advantages: (B,) or (B, R) float.
         response_mask: (B, R) float or bool, 1 on the tokens that enter the loss (sampled tokens of valid rows).
         clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high].
@@ -277,35 +270,63 @@ def grpo_loss(
         ref_logprobs: (B, R) reference-policy logprobs (nats), or None.
         kl_coef: weight of the KL term.
         loss_agg_mode: `token-mean` or `sequence-mean`.
-        sequence_ids: (B,) int, rows with one id are parts of one sequence for `sequence-mean` (the runs of a
-            trajectory whose history memory rewrote); default: every row is its own sequence.
+        sequence_ids: (B,) int, rows with one id are parts of one sequence for `sequence-mean` and `sequence`-level
+            masking (the runs of a trajectory whose history memory rewrote); default: every row is its own sequence.
         normalizer: the divisor of `pg_loss` and `kl` (> 0); None: this batch's count of response tokens
             (`token-mean`) or of sequences with one (`sequence-mean`).
+        off_policy: the correction; None or `none`: plain PPO on new / old (no decoupling).
+        proximal_logprobs: (B, R) float, log pi_prox (nats); None: new_logprobs detached (the policy before the
+            step, when a batch takes one optimizer step). Under `none` only the IS diagnostics read it.
 
     Returns:
         A `LossOutput`; rows without response tokens contribute nothing, and an all-masked batch gives loss 0.
 
     Raises:
         ConfigError: for an unknown `loss_agg_mode`, `clip_ratio_c` <= 1, or `normalizer` <= 0.
-        TrajectoryError: naming the tensor, if `old_logprobs`, `advantages` or `ref_logprobs` holds NaN or Inf
-            anywhere, or `new_logprobs` does on a response token (a diverged policy); or if shapes disagree.
+        TrajectoryError: naming the tensor, if `old_logprobs`, `advantages`, `ref_logprobs` or `proximal_logprobs`
+            holds NaN or Inf anywhere, or `new_logprobs` does on a response token; or if shapes disagree.
     """
     _check_settings(clip_ratio_c, normalizer)
-    _check_finite(new_logprobs, old_logprobs, advantages, response_mask, ref_logprobs, sequence_ids)
+    _check_finite(new_logprobs, old_logprobs, advantages, response_mask, ref_logprobs, sequence_ids, proximal_logprobs)
     new = new_logprobs.float()
     mask = response_mask.float()
     on_response = mask.bool()  # `where`, not `* mask`: a NaN on a padding position must not reach the loss
     adv = advantages.float() if advantages.dim() == 2 else advantages.float()[:, None].expand_as(new)
     log_ratio = torch.where(on_response, new - old_logprobs.float(), 0.0)
-    objective, ratio_clipped = _clipped_surrogate(_policy_ratio(log_ratio), adv, clip_low, clip_high)
-    objective, dual = _dual_clip(objective, adv, clip_ratio_c)
+    proximal = new.detach() if proximal_logprobs is None else proximal_logprobs.float()
+    weights = importance_weights(proximal, old_logprobs, mask, off_policy or _NO_CORRECTION, sequence_ids)
+    log_ratio_prox = torch.where(on_response, new - proximal, 0.0) if weights.decoupled else log_ratio
+    objective, ratio_clipped, dual = _objective(log_ratio_prox, adv, weights, clip_low, clip_high, clip_ratio_c)
     pg_loss = _aggregate(-objective, mask, loss_agg_mode, sequence_ids, normalizer)
     kl = torch.zeros((), device=new.device)
     kl_clamped = torch.zeros_like(on_response)
     if ref_logprobs is not None and kl_coef:
         kl, kl_clamped = _k3_kl(new, ref_logprobs, mask, loss_agg_mode, sequence_ids, normalizer)
     return _loss_output(pg_loss + kl_coef * kl, pg_loss, kl, log_ratio, mask, clipped=ratio_clipped | dual, dual=dual,
-                        kl_clamped=kl_clamped)  # fmt: skip
+                        kl_clamped=kl_clamped, weights=weights)  # fmt: skip
+
+
+_NO_CORRECTION = OffPolicyConfig(correction="none")
+
+
+def _objective(log_ratio: torch.Tensor, adv: torch.Tensor, weights: ImportanceWeights, clip_low: float,
+               clip_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The dual-clipped objective J of each token, times its importance weight when `weights.decoupled`.
+
+    Args:
+        log_ratio: (B, R) float32, new - old (plain PPO) or new - proximal (decoupled) logprob, 0 off the response.
+        adv: (B, R) float32 advantage of each token.
+        weights: the importance weights (`off_policy.importance_weights`).
+        clip_low, clip_high, clip_ratio_c: as `grpo_loss` takes them.
+
+    Returns:
+        J, (B, R) float32; (B, R) bool where the ratio clip won; (B, R) bool where the dual clip replaced J.
+    """
+    objective, ratio_clipped = _clipped_surrogate(_policy_ratio(log_ratio), adv, clip_low, clip_high)
+    objective, dual = _dual_clip(objective, adv, clip_ratio_c)
+    if weights.decoupled:
+        objective = weights.weight * objective
+    return objective, ratio_clipped, dual
 
 
 def _policy_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -398,6 +419,7 @@ def _loss_output(
     clipped: torch.Tensor,
     dual: torch.Tensor,
     kl_clamped: torch.Tensor,
+    weights: ImportanceWeights,
 ) -> LossOutput:
     """The loss with its detached diagnostics, each flag counted as a share of the response tokens.
 
@@ -406,6 +428,7 @@ def _loss_output(
         log_ratio: (B, R) float32 new - old logprob (nats), 0 off the response.
         mask: (B, R) float32 response mask.
         clipped, dual, kl_clamped: (B, R) bool, tokens any clip cut off, the dual clip alone, a clamped KL log-ratio.
+        weights: the importance weights (their raw values, truncated and masked tokens are reported).
 
     Returns:
         The `LossOutput`.
@@ -417,6 +440,10 @@ def _loss_output(
         def share(flags: torch.Tensor) -> torch.Tensor:
             return (flags & on_response).sum() / tokens
 
+        raw = weights.raw[on_response]
         return LossOutput(loss=loss, pg_loss=pg_loss.detach(), kl=kl.detach(), clip_fraction=share(clipped),
                           dual_clip_fraction=share(dual), kl_clamp_fraction=share(kl_clamped),
-                          approx_kl_old=(-log_ratio * mask).sum() / tokens)  # fmt: skip
+                          approx_kl_old=(-log_ratio * mask).sum() / tokens, is_weight_mean=raw.sum() / tokens,
+                          is_weight_max=raw.max() if raw.numel() else raw.new_zeros(()),
+                          is_truncated_fraction=share(weights.truncated),
+                          is_masked_fraction=share(weights.masked))  # fmt: skip

@@ -16,7 +16,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from agentic_rl.errors import TrajectoryError
-from agentic_rl.types import TerminationReason, TokenRun, Trajectory
+from agentic_rl.types import INSERTED_VERSION, TerminationReason, TokenRun, Trajectory
 
 __all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "exclusion_reason", "pack_trajectories"]
 
@@ -80,8 +80,8 @@ class TokenCounts:
 
 
 #: The per-row fields of a `PackedBatch` (indexed by `select`); the others describe whole trajectories.
-ROW_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_logprobs", "rewards",
-              "group_ids", "valid", "truncated", "row_trajectory")  # fmt: skip
+ROW_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_logprobs",
+              "weight_versions", "rewards", "group_ids", "valid", "truncated", "row_trajectory")  # fmt: skip
 
 
 @dataclass
@@ -101,6 +101,9 @@ class PackedBatch:
         response_mask: (B, R) float32, 1 on sampled tokens that enter the loss (0 on observations, glue, padding,
             and on every token of an excluded trajectory or run).
         old_logprobs: (B, R) float32, the engine's logprobs of sampled tokens (nats), 0 where masked.
+        weight_versions: (B, R) int64, the engine weight version that sampled each token that enters the loss
+            (`TokenRun.weight_versions`); -1 (`INSERTED_VERSION`) where masked, and on every token of a run that did
+            not record its versions.
         rewards: (B,) float32, the reward of each row's trajectory (0 on invalid rows).
         group_ids: (B,) int64, the group of each row's trajectory.
         valid: (B,) bool, False for rows of failed or aborted trajectories.
@@ -120,6 +123,7 @@ class PackedBatch:
     responses: torch.Tensor
     response_mask: torch.Tensor
     old_logprobs: torch.Tensor
+    weight_versions: torch.Tensor
     rewards: torch.Tensor
     group_ids: torch.Tensor
     valid: torch.Tensor
@@ -160,7 +164,8 @@ class PackedBatch:
         response_real = torch.nonzero(real[p:]).flatten()
         r = int(response_real[-1]) + 1 if response_real.numel() else 0
         wide = {k: getattr(picked, k)[:, lead : p + r] for k in ("input_ids", "attention_mask", "position_ids")}
-        narrow = {k: getattr(picked, k)[:, :r] for k in ("responses", "response_mask", "old_logprobs")}
+        per_token = ("responses", "response_mask", "old_logprobs", "weight_versions")
+        narrow = {k: getattr(picked, k)[:, :r] for k in per_token}
         return dataclasses.replace(picked, **wide, **narrow, prompt_width=p - lead)
 
 
@@ -172,6 +177,7 @@ class _Row:
     logprobs: torch.Tensor | None
     trajectory: int
     truncated: bool = False
+    versions: torch.Tensor | None = None
 
 
 _EMPTY = torch.zeros(0, dtype=torch.long)
@@ -191,8 +197,9 @@ def _run_row(run: TokenRun, i: int, counts: dict[str, int], max_prompt_length: i
     counts["trained"] += kept
     counts["excluded_over_length"] += sampled - kept
     logprobs = None if run.response_logprobs is None else torch.tensor(run.response_logprobs[:cut], dtype=torch.float32)
+    versions = None if run.weight_versions is None else torch.tensor(run.weight_versions[:cut], dtype=torch.long)
     return _Row(torch.tensor(run.prompt_ids, dtype=torch.long), torch.tensor(run.response_ids[:cut], dtype=torch.long),
-                mask, logprobs, i, truncated=cut < n)  # fmt: skip
+                mask, logprobs, i, truncated=cut < n, versions=versions)  # fmt: skip
 
 
 def pack_trajectories(
@@ -275,6 +282,10 @@ def _assemble(rows: list[_Row], p: int, r: int, pad_token_id: int, trajectory_re
     if any(x.logprobs is not None for x in rows):
         logprobs = [x.logprobs if x.logprobs is not None else torch.zeros(x.response.numel()) for x in rows]
         old_logprobs = _pad(logprobs, r, 0.0, "right") * response_mask
+    weight_versions = torch.full((len(rows), r), INSERTED_VERSION, dtype=torch.long)
+    if any(x.versions is not None for x in rows):
+        per_row = [torch.full_like(x.response, INSERTED_VERSION) if x.versions is None else x.versions for x in rows]
+        weight_versions = _pad(per_row, r, INSERTED_VERSION, "right")
     # Positions count real tokens from 0; left padding is 0 and right padding repeats the last position.
     offset = torch.arange(p + r) - (p - lp)[:, None]
     length = (lp + lr)[:, None]
@@ -285,6 +296,7 @@ def _assemble(rows: list[_Row], p: int, r: int, pad_token_id: int, trajectory_re
     return PackedBatch(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
         responses=input_ids[:, p:].clone(), response_mask=response_mask * valid[:, None], old_logprobs=old_logprobs,
+        weight_versions=torch.where(response_mask.bool() & valid[:, None], weight_versions, INSERTED_VERSION),
         rewards=trajectory_rewards[row_trajectory], group_ids=trajectory_group_ids[row_trajectory], valid=valid,
         truncated=torch.tensor([x.truncated for x in rows], dtype=torch.bool), prompt_width=p,
         row_trajectory=row_trajectory, trajectory_rewards=trajectory_rewards, trajectory_group_ids=trajectory_group_ids,

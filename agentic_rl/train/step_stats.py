@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -24,6 +24,11 @@ class LossSums:
         clip_fraction, dual_clip_fraction, kl_clamp_fraction: weighted by the micro-batch's share of this rank's
             response tokens (they are shares of tokens in every mode).
         logprob_gap: |trainer - engine| logprob summed over the computed response tokens (nats), unweighted.
+        is_weight_sum: the importance weight w = pi_prox / pi_behav before truncation summed over the computed
+            response tokens, unweighted; `is_weight_max` its max (None before any token).
+        is_truncated_fraction, is_masked_fraction: weighted like `clip_fraction`.
+        lag_gap: `{lag: (sum of |trainer - engine| logprob (nats), tokens)}` over the computed response tokens whose
+            weight version is known (`off_policy.lag_sums`).
     """
 
     loss: float = 0.0
@@ -33,8 +38,14 @@ class LossSums:
     dual_clip_fraction: float = 0.0
     kl_clamp_fraction: float = 0.0
     logprob_gap: float = 0.0
+    is_weight_sum: float = 0.0
+    is_weight_max: float | None = None
+    is_truncated_fraction: float = 0.0
+    is_masked_fraction: float = 0.0
+    lag_gap: dict[int, tuple[float, int]] = field(default_factory=dict)
 
-    def add(self, out: LossOutput, gap: torch.Tensor, *, weight: float, token_share: float) -> None:
+    def add(self, out: LossOutput, gap: torch.Tensor, *, weight: float, token_share: float,
+            lag_gap: dict[int, tuple[float, int]] | None = None) -> None:  # fmt: skip
         """Add one micro-batch.
 
         Args:
@@ -42,8 +53,18 @@ class LossSums:
             gap: (n,) float32 |trainer - engine| logprob (nats) of its n response tokens, detached.
             weight: the factor of its `loss`, `pg_loss` and `kl` (see `loss`).
             token_share: its share of this rank's response tokens.
+            lag_gap: its `{lag: (gap sum, tokens)}` (`off_policy.lag_sums`); None: no versions known.
         """
         self.logprob_gap += float(gap.sum())
+        self.is_weight_sum += float(out.is_weight_mean) * gap.numel()
+        if gap.numel():
+            peak = float(out.is_weight_max)
+            self.is_weight_max = peak if self.is_weight_max is None else max(self.is_weight_max, peak)
+        self.is_truncated_fraction += float(out.is_truncated_fraction) * token_share
+        self.is_masked_fraction += float(out.is_masked_fraction) * token_share
+        for lag, (total, count) in (lag_gap or {}).items():
+            before = self.lag_gap.get(lag, (0.0, 0))
+            self.lag_gap[lag] = (before[0] + total, before[1] + count)
         self.loss += float(out.loss.detach()) * weight
         self.pg_loss += float(out.pg_loss.detach()) * weight
         self.kl += float(out.kl.detach()) * weight
@@ -80,6 +101,17 @@ class StepStats:
         step_skipped: 1 if the optimizer step was skipped for a non-finite gradient norm.
         skipped_steps: optimizer steps skipped so far.
         train_seconds: wall time of the step.
+        lag_tokens: `{lag: trained tokens}`, lag = the trainer's weight version (`train_step`'s `weight_version`)
+            minus the version that sampled the token, over this rank's trained tokens whose version is known; empty
+            when `weight_version` is None or no version was recorded.
+        lag_logprob_gap: `{lag: mean |trainer - engine| logprob (nats)}` over the computed tokens of each lag (a lag
+            whose tokens were all in skipped rows is absent); empty like `lag_tokens`.
+        is_weight_mean, is_weight_max: mean and max of the importance weight w = pi_prox / pi_behav before
+            truncation or masking (`off_policy.importance_weights`) over the computed tokens; None when no row was
+            computed.
+        is_truncated_fraction: share of this rank's trained tokens whose weight `tis` truncated.
+        is_masked_fraction: share of this rank's trained tokens `mask` gave weight 0 (they stay in `tokens_trained`
+            and in the loss's token or sequence count: they entered the batch, each adding 0).
     """
 
     loss: float
@@ -101,11 +133,17 @@ class StepStats:
     step_skipped: int
     skipped_steps: int
     train_seconds: float
+    lag_tokens: dict[int, int]
+    lag_logprob_gap: dict[int, float]
+    is_weight_mean: float | None
+    is_weight_max: float | None
+    is_truncated_fraction: float
+    is_masked_fraction: float
 
     def as_metrics(self) -> dict[str, Any]:
         """`{key: value}` in attribute order, `token_counts` spread into its own keys."""
         metrics: dict[str, Any] = {}
-        for field in fields(self):
-            value = getattr(self, field.name)
-            metrics.update(value.as_metrics() if isinstance(value, TokenCounts) else {field.name: value})
+        for item in fields(self):
+            value = getattr(self, item.name)
+            metrics.update(value.as_metrics() if isinstance(value, TokenCounts) else {item.name: value})
         return metrics

@@ -17,7 +17,9 @@ from agentic_rl.config import Config
 from agentic_rl.errors import TrainingError
 from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
+from agentic_rl.train.logprobs import SamplingDistribution
 from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
+from agentic_rl.train.off_policy import OffPolicyConfig, lag_sums
 from agentic_rl.train.optim import adamw, load_optimizer_state
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
 from agentic_rl.train.step_stats import LossSums, StepStats
@@ -49,6 +51,10 @@ class GRPOConfig(Config):
             counted in `tokens_excluded_over_length`.
         max_consecutive_skips: `train_step` raises `TrainingError` when this many optimizer steps in a row were
             skipped for a non-finite gradient norm.
+        off_policy: the correction for tokens the engine sampled with other weights or another precision than the
+            trainer's (decoupled PPO with a truncated or masked importance weight; `train.off_policy`). `none` is
+            plain PPO on the ratio to the engine's logprobs. With `sequence`-level masking a trajectory's runs stay
+            in one micro-batch, as with `sequence-mean`.
     """
 
     lr: float = Field(default=1e-6, gt=0)
@@ -65,6 +71,7 @@ class GRPOConfig(Config):
     max_prompt_length: int | None = Field(default=None, ge=1)
     max_response_length: int | None = Field(default=None, ge=1)
     max_consecutive_skips: int = Field(default=3, ge=1)
+    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
 
 
 def _micro_batches(
@@ -158,6 +165,10 @@ class GRPOTrainer:
         dist: the data-parallel context under torchrun: the loss is normalized by the response tokens (or
             sequences) of all its ranks and the gradients are averaged across them (`_accumulate_gradients`). A DDP
             wrapper's ranks need it too; without it the normalizers count this process's rows only.
+        sampling: the distribution the engine sampled from (its temperature, top-k, top-p), for an engine that
+            records it (`VLLMEngineConfig.logprobs_mode="processed"`): the policy's and the reference's logprobs are
+            then computed under it (`response_logprobs`), so the importance ratio compares like with like. None
+            (default): the model's own softmax, for an engine recording raw logprobs.
 
     Attributes:
         steps_done: `train_step` calls so far.
@@ -166,8 +177,10 @@ class GRPOTrainer:
     """
 
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, config: GRPOConfig | None = None,
-                 reference: torch.nn.Module | None = None, dist: DistContext | None = None) -> None:  # fmt: skip
+                 reference: torch.nn.Module | None = None, dist: DistContext | None = None,
+                 sampling: SamplingDistribution | None = None) -> None:  # fmt: skip
         self.model = model
+        self.sampling = sampling
         self.dist = dist
         if dist is not None:
             dist.broadcast_params_(model)  # identical start on every rank
@@ -209,8 +222,9 @@ class GRPOTrainer:
         return [(name, p.detach()) for name, p in self.module.named_parameters()]
 
     def train_step(
-        self, trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] | None = None
-    ) -> dict[str, Any]:
+        self, trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] | None = None,
+        weight_version: int | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """One GRPO optimizer step on a rollout: every exact token run of every valid trajectory is trained.
 
         A trajectory whose history memory rewrote trains each of its runs, each on its own prompt, all with the
@@ -225,12 +239,14 @@ class GRPOTrainer:
                 each group must be whole on one rank (`distributed.shard` deals out whole tasks, each repeated
                 into its group on the rank it went to).
             group_ids: explicit group of each trajectory.
+            weight_version: the version of the weights this step updates; each trained token's lag is it minus the
+                version that sampled the token (`lag_tokens`, `lag_logprob_gap`). None: lags are not reported.
 
         Returns:
             The step's `StepStats.as_metrics()`: `loss`, `pg_loss`, `kl`, the clip shares, `grad_norm`, rewards, row
             and token accounting (`tokens_sampled` == `tokens_trained` + `tokens_excluded`), `logprob_diff` (None
-            when no row was computed), `step_skipped`, `skipped_steps` and `train_seconds`; `StepStats` documents
-            each key.
+            when no row was computed), `step_skipped`, `skipped_steps`, `train_seconds`, the tokens and logprob gap
+            by lag and the importance-weight statistics; `StepStats` documents each key.
 
         Raises:
             TrainingError: when `max_consecutive_skips` optimizer steps in a row were skipped (the weights no longer
@@ -241,10 +257,12 @@ class GRPOTrainer:
         batch = self._pack(trajectories, group_ids)
         advantages = batch_advantages(batch, scale_by_std=self.config.scale_by_std, std_floor=self.config.std_floor)
         step = _StepRows.of(batch, advantages, with_kl=self._with_kl, dist=self.dist)
-        sums = self._accumulate_gradients(batch, advantages, step)
+        sums = self._accumulate_gradients(batch, advantages, step, weight_version)
         has_grads, grad_norm = self._clip_gradients(step)
         skipped = self._optimizer_step(has_grads, grad_norm)
-        return self._step_stats(batch, step, sums, grad_norm=grad_norm, skipped=skipped, t0=t0).as_metrics()
+        stats = self._step_stats(batch, step, sums, grad_norm=grad_norm, skipped=skipped, t0=t0,
+                                 weight_version=weight_version)  # fmt: skip
+        return stats.as_metrics()
 
     @property
     def _with_kl(self) -> bool:
@@ -258,7 +276,8 @@ class GRPOTrainer:
         return pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device,
                                  max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length)  # fmt: skip
 
-    def _accumulate_gradients(self, batch: PackedBatch, advantages: torch.Tensor, step: _StepRows) -> LossSums:
+    def _accumulate_gradients(self, batch: PackedBatch, advantages: torch.Tensor, step: _StepRows,
+                              weight_version: int | None = None) -> LossSums:  # fmt: skip
         """Forward, loss and backward of each micro-batch of `step.computed`, the gradients adding up in `.grad`.
 
         Every micro-batch's loss is normalized by the step's global count (`_StepRows.loss_normalizer`): with N the
@@ -271,6 +290,7 @@ class GRPOTrainer:
             batch: the packed rollout.
             advantages: (B,) float32 advantage of each row.
             step: the rows to train.
+            weight_version: the trainer's weight version, for the logprob gap by lag (None: not measured).
 
         Returns:
             The micro-batches' weighted loss sums.
@@ -279,17 +299,19 @@ class GRPOTrainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums = LossSums()
+        sequence_mask = cfg.off_policy.correction == "mask" and cfg.off_policy.mask_level == "sequence"
         chunks = _micro_batches(step.computed, batch.row_trajectory, cfg.micro_batch_size,
-                                whole_trajectories=cfg.loss_agg_mode == "sequence-mean")  # fmt: skip
+                                whole_trajectories=cfg.loss_agg_mode == "sequence-mean" or sequence_mask)  # fmt: skip
         normalizer = step.loss_normalizer(cfg.loss_agg_mode)
         for i, idx in enumerate(chunks):
             micro = batch.select(idx, trim=True)
             with self._gradient_sync(last=i == len(chunks) - 1):
                 new, out = self._micro_loss(micro, advantages[idx], normalizer)
                 out.loss.backward()
-            gap = (new.detach() - micro.old_logprobs).abs()[micro.response_mask.bool()]
+            gaps = (new.detach() - micro.old_logprobs).abs()
+            lag_gap = lag_sums(gaps, micro.weight_versions, micro.response_mask, weight_version)
             weight, token_share = step.report_weights(cfg.loss_agg_mode, micro)
-            sums.add(out, gap, weight=weight, token_share=token_share)
+            sums.add(out, gaps[micro.response_mask.bool()], weight=weight, token_share=token_share, lag_gap=lag_gap)
         return sums
 
     def _gradient_sync(self, *, last: bool) -> AbstractContextManager[Any]:
@@ -306,15 +328,15 @@ class GRPOTrainer:
             normalizer: the loss's divisor (`_StepRows.loss_normalizer`).
         """
         cfg = self.config
-        new = response_logprobs(self.model, micro)
+        new = response_logprobs(self.model, micro, distribution=self.sampling)
         ref = None
         if self._with_kl:
             with torch.no_grad():
-                ref = response_logprobs(self.reference, micro)
+                ref = response_logprobs(self.reference, micro, distribution=self.sampling)
         out = grpo_loss(new, micro.old_logprobs, advantages, micro.response_mask,
                         clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
                         ref_logprobs=ref, kl_coef=cfg.kl_coef, loss_agg_mode=cfg.loss_agg_mode,
-                        sequence_ids=micro.row_trajectory, normalizer=normalizer)  # fmt: skip
+                        sequence_ids=micro.row_trajectory, normalizer=normalizer, off_policy=cfg.off_policy)  # fmt: skip
         return new, out
 
     def _clip_gradients(self, step: _StepRows) -> tuple[bool, float]:
@@ -371,8 +393,10 @@ class GRPOTrainer:
         return skipped
 
     def _step_stats(self, batch: PackedBatch, step: _StepRows, sums: LossSums, *, grad_norm: float, skipped: bool,
-                    t0: float) -> StepStats:  # fmt: skip
-        """The step's metrics; `t0` is its `time.perf_counter()` start."""
+                    t0: float, weight_version: int | None) -> StepStats:  # fmt: skip
+        """The step's metrics; `t0` is its `time.perf_counter()` start, `weight_version` the trainer's version."""
+        mask = batch.response_mask[step.rows]
+        lag_tokens = lag_sums(mask, batch.weight_versions[step.rows], mask, weight_version)
         valid_rewards = batch.trajectory_rewards[batch.trajectory_valid]
         valid_lengths = batch.trajectory_tokens[batch.trajectory_valid].float()
         return StepStats(
@@ -395,4 +419,10 @@ class GRPOTrainer:
             step_skipped=int(skipped),
             skipped_steps=self.skipped_steps,
             train_seconds=time.perf_counter() - t0,
+            lag_tokens={lag: count for lag, (_, count) in lag_tokens.items()},
+            lag_logprob_gap={lag: total / count for lag, (total, count) in sorted(sums.lag_gap.items())},
+            is_weight_mean=sums.is_weight_sum / step.computed_tokens if step.computed_tokens else None,
+            is_weight_max=sums.is_weight_max,
+            is_truncated_fraction=sums.is_truncated_fraction,
+            is_masked_fraction=sums.is_masked_fraction,
         )

@@ -144,6 +144,12 @@ def _runs(mask: Sequence[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def _version_changes(versions: Sequence[int]) -> list[list[int]]:
+    """`[offset, version]` where each stretch of equal weight versions starts (`[[0, v]]` for a turn sampled with
+    one version; more entries when the weights changed while the turn was sampled)."""
+    return [[i, int(v)] for i, v in enumerate(versions) if i == 0 or v != versions[i - 1]]
+
+
 def _calls(text: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for call in parse_tool_calls(text):
@@ -184,6 +190,9 @@ def _view_record(record: dict[str, Any], pieces: _Pieces) -> dict[str, Any]:
         else:
             replies[-1][1].append(message)
     steps: list[dict[str, Any]] = record.get("steps") or []
+    versions: list[int] | None = record.get("weight_versions")
+    if versions is not None and len(versions) != len(ids):
+        versions = None  # not the ids' versions (a record written by hand): shown per turn only
     token_pieces = pieces.encode(ids)
     runs = _runs(mask)
     model_runs = [(start, end) for value, start, end in runs if value == 1]
@@ -193,10 +202,12 @@ def _view_record(record: dict[str, Any], pieces: _Pieces) -> dict[str, Any]:
         tok: list[int] = []
         lp: list[float] = []
         env: list[int] = []
+        wv: list[list[int]] | None = None
         if k < len(model_runs):
             start, end = model_runs[k]
             tok = token_pieces[start:end]
             lp = [round(float(x), 4) for x in logprobs[start:end]]
+            wv = None if versions is None else _version_changes(versions[start:end])
             next_start = model_runs[k + 1][0] if k + 1 < len(model_runs) else len(ids)
             env = token_pieces[end:next_start]
         message, after = replies[k] if k < len(replies) else ({}, [])
@@ -204,7 +215,7 @@ def _view_record(record: dict[str, Any], pieces: _Pieces) -> dict[str, Any]:
         info = dict(step.get("info") or {})
         text = str(message.get("content") or "")
         turns.append({
-            "tok": tok, "lp": lp, "env": env, "text": text, "calls": _clean(_calls(text)),
+            "tok": tok, "lp": lp, "wv": wv, "env": env, "text": text, "calls": _clean(_calls(text)),
             "results": [{"role": m.get("role", ""), "content": str(m.get("content") or "")} for m in after],
             "not_shown": info.pop("observation_not_shown", None), "info": _clean(info), "reward": _clean(step.get("reward")),
         })  # fmt: skip
@@ -237,7 +248,8 @@ def view_records(records: Sequence[dict[str, Any]], tokenizer: Any) -> dict[str,
         `source`, `reward`, `failed`, `error`, `reason` (termination reason), `truncated` (a turn was cut by a
         token limit), `n_turns`, `generated` (sampled tokens), `question`, `metrics`, `prompt` (text),
         `prompt_tokens`, `continuous` and `turns`. Each turn holds `tok` (piece indices of the sampled tokens),
-        `lp` (their logprobs, nats), `env` (piece indices of the inserted tokens after them: observation and
+        `lp` (their logprobs, nats), `wv` (`[offset, version]` where each stretch of sampled tokens with one
+        weight version starts, None when the record has no per-token versions), `env` (piece indices of the inserted tokens after them: observation and
         template glue), `text`, `calls` (parsed tool calls), `results` (the messages the environment answered
         with), `not_shown` (an observation the model never saw), `info` (finish reason, timings, weight version)
         and `reward`.

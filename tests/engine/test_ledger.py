@@ -48,6 +48,12 @@ class FakeTrainableEngine(FakeEngine):
         self.weight_version += 1
         return 0.0
 
+    async def pause_generation(self) -> None:
+        return None
+
+    async def resume_generation(self) -> None:
+        return None
+
     async def sleep(self, level: int = 1) -> bool:
         return False
 
@@ -160,6 +166,40 @@ async def test_a_weight_version_that_differs_from_the_ledger_fails():
     assert check.ok and set(check.weight_versions) == {0, 1, INSERTED_VERSION}
     run.weight_versions[0] = 1
     assert "weight version of response token 0 is 1, the engine sampled it at 0" in _reason(engine.ledger, run)
+
+
+def test_a_run_of_per_token_versions_is_checked_token_by_token():
+    # one output whose first two tokens were sampled before a weight update and its last two after it
+    ledger = SampleLedger()
+    ledger.record([1, 5, 6], [10, 11, 12, 13], [-0.5, -0.25, -1.0, -2.0], [3, 3, 4, 4])
+    assert ledger.samples([1, 5, 6])[0].weight_versions.tolist() == [3, 3, 4, 4]
+    run = TokenRun([1, 5, 6])
+    run.sample([10, 11, 12, 13], [-0.5, -0.25, -1.0, -2.0], [3, 3, 4, 4])
+    run.insert(GLUE)
+    check = ledger.check_run(run)
+    assert check.ok and check.weight_versions == [3, 3, 4, 4] + [INSERTED_VERSION] * len(GLUE)
+    kept_prefix = TokenRun([1, 5, 6])  # a prefix of the output, with the versions of its tokens
+    kept_prefix.sample([10, 11, 12], [-0.5, -0.25, -1.0], [3, 3, 4])
+    assert ledger.check_run(kept_prefix).weight_versions == [3, 3, 4]
+    one_version = TokenRun([1, 5, 6])  # every token stamped with the version the request was sent at
+    one_version.sample([10, 11, 12, 13], [-0.5, -0.25, -1.0, -2.0], 3)
+    assert "weight version of response token 2 is 3, the engine sampled it at 4" in _reason(ledger, one_version)
+
+
+async def test_the_proxy_records_the_versions_the_engine_gives_and_else_the_version_at_sending():
+    class UpdatedMidway(FakeEngine):  # an engine whose weights changed after the first two tokens of each output
+        async def generate(self, prompt_ids, sampling) -> Generation:
+            out = await super().generate(prompt_ids, sampling)
+            versions = [self.weight_version] * 2 + [self.weight_version + 1] * (len(out.token_ids) - 2)
+            return Generation(out.token_ids, out.logprobs, out.finish_reason, weight_versions=versions)
+
+    for inner, versions in ((UpdatedMidway(), [0, 0, 1, 1, 1, 1]), (FakeEngine(), [0] * 6)):
+        engine = RecordingEngine(inner)
+        run = TokenRun([1, 5, 6])
+        out = await engine.generate(run.prompt_ids, {})
+        assert engine.ledger.samples(run.prompt_ids)[0].weight_versions.tolist() == versions
+        run.sample(out.token_ids, out.logprobs, versions)
+        assert engine.ledger.check_run(run).weight_versions == versions
 
 
 async def test_two_spans_of_two_turns_pass_and_each_is_checked():
@@ -360,3 +400,13 @@ async def test_captured_trajectories_of_the_server_over_a_recording_engine_pass(
     assert all(len(t.runs) >= 2 for t in trajectories)
     assert _assert_every_run_passes(recording.ledger, trajectories) >= 4
     assert "the engine sampled" in recording.ledger.check_run(_tampered(trajectories[1].runs[0])).reason
+
+
+def test_forget_before_drops_only_outputs_sent_before_that_weight_version():
+    ledger = SampleLedger()
+    for version in (0, 1, 1, 2):
+        ledger.record([1, 2, version], [7, 8], [-0.5, -0.25], version)
+    assert ledger.forget_before(1) == 1 and len(ledger) == 3
+    assert ledger.samples([1, 2, 0]) == [] and len(ledger.samples([1, 2, 1])) == 2
+    assert ledger.forget_before(1) == 0
+    assert ledger.forget_before(3) == 3 and len(ledger) == 0

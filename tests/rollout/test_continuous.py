@@ -15,8 +15,8 @@ import torch
 
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.rollout.continuous import ContinuousRollout, PendingGroup
-from agentic_rl.types import Trajectory
+from agentic_rl.rollout.continuous import ContinuousRollout, Group, PendingGroup, drop_stale_groups
+from agentic_rl.types import TokenRun, Trajectory
 
 pytestmark = pytest.mark.anyio
 
@@ -147,3 +147,20 @@ def test_bad_settings_are_refused():
         _feed(sim, k=-1, steps=2)
     with pytest.raises(ConfigError, match="n_parallel_agents"):
         _feed(sim, k=0, steps=2, n_parallel_agents=0)
+
+
+def _sampled_at(*versions: int) -> Trajectory:
+    run = TokenRun([1, 2])
+    for v in versions:
+        run.sample([5], [-0.1], v)
+    run.insert([9])
+    return Trajectory.from_runs([run])
+
+
+def test_a_group_with_a_token_past_the_bound_is_dropped_visibly():
+    fresh = Group(3, 0, {"id": 0}, [_sampled_at(2, 3), _sampled_at(3)], admitted_at=2)
+    stale = Group(3, 1, {"id": 1}, [_sampled_at(1, 3), _sampled_at(3)], admitted_at=1)
+    assert drop_stale_groups([fresh, stale], weight_version=3, max_staleness=1) == 1
+    assert not any(t.failed for t in fresh.trajectories)
+    assert all(t.failed and t.metrics["refused"].startswith("stale") for t in stale.trajectories)
+    assert drop_stale_groups([fresh], weight_version=4, max_staleness=2) == 0

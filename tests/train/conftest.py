@@ -1,4 +1,4 @@
-"""A second, fp32 engine and an fp32 training model that training tests may change freely."""
+"""A second, fp32 engine, an fp32 training model that training tests may change freely, and the tiny random model."""
 
 from __future__ import annotations
 
@@ -25,3 +25,11 @@ def hf_model(model_dir):
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random SmolLM2 (fp32) for cheap training steps."""
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.models import resolve_model
+
+    return AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")), dtype=torch.float32)

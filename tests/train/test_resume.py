@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from support.processes import cli_command, complete_lines, kill9, run, start, wait_until
 from support.train_runs import write_train_config
 
@@ -109,7 +110,7 @@ def test_train_resume_is_given_alone_and_a_new_run_does_not_overwrite_an_old_one
 # ---- killed runs, end to end -------------------------------------------------------------------------------------
 
 STEPS, PER_STEP = 4, 2 * 3  # trajectories (reward calls) per step: 2 tasks x 3 samples
-TIMING = {"rollout_seconds", "train_seconds", "sync_seconds", "tokens_per_s"}  # wall-clock, differs between runs
+TIMING = {"rollout_seconds", "train_seconds", "sync_seconds", "step_seconds", "tokens_per_s", "samples_per_s"}  # wall-clock, differs between runs
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -201,6 +202,46 @@ def test_training_killed_during_a_step_resumes_to_the_weights_of_an_uninterrupte
     segments = sorted((resumed / "wandb").glob("offline-run-*"))
     assert len({s.name.rsplit("-", 1)[1] for s in segments}) == 1  # one run id, continued by the resumed process
     assert _wandb_steps(resumed) == [[1, 2], [3, 4]]
+
+
+def _trained_task_ids(run_dir: Path) -> list:
+    """Every task id the run trained, step after step (`task_ids_rank0.jsonl`)."""
+    lines = (run_dir / "task_ids_rank0.jsonl").read_text().splitlines()
+    return [task_id for line in lines for task_id in json.loads(line)["task_ids"]]
+
+
+@pytest.mark.slow
+def test_async_training_killed_mid_step_resumes_with_every_task_trained_exactly_once(runs, tmp_path):
+    """With max_staleness 1 a checkpoint is taken while later groups are in flight; killed (kill -9) after it, the
+    resumed run rolls those groups out again: every task of the run's order (the lockstep run's) is trained exactly
+    once, each step once, and the run ends with a final checkpoint. Whatever the kill interrupted, this holds."""
+    reference, _ = runs
+    settings = {"steps": STEPS, "checkpoint_every": 1, "keep_checkpoints": 2, "reward": "support.toy_rewards:e_share_held"}
+    path = write_train_config(tmp_path / "async", **settings)
+    config = yaml.safe_load(path.read_text())
+    config["rollout"]["max_staleness"] = 1
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "async" / "run"
+    killed = start(cli_command("train", "--config", str(path), "--no-progress"), tmp_path / "async.log",
+                   TOY_REWARD_HOLD_AFTER=str(3 * PER_STEP))  # batches 0-2 get rewards; later calls hang  # fmt: skip
+    try:
+        wait_until(killed, lambda: complete_lines(run_dir / "metrics.jsonl") >= 2
+                   and (run_dir / "checkpoints" / "step_2" / STATE_FILE).is_file(),
+                   what="steps 1-2 and the step 2 checkpoint", log=tmp_path / "async.log", timeout_s=600)  # fmt: skip
+        kill9(killed)
+    finally:
+        killed.kill()
+    start_from = latest_checkpoint(run_dir / "checkpoints", final_step=STEPS)
+    state = load_state(start_from.path)
+    assert state["rollout"]["pending"]  # admitted groups were in flight at the checkpoint
+    assert len(_trained_task_ids(run_dir)) >= 2 * 2  # two steps of two tasks at least
+    run(cli_command("train", "--resume", str(run_dir), "--no-progress"))
+    rows = _rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(r["max_staleness"] == 1 and r["groups_trained"] == 2 for r in rows)
+    assert sorted(_trained_task_ids(run_dir), key=str) == sorted(_trained_task_ids(reference), key=str)
+    assert (run_dir / "checkpoints" / "final" / STATE_FILE).is_file()
+    assert (run_dir / "weights_rank0.sha256").is_file()
 
 
 @pytest.mark.slow

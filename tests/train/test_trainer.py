@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
 
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
-from agentic_rl.types import RunRecorder, Step, StepTrajectory
+from agentic_rl.types import RunRecorder, Step, StepTrajectory, TokenRun
 
 
 async def _group(engine, tokenizer, rewards, task_id="t0"):
@@ -113,3 +114,24 @@ async def test_every_run_of_a_rewritten_history_is_trained_in_its_own_context(fp
     assert metrics["logprob_diff"] < 1e-3
     assert abs(metrics["loss"]) < 1e-4  # on-policy, and each trajectory's runs share one advantage
     assert metrics["grad_norm"] > 0
+
+
+async def test_engine_logprobs_far_below_the_trainers_are_truncated_and_the_step_stays_finite(fp32_engine, tokenizer,
+                                                                                             model_copy):  # fmt: skip
+    """Every other engine logprob lowered by 1 nat: those tokens' weight pi_prox / pi_behav is about e > 2 (cap 2)."""
+    sampled = await _group(fp32_engine, tokenizer, [1.0, 0.0, 1.0, 0.0])
+    trajs = []
+    for t in sampled:
+        logprobs = [lp - 1.0 if j % 2 == 0 else lp for j, lp in enumerate(t.response_logprobs.tolist())]
+        run = TokenRun(t.prompt_tokens.tolist(), t.response_tokens.tolist(), [1] * 12, logprobs, [0] * 12)
+        trajs.append(StepTrajectory.from_runs([run], trajectory_reward=t.trajectory_reward, idx=t.idx, task=t.task))
+    trainer = GRPOTrainer(model_copy, pad_token_id=tokenizer.pad_token_id,
+                          config=GRPOConfig(lr=1e-4, micro_batch_size=3))  # default: `tis`, cap 2  # fmt: skip
+    metrics = trainer.train_step(trajs, weight_version=1)
+
+    assert metrics["is_truncated_fraction"] == pytest.approx(0.5) and metrics["is_masked_fraction"] == 0.0
+    assert metrics["is_weight_max"] == pytest.approx(math.e, rel=1e-2)  # fp32 engine and trainer agree to 1e-3
+    assert metrics["is_weight_mean"] == pytest.approx((math.e + 1) / 2, rel=1e-2)
+    assert metrics["lag_tokens"] == {1: 48} and metrics["tokens_trained"] == 48
+    assert metrics["lag_logprob_gap"][1] == pytest.approx(0.5, abs=1e-3) == metrics["logprob_diff"]
+    assert math.isfinite(metrics["loss"]) and 0 < metrics["grad_norm"] < math.inf and metrics["step_skipped"] == 0

@@ -18,15 +18,6 @@ from agentic_rl.types import RunRecorder, Step, StepTrajectory
 PAD = 2
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    from transformers import AutoModelForCausalLM
-
-    from agentic_rl.models import resolve_model
-
-    return AutoModelForCausalLM.from_pretrained(str(resolve_model("tiny-random-smollm2")), dtype=torch.float32)
-
-
 def _rewritten(idx: int, reward: float, *, task_id: str = "t", failed: bool = False) -> StepTrajectory:
     """Three turns in two runs (memory rewrote the history before turn 2); 4 + 3 + 5 = 12 sampled tokens."""
     g = torch.Generator().manual_seed(idx)
@@ -69,8 +60,8 @@ def test_micro_batching_changes_nothing_and_every_run_is_counted(tiny, mode):
 
     stats = []
     for micro in (1, 3, 64):
-        trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD,
-                              config=GRPOConfig(lr=1e-3, micro_batch_size=micro, loss_agg_mode=mode))  # fmt: skip
+        config = GRPOConfig(lr=1e-3, micro_batch_size=micro, loss_agg_mode=mode, off_policy={"correction": "none"})
+        trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD, config=config)
         stats.append(trainer.train_step(trajs))
     for s in stats:
         assert s["loss"] == pytest.approx(whole.loss.item(), rel=1e-4, abs=1e-6)
@@ -200,7 +191,7 @@ def test_rows_with_zero_advantage_are_not_computed_and_the_gradient_is_the_full_
     batch = pack_trajectories(trajs, pad_token_id=PAD)
     adv = batch_advantages(batch)
     whole = grpo_loss(response_logprobs(model, batch, share_prefix=False), batch.old_logprobs, adv,
-                      batch.response_mask, sequence_ids=batch.row_trajectory)  # fmt: skip
+                      batch.response_mask, sequence_ids=batch.row_trajectory, off_policy=GRPOConfig().off_policy)  # fmt: skip
     whole.loss.backward()
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)

@@ -103,3 +103,22 @@ def test_page_of_many_trajectories_renders_one_page_and_opens_from_the_address(b
     assert page.locator('section.turn[data-turn="2"] .tokens').inner_text() == "The answer is 391.<|im_end|>"
     assert problems == []
     page.close()
+
+
+def test_a_weight_version_change_inside_a_turn_is_marked_and_each_token_names_its_version(browser, make_record,
+                                                                                        write_run, tmp_path, tokenizer):  # fmt: skip
+    record = make_record()
+    mask = record["response_mask"]
+    start = len(mask) - mask[::-1].index(0)  # the second turn
+    record["weight_versions"] = [3 if m else -1 for m in mask[:start]] + [3, 3] + [4] * (len(mask) - start - 2)
+    page, problems = _open(browser, build_view(write_run(tmp_path / "versions", [record]), tokenizer=tokenizer))
+    page.locator("tr.traj-row").first.click()
+    first, second = page.locator('section.turn[data-turn="1"]'), page.locator('section.turn[data-turn="2"]')
+    assert first.locator(".wv").count() == 0 and "weights 3" in first.locator("h3").inner_text()
+    assert second.locator(".wv").count() == 1 and "weights 3→4" in second.locator("h3").inner_text()
+    assert second.locator(".tokens").inner_text() == "The answer is 391.<|im_end|>"  # the marker adds no text
+    sampled = second.locator(".tokens .tok:not(.env)")
+    assert "weight version 3" in sampled.nth(1).get_attribute("title")
+    assert "weight version 4" in sampled.nth(2).get_attribute("title")
+    assert problems == []
+    page.close()

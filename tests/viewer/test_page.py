@@ -112,3 +112,16 @@ def test_view_command_writes_the_page_and_reports_a_missing_folder(make_record, 
     proc = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "view", str(tmp_path / "nope")],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_a_turn_sampled_across_a_weight_update_marks_where_the_version_changes(make_record, tokenizer):
+    record = make_record()
+    mask = record["response_mask"]
+    turn1 = mask.index(0)
+    turn2 = len(mask) - mask[::-1].index(0)  # the second turn starts after the last inserted token
+    record["weight_versions"] = [0] * turn1 + [-1] * (turn2 - turn1) + [0, 0] + [1] * (len(mask) - turn2 - 2)
+    first, second = view_records([record], tokenizer)["trajectories"][0]["turns"]
+    assert first["wv"] == [[0, 0]]  # one version: nothing to mark
+    assert second["wv"] == [[0, 0], [2, 1]]  # tokens 2.. of the turn were sampled with version 1
+    del record["weight_versions"]
+    assert view_records([record], tokenizer)["trajectories"][0]["turns"][0]["wv"] is None

@@ -1,0 +1,144 @@
+"""The metrics row of a training step: which keys it has, in which order, and how each combines the ranks' values.
+
+`agentic_rl.loop` fills a row after every step (`metrics_row`); every rank gathers the same keys in the same
+order, so a row is the same on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["HELDOUT_COUNTS", "TOKEN_KEYS", "StepFigures", "gather", "metrics_row", "row_sources"]
+
+# Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
+TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
+              "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length")  # fmt: skip
+# The held-out evaluation's counts, summed over ranks.
+HELDOUT_COUNTS = ("solved", "with_tool_calls", "turns", "trajectories")
+
+
+def _measured_mean(values: Sequence[float]) -> float | None:
+    """The mean over the ranks that measured the value (NaN: not measured); None when none did."""
+    measured = [v for v in values if not math.isnan(v)]
+    return sum(measured) / len(measured) if measured else None
+
+
+def _measured_max(values: Sequence[float]) -> float | None:
+    measured = [v for v in values if not math.isnan(v)]
+    return max(measured) if measured else None
+
+
+# How each gathered value of a metrics row combines the ranks' values.
+_ACROSS_RANKS: dict[str, Callable[[Sequence[float]], Any]] = {
+    "mean": lambda values: sum(values) / len(values), "sum": sum, "count": lambda values: int(sum(values)),
+    "measured": _measured_mean, "max": _measured_max,
+}  # fmt: skip
+
+
+def row_sources(max_staleness: int) -> dict[str, str]:
+    """A metrics row's keys in order, and where each comes from: gathered from every rank (a rule of
+    `_ACROSS_RANKS`); "local": this rank's GRPO step (rank 0's row is the one logged); "run": the step, the
+    engine's weight version, the trajectories of all ranks, the staleness bound. Lag keys run from 0 to
+    `max_staleness`."""
+    lags = range(max_staleness + 1)
+    return {
+        "step": "run", "reward_mean": "mean", "reward_std": "mean", "accuracy": "mean", "failed": "count",
+        "refused": "count", "loss": "local", "pg_loss": "local", "kl": "local", "grad_norm": "local",
+        "clip_fraction": "local", "dual_clip_fraction": "local", "kl_clamp_fraction": "local",
+        "response_length": "mean", "tokens_per_s": "sum", "samples_per_s": "sum", "rollout_seconds": "mean",
+        "train_seconds": "mean", "sync_seconds": "mean", "step_seconds": "mean", "logprob_diff": "measured",
+        **dict.fromkeys(TOKEN_KEYS, "count"),
+        "is_weight_mean": "measured", "is_weight_max": "max", "is_truncated_fraction": "measured",
+        "is_masked_fraction": "measured",
+        **{f"tokens_lag_{lag}": "count" for lag in lags}, **{f"logprob_gap_lag_{lag}": "measured" for lag in lags},
+        "groups_trained": "count", "groups_failed": "count", "groups_dropped_stale": "count",
+        "groups_in_flight": "count", "step_skipped": "local", "skipped_steps": "local",
+        "zero_advantage_rows": "local", "weight_version": "run", "max_staleness": "run", "trajectories": "run",
+    }  # fmt: skip
+
+
+def gather(dist: Any, keys: Sequence[str], local: Mapping[str, float]) -> dict[str, list[float]]:
+    """Every rank's value of each of `keys` (gathered in that order, the same on every rank), in rank order."""
+    ranks = dist.gather_floats([local[key] for key in keys])
+    return {key: [rk[i] for rk in ranks] for i, key in enumerate(keys)}
+
+
+@dataclass(frozen=True, slots=True)
+class StepFigures:
+    """What one training step on this rank measured, for its metrics row.
+
+    Attributes:
+        trajectories: this rank's trajectories of the step (`group_size` per group).
+        refused: records refused for training (`refuse_untrainable`).
+        stats: `GRPOTrainer.train_step`'s statistics.
+        rollout_s: seconds the step waited for its groups (the whole rollout, in lockstep).
+        sync_s: seconds of the weight sync (and waking the engine).
+        step_s: seconds from the end of the previous step (or the run's start) to the end of this one.
+        groups: counts of this rank's groups: `trained`, `failed` (every sample failed), `dropped_stale`,
+            `in_flight` (admitted, not trained, at the step's end).
+        task_ids: the task id of each of `trajectories` (None for a task without one).
+    """
+
+    trajectories: list[Any]
+    refused: int
+    stats: dict[str, Any]
+    rollout_s: float
+    sync_s: float
+    step_s: float
+    groups: Mapping[str, int]
+    task_ids: list[Any]
+
+
+def _nan_if_none(value: float | None) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
+    """This rank's values of every gathered key."""
+    trajectories, stats = figures.trajectories, figures.stats
+    generated = sum(t.num_generated_tokens for t in trajectories)
+    lag_tokens: Mapping[int, int] = stats.get("lag_tokens") or {}
+    lag_gap: Mapping[int, float] = stats.get("lag_logprob_gap") or {}
+    return {
+        "reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"],
+        "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
+        "failed": sum(t.failed for t in trajectories), "refused": figures.refused,
+        "response_length": stats["response_length"],
+        "tokens_per_s": generated / max(figures.step_s, 1e-9),
+        "samples_per_s": len(trajectories) / max(figures.step_s, 1e-9), "rollout_seconds": figures.rollout_s,
+        "train_seconds": stats["train_seconds"], "sync_seconds": figures.sync_s, "step_seconds": figures.step_s,
+        "logprob_diff": _nan_if_none(stats["logprob_diff"]),  # NaN: no row here
+        **{key: stats[key] for key in TOKEN_KEYS},
+        **{key: _nan_if_none(stats.get(key)) for key in ("is_weight_mean", "is_weight_max", "is_truncated_fraction",
+                                                         "is_masked_fraction")},  # fmt: skip
+        **{f"tokens_lag_{lag}": float(lag_tokens.get(lag, 0)) for lag in range(max_staleness + 1)},
+        **{f"logprob_gap_lag_{lag}": _nan_if_none(lag_gap.get(lag)) for lag in range(max_staleness + 1)},
+        **{f"groups_{key}": float(figures.groups.get(key, 0)) for key in ("trained", "failed", "dropped_stale",
+                                                                          "in_flight")},  # fmt: skip
+    }  # fmt: skip
+
+
+def metrics_row(dist: Any, step: int, figures: StepFigures, *, weight_version: int, max_staleness: int) -> dict[str, Any]:
+    """The metrics row of step `step` (0-based), with the keys of `row_sources` in its order.
+
+    It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed
+    trajectories, the GRPO step's losses, KL, gradient norm and clip fractions, the response length, throughput
+    (`tokens_per_s` and `samples_per_s`: generated tokens and trajectories trained per second of the step, end to
+    end, summed over ranks) and timings, `logprob_diff` (the engine-trainer logprob gap, over the ranks that
+    measured it; None when none did), the step's token accounting summed over ranks (`tokens_sampled` =
+    `tokens_trained` + `tokens_excluded`), the off-policy correction's importance weights (`is_*`), trained tokens
+    and the engine-trainer logprob gap by version lag (`tokens_lag_j`, `logprob_gap_lag_j`), the groups trained,
+    failed, dropped as stale and still in flight, `step_skipped` / `skipped_steps`, `zero_advantage_rows`, the
+    weight version, the staleness bound and the trajectories.
+    """
+    sources = row_sources(max_staleness)
+    gathered_keys = [key for key, source in sources.items() if source in _ACROSS_RANKS]
+    local = _local_values(figures, max_staleness)
+    gathered = {key: _ACROSS_RANKS[sources[key]](ranks) for key, ranks in gather(dist, gathered_keys, local).items()}
+    own = {"step": step + 1, "weight_version": weight_version, "max_staleness": max_staleness,
+           "trajectories": len(figures.trajectories) * dist.world_size}  # fmt: skip
+    values = {"run": own, "local": figures.stats, **dict.fromkeys(_ACROSS_RANKS, gathered)}
+    return {key: values[source].get(key) for key, source in sources.items()}
