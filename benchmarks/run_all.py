@@ -20,7 +20,8 @@ from pathlib import Path
 from common import result_path, table
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["harness_overhead", "async_vs_lockstep", "packing", "weight_sync", "engine_utilization", "memory"]
+BENCHMARKS = ["harness_overhead", "async_vs_lockstep", "packing", "weight_sync", "engine_utilization", "memory",
+              "async_training"]
 
 
 def headline(name: str, result: dict) -> str:
@@ -40,6 +41,10 @@ def headline(name: str, result: dict) -> str:
     if name == "memory":
         return (f"64-agent peak +{result['rollout_64_peak_over_start_mb']:.0f} MB over the engine; soak growth "
                 f"{result['soak_rss_growth_mb']:+.1f} MB, fds {result['soak_fd_growth']:+d}, lost {result['soak_lost']}")  # fmt: skip
+    if name == "async_training":
+        return ", ".join(f"{c['part']} {c['tools']} tools k={c['k']} {c['ratio']:.2f}x (bound {c['bound']:.2f}x)"
+                         for c in result["part_a"] + result["part_b"]
+                         if c["tools"] == "slow" and c["k"] and c["placement"] == "overlap")
     if name == "peer_verifiers":
         return f"ours / verifiers tokens/s {result.get('ratio_tokens_per_s', float('nan')):.2f}"
     return ""
