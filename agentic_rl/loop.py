@@ -374,6 +374,9 @@ def _feed(run: _Run, state: dict[str, Any] | None) -> Any:
     from agentic_rl.train.distributed import shard
 
     r = run.config.rollout
+    if r.placement == "pause" and not r.max_staleness:
+        logger.warning("rollout.placement 'pause' has no effect in lockstep training (rollout.max_staleness: 0): "
+                       "nothing is generated while the trainer steps")  # fmt: skip
     saved = (state or {}).get("rollout") or {}
     return ContinuousRollout(
         run=lambda tasks, sampling, indices: run.rollout.run(tasks, sampling, indices=indices),
@@ -441,7 +444,8 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     sync_s = time.perf_counter() - t0
     run.rollout.ledger.forget_before(run.engine.weight_version - config.rollout.max_staleness)  # none trainable
     run.feed.step_done()
-    counts = {"trained": len(groups) - dropped, "failed": sum(g.failed for g in groups) - dropped, "dropped_stale": dropped,
+    failed = sum(g.failed for g in groups) - dropped  # every sample failed or was refused, other than as stale
+    counts = {"trained": len(groups) - dropped - failed, "failed": failed, "dropped_stale": dropped,
               "in_flight": len(run.feed.groups)}  # fmt: skip
     task_ids = [_task_id(g.task) for g in groups for _ in g.trajectories]
     return StepFigures(trajectories, refused, stats, rollout_s, sync_s, time.perf_counter() - started, counts,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, StrictInt, model_validator
 
 from agentic_rl.config import Config
 from agentic_rl.data import DataColumns, load_tasks
@@ -45,11 +45,12 @@ class RolloutSection(Config):
         default=60.0, gt=0, allow_inf_nan=False,
         description="most seconds a reward call may take; past it the trajectory fails with a reward error (not trained)",
     )  # fmt: skip
-    max_staleness: int = Field(
+    max_staleness: StrictInt = Field(
         default=0, ge=0,
-        description="k: trajectories keep running while the trainer steps, and a step trains complete groups in the "
-        "order they finish, but no trained token was sampled by weights more than k updates older than the ones it "
-        "updates (0: lockstep, every step waits for its whole rollout)",
+        description="k: trajectories keep running while the trainer steps and loads weights; step t trains the groups "
+        "of batches <= t (waiting for them), then finished groups of later batches in the order they finished, so "
+        "that no trained token was sampled by weights more than k updates older than the ones it updates (0: "
+        "lockstep, every step waits for its whole rollout)",
     )  # fmt: skip
     placement: Literal["overlap", "pause"] = Field(
         default="overlap",
@@ -134,10 +135,23 @@ class TrainConfig(Config):
                                  f"{', '.join(clashing)} (pass settings to the agent with agent.kwargs)")  # fmt: skip
         elif self.environment is not None and "tools" not in given:
             self.tools = []
+        _check_trainable_sampling(self.rollout.sampling)
         if self.rollout.max_staleness and self.engine.sleep_while_training:
             raise ValueError("engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
                              "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause")  # fmt: skip
         return self
+
+
+def _check_trainable_sampling(sampling: SamplingConfig) -> None:
+    """The trainer's logprobs follow the rollout's temperature, top-k and top-p (`SamplingDistribution`): refuse,
+    with the config key, sampling it cannot follow (temperature 0, min_p, penalties, logit bias)."""
+    from agentic_rl.train.logprobs import SamplingDistribution
+
+    try:
+        SamplingDistribution.of(sampling)
+    except ConfigError as exc:
+        raise ValueError(f"rollout.sampling: {exc} (GRPO trains on the distribution the rollout samples from, which "
+                         "the trainer must compute: sample with temperature > 0 and only temperature, top_k, top_p)") from None
 
 
 def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:

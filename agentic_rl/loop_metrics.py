@@ -77,7 +77,8 @@ class StepFigures:
         rollout_s: seconds the step waited for its groups (the whole rollout, in lockstep).
         sync_s: seconds of the weight sync (and waking the engine).
         step_s: seconds from the end of the previous step (or the run's start) to the end of this one.
-        groups: counts of this rank's groups: `trained`, `failed` (every sample failed), `dropped_stale`,
+        groups: counts of this rank's groups: `trained` (some sample not failed), `failed` (every sample failed or
+            was refused), `dropped_stale`,
             `in_flight` (admitted, not trained, at the step's end).
         task_ids: the task id of each of `trajectories` (None for a task without one).
     """
@@ -108,7 +109,8 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
         "failed": sum(t.failed for t in trajectories), "refused": figures.refused,
         "response_length": stats["response_length"],
         "tokens_per_s": generated / max(figures.step_s, 1e-9),
-        "samples_per_s": len(trajectories) / max(figures.step_s, 1e-9), "rollout_seconds": figures.rollout_s,
+        "samples_per_s": sum(not t.failed for t in trajectories) / max(figures.step_s, 1e-9),
+        "rollout_seconds": figures.rollout_s,
         "train_seconds": stats["train_seconds"], "sync_seconds": figures.sync_s, "step_seconds": figures.step_s,
         "logprob_diff": _nan_if_none(stats["logprob_diff"]),  # NaN: no row here
         **{key: stats[key] for key in TOKEN_KEYS},
@@ -126,8 +128,9 @@ def metrics_row(dist: Any, step: int, figures: StepFigures, *, weight_version: i
 
     It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed
     trajectories, the GRPO step's losses, KL, gradient norm and clip fractions, the response length, throughput
-    (`tokens_per_s` and `samples_per_s`: generated tokens and trajectories trained per second of the step, end to
-    end, summed over ranks) and timings, `logprob_diff` (the engine-trainer logprob gap, over the ranks that
+    (`tokens_per_s` and `samples_per_s`: generated tokens and trajectories trained (not failed) per second of the
+    step, end to end: wait, train and sync; summed over ranks. With max_staleness > 0 a step whose groups were
+    ready waits for nothing, so single steps vary widely: compare sums over the run) and timings, `logprob_diff` (the engine-trainer logprob gap, over the ranks that
     measured it; None when none did), the step's token accounting summed over ranks (`tokens_sampled` =
     `tokens_trained` + `tokens_excluded`), the off-policy correction's importance weights (`is_*`), trained tokens
     and the engine-trainer logprob gap by version lag (`tokens_lag_j`, `logprob_gap_lag_j`), the groups trained,

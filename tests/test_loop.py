@@ -39,9 +39,12 @@ def test_config_overrides_and_validation(tmp_path):
         load_train_config(path, ["loggers=[mlflow]"])
     assert load_train_config(path, ["rollout.max_staleness=2"]).rollout.max_staleness == 2
     assert load_train_config(path, []).rollout.max_staleness == 0  # lockstep unless asked
-    for bad in (["rollout.max_staleness=-1"], ["rollout.placement=sideways"],
+    for bad in (["rollout.max_staleness=-1"], ["rollout.max_staleness=true"], ["rollout.placement=sideways"],
                 ["rollout.max_staleness=1", "engine.sleep_while_training=true"]):  # fmt: skip
         with pytest.raises(ConfigError, match="max_staleness|placement"):
+            load_train_config(path, bad)
+    for bad in (["rollout.sampling.temperature=0"], ["rollout.sampling.min_p=0.1"]):  # the trainer cannot follow them
+        with pytest.raises(ConfigError, match="rollout.sampling: .*temperature > 0"):
             load_train_config(path, bad)
 
 
