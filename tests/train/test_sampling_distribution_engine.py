@@ -29,7 +29,9 @@ MAX_TOKENS = 64
 # the nucleus's raw mass, in [top_p, 1].
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: closing a vLLM engine in this process tears down vLLM's process-wide parallel state, which every
+# engine still running (the session's shared ones) needs, so these close only when the session ends.
+@pytest.fixture(scope="session")
 def engines(model_dir):
     """Two fp32 engines on the same weights, one recording processed logprobs, one raw."""
     built = {}
