@@ -205,7 +205,7 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
     torch.manual_seed(config.seed)
     out = Path(config.output_dir)
     task_ids = _prepare_output(config, dist, _first_redone(state), resume=resume)
-    model_dir = resolve_model(config.model)
+    model_dir = await anyio.to_thread.run_sync(resolve_model, config.model)  # may build it: off the event loop
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     task_order = _TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
     rollout, engine = await _start_rollouts(config, dist, tokenizer, model_dir, start, state)

@@ -385,9 +385,15 @@ class MemorySummary(MemorySimple):
 
     def get_prompt_messages(self, config: dict[str, Any] | None = None) -> list[dict[str, str]]:
         """Synchronous form of `aget_prompt_messages` (runs its own event loop: not for use inside one)."""
+        import asyncio
+
         import anyio
 
-        return anyio.run(self.aget_prompt_messages, config)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return anyio.run(self.aget_prompt_messages, config)
+        raise RuntimeError("get_prompt_messages blocks: inside an event loop use `await aget_prompt_messages(...)`")
 
     async def aget_prompt_messages(self, config: dict[str, Any] | None = None) -> list[dict[str, str]]:
         """Summarize if needed, simplify, and return the prompt messages (see `MemorySimple.get_prompt_messages`)."""

@@ -13,6 +13,9 @@ when `tool_model_fingerprint` (base model, data digest, recipe) no longer matche
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import json
 import logging
 import random
@@ -144,8 +147,15 @@ def _replayed(
 
     harness = HarnessConfig(max_steps=max_steps, max_prompt_length=4096, max_response_length=4096,
                             sampling={"max_tokens": 2048})  # fmt: skip
-    kept, stats = anyio.run(lambda: replay_traces(traces, renderer=renderer, environment=environment, config=harness,
-                                                  reward_fn=reward_fn))  # fmt: skip
+    replay = functools.partial(replay_traces, traces, renderer=renderer, environment=environment, config=harness,
+                               reward_fn=reward_fn)  # fmt: skip
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        kept, stats = anyio.run(replay)
+    else:  # called from async code (a model built on first use inside `train`): its own loop in its own thread
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            kept, stats = pool.submit(anyio.run, replay).result()
     calls: dict[str, int] = {}
     for trajectory in kept:
         key = str(trajectory.metrics.get("steps", 0) - 1)

@@ -416,3 +416,10 @@ async def test_a_summarizing_harness_run_keeps_the_task_and_whole_turns_and_meas
     _assert_whole_turns(messages)
     assert memory.count_tokens(messages) == len(qwen_renderer.prompt_ids(to_template_messages(messages),
                                                                          environment.schemas))  # fmt: skip
+
+
+async def test_blocking_prompt_messages_inside_an_event_loop_name_the_async_form(tokenizer):
+    memory = MemorySummary({"use_summary": False}, tokenizer=tokenizer, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(RuntimeError, match="aget_prompt_messages"):
+        memory.get_prompt_messages()
+    assert await memory.aget_prompt_messages() == [{"role": "user", "content": "hi"}]

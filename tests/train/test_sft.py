@@ -215,3 +215,12 @@ def test_building_the_tool_model_reports_its_steps(tmp_path, monkeypatch, caplog
     every = max(1, total // 10)  # a line every tenth of the run, and one at its last step
     assert len(lines) == total // every + (total % every != 0)
     assert lines[-1].startswith(f"fine-tuning for tool calls: step {total}/{total}, loss {1.0 / total:.3f}, ")
+
+
+async def test_traces_are_synthesized_from_inside_an_event_loop(tokenizer):
+    """`agentic-rl train` builds a missing tool model on first use, from async code: the replay that records the
+    traces runs its own event loop, which must not clash with the caller's."""
+    from agentic_rl.sft import SFTConfig, synthesize_traces
+
+    kept, counts = synthesize_traces(SFTConfig(traces=3), tokenizer)
+    assert len(kept) == counts["kept"] == 3 and counts["alignment_mismatches"] == 0
