@@ -89,8 +89,8 @@ class VLLMEngineConfig(Config):
         max_lora_rank: None (default): no LoRA, `update_weights` syncs full weights. An int (one of vLLM's sizes
             `adapters.MAX_LORA_RANKS`): the engine serves peft LoRA adapters of rank up to it on frozen base weights,
             each sync sends only the adapter (`VLLMEngine.update_adapter`), and `update_weights` is refused.
-        max_loras: the most LoRA adapters the engine holds: the latest and those requests in flight still sample
-            with (see `agentic_rl.engine.adapters`); with bounded staleness, set it to `max_staleness + 1`.
+        max_loras: with `max_lora_rank`, the most LoRA adapters the engine holds: the latest and those requests in
+            flight still sample with (see `agentic_rl.engine.adapters`); with bounded staleness, `max_staleness + 1`.
         engine_kwargs: any further `vllm.LLM` keyword arguments (not LoRA's: use `max_lora_rank` / `max_loras`).
     """
 
