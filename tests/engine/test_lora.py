@@ -263,7 +263,8 @@ async def test_at_most_max_loras_adapters_are_held_and_a_sync_waits_for_a_free_o
             tg.start_soon(generate, "b")
             await until_in_flight(2)
             third = _save(peft_model, tmp_path, 23)
-            with pytest.raises(EngineError, match=r"all max_loras=2 adapters .* versions \[\d+, \d+\]\) and genera"):
+            full = r"all max_loras=2 adapters .* \(versions \[\d+, \d+\]\) and generation is paused"
+            with pytest.raises(EngineError, match=full):
                 await engine.update_adapter(third)  # both held adapters in use, and paused: none can end
             assert engine.weight_version == second and await engine.loaded_adapters() == [first, second]
             await engine.resume_generation()
