@@ -239,6 +239,24 @@ async def test_a_request_in_flight_across_a_sync_samples_every_token_with_its_ow
     assert await engine.loaded_adapters() == [new]  # the old one went when A ended
 
 
+async def test_a_sync_while_generating_goes_on_does_not_change_the_adapter_of_a_request_in_flight(lora, peft_model,
+                                                                                               tokenizer, tmp_path):  # fmt: skip
+    engine = lora.engine
+    old = await _sync(engine, peft_model, tmp_path, 41)
+    prompt_a, prompt_b = _prompt(tokenizer, "Tell a long story."), _prompt(tokenizer, "Describe the sea.")
+    async with contextlib.aclosing(engine.stream(prompt_a, LONG)) as stream:
+        first = await stream.__anext__()  # A sampled its first tokens with the old adapter
+        new = await _sync(engine, peft_model, tmp_path, 42)  # A is not paused: whatever it samples meanwhile
+        b = await engine.generate(prompt_b, {**LONG, "max_tokens": 16, "min_tokens": 16})
+        deltas = [first, *[d async for d in stream]]
+    a = Generation(token_ids=[t for d in deltas for t in d.token_ids], logprobs=[x for d in deltas for x in d.logprobs],
+                   finish_reason=deltas[-1].finish_reason)  # fmt: skip
+    assert [v for d in deltas for v in d.weight_versions] == [old] * LONG["max_tokens"]
+    assert b.weight_versions == [new] * 16
+    assert _gap(peft_model, _packed(tokenizer, [(prompt_a, a)]), 41) < TOLERANCE
+    assert _gap(peft_model, _packed(tokenizer, [(prompt_b, b)]), 42) < TOLERANCE
+
+
 async def test_at_most_max_loras_adapters_are_held_and_a_sync_waits_for_a_free_one(lora, peft_model, tokenizer,
                                                                                    tmp_path):  # fmt: skip
     engine = lora.engine
