@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from agentic_rl.engine.sampling import SamplingConfig
 
-__all__ = ["Engine", "Generation", "PausableEngine", "StreamingEngine", "TrainableEngine", "sampled_versions"]
+__all__ = [
+    "AdapterEngine",
+    "Engine",
+    "Generation",
+    "PausableEngine",
+    "StreamingEngine",
+    "TrainableEngine",
+    "sampled_versions",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,5 +147,24 @@ class PausableEngine(TrainableEngine, Protocol):
 
         Raises:
             EngineError: if the engine is not running.
+        """
+        ...
+
+
+@runtime_checkable
+class AdapterEngine(TrainableEngine, Protocol):
+    """A `TrainableEngine` that can serve LoRA adapters on frozen base weights: a sync sends only the adapter."""
+
+    @property
+    def lora_enabled(self) -> bool:
+        """True when the engine serves adapters: sync with `update_adapter`, not `update_weights`."""
+        ...
+
+    async def update_adapter(self, folder: str | os.PathLike[str]) -> None:
+        """Load the peft adapter saved in `folder` as weight version `weight_version + 1`; requests sent afterwards
+        use it, requests in flight finish on the adapter they started with (their tokens keep its version).
+
+        Raises:
+            EngineError: if LoRA is off, the folder holds no valid adapter, or the engine refuses it.
         """
         ...

@@ -10,11 +10,12 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agentic_rl.engine.base import Generation
 
-__all__ = ["AddRequest", "Abort", "Call", "Command", "Stop"]
+__all__ = ["AddRequest", "Abort", "Call", "Command", "LoadAdapter", "Stop"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +67,23 @@ class Call:
 
 
 @dataclass(frozen=True, slots=True)
+class LoadAdapter:
+    """Load a LoRA adapter as the next weight version (`agentic_rl.engine.adapters`).
+
+    Attributes:
+        folder: the checked, absolute path of the peft adapter folder.
+        result: resolved with `(version, seconds spent loading)`, or failed with `EngineError`; a future cancelled
+            before the engine thread loads the adapter (e.g. while the sync waits for a free slot) skips the load.
+    """
+
+    folder: Path
+    result: concurrent.futures.Future[tuple[int, float]]
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """End the engine thread: requests still pending fail with `EngineError`; later messages are not read."""
 
 
 #: Any message the engine thread reads.
-Command = AddRequest | Abort | Call | Stop
+Command = AddRequest | Abort | Call | LoadAdapter | Stop

@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentic_rl.engine.adapters import AdapterSlots
 from agentic_rl.engine.base import Generation
-from agentic_rl.engine.commands import Abort, AddRequest, Call, Command, Stop
+from agentic_rl.engine.commands import Abort, AddRequest, Call, Command, LoadAdapter, Stop
 from agentic_rl.engine.weight_copy import ScratchPool
 from agentic_rl.errors import EngineError, EngineRejectedError
 
@@ -53,9 +54,11 @@ class _Sampled:
 
     Attributes:
         token_ids, logprobs: the sampled ids and their logprobs (nats), in order.
-        weight_versions: per id, `EngineThread.weight_version` at the engine step that sampled it.
+        weight_versions: per id, `EngineThread.weight_version` at the engine step that sampled it, or `pinned`.
         top_logprobs: per position, `{token_id: logprob}` when the request asked for top logprobs, else None.
         deliver: for a streamed request, where each step's new tokens go; else None.
+        pinned: on a LoRA engine, the version of the adapter (or base model) the request samples every token with;
+            None elsewhere.
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -63,6 +66,7 @@ class _Sampled:
     weight_versions: list[int] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] | None = None
     deliver: Callable[[Generation], None] | None = None
+    pinned: int | None = None
 
     def add(self, completion: Any, weight_version: int) -> None:
         """Append the tokens of one engine step (vLLM's DELTA `CompletionOutput`), all sampled at `weight_version`.
@@ -97,7 +101,8 @@ class EngineThread:
     Every request is sent to vLLM with `RequestOutputKind.DELTA`: each engine step hands back only the tokens it
     sampled, which are stamped with `weight_version` as it is at that step and gathered here until the request
     finishes. A weight update runs on this thread between two steps and bumps `weight_version` there, so every
-    token carries the version of the weights whose forward pass sampled it.
+    token carries the version of the weights whose forward pass sampled it. On a LoRA engine (`adapters`) each
+    request is pinned to the adapter that is the latest when it is submitted, and its tokens carry that version.
 
     Attributes:
         inbox: the messages from the event loop, in the order they were sent.
@@ -110,15 +115,17 @@ class EngineThread:
             new requests are held back so that none can reuse KV of the old weights. Set by the weight update,
             which runs on this thread.
         scratch: reused by in-place weight sync (`weight_copy.copy_weights`).
+        adapters: the LoRA adapters and the requests on each (`adapters.AdapterSlots`); None without LoRA.
     """
 
-    def __init__(self, weight_version: int = 0) -> None:
+    def __init__(self, weight_version: int = 0, adapters: AdapterSlots | None = None) -> None:
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.pending: dict[str, concurrent.futures.Future[Generation]] = {}
         self.weight_version = weight_version
         self.paused = False
         self.stale_cache = False
         self.scratch: ScratchPool = {}
+        self.adapters = adapters
         self._held: list[AddRequest] = []  # taken while the cache was stale: added once a reset succeeds
         self._sampled: dict[str, _Sampled] = {}  # the tokens of each request submitted to vLLM
 
@@ -139,7 +146,7 @@ class EngineThread:
                     return
             if not self.paused and engine.has_unfinished_requests():
                 for output in engine.step():
-                    self._on_output(output)
+                    self._on_output(llm, output)
 
     def _handle(self, llm: Any, command: Command) -> bool:
         """Act on one message; False for `Stop`."""
@@ -150,6 +157,8 @@ class EngineThread:
                 self._on_abort(llm, command)
             case Call():
                 self._on_call(llm, command)
+            case LoadAdapter():
+                self._on_load_adapter(llm, command)
             case Stop():
                 return False
         return True
@@ -169,24 +178,42 @@ class EngineThread:
         from vllm.sampling_params import RequestOutputKind
 
         request_id = request.request_id
+        pinned, lora = self.adapters.take() if self.adapters is not None else (None, None)
         try:
             params = SamplingParams(output_kind=RequestOutputKind.DELTA, **request.sampling)
-            llm.llm_engine.add_request(request_id, {"prompt_token_ids": request.prompt_ids}, params)
+            llm.llm_engine.add_request(request_id, {"prompt_token_ids": request.prompt_ids}, params,
+                                       lora_request=lora)  # fmt: skip
         except Exception as exc:  # a bad request fails alone
             del self.pending[request_id]
             request.result.set_exception(EngineRejectedError(f"request rejected by vLLM: {exc}"))
+            self._release(llm, pinned)
             return
         top: list[dict[int, float]] | None = [] if request.sampling["logprobs"] else None
-        self._sampled[request_id] = _Sampled(top_logprobs=top, deliver=request.deliver)
+        self._sampled[request_id] = _Sampled(top_logprobs=top, deliver=request.deliver, pinned=pinned)
 
     def _on_abort(self, llm: Any, abort: Abort) -> None:
         request_id = abort.request_id
-        self._sampled.pop(request_id, None)
+        sampled = self._sampled.pop(request_id, None)
         if self.pending.pop(request_id, None) is not None:
             held = [request for request in self._held if request.request_id != request_id]
             if len(held) == len(self._held):
                 llm.llm_engine.abort_request([request_id])
             self._held = held
+        if sampled is not None:
+            self._release(llm, sampled.pinned)
+
+    def _on_load_adapter(self, llm: Any, command: LoadAdapter) -> None:
+        if self.adapters is None:  # VLLMEngine checks first; a message sent anyway fails alone
+            if command.result.set_running_or_notify_cancel():
+                command.result.set_exception(EngineError("LoRA is off on this engine"))
+            return
+        if self.adapters.request_load(llm, command, self.paused):
+            self.weight_version = self.adapters.latest
+
+    def _release(self, llm: Any, pinned: int | None) -> None:
+        """A request pinned to an adapter version ended: let `adapters` drop what nothing uses any more."""
+        if pinned is not None and self.adapters is not None and self.adapters.release(llm, pinned):
+            self.weight_version = self.adapters.latest
 
     @staticmethod
     def _on_call(llm: Any, call: Call) -> None:
@@ -211,7 +238,7 @@ class EngineThread:
             if result is not None:
                 result.set_exception(error)
 
-    def _on_output(self, output: Any) -> None:
+    def _on_output(self, llm: Any, output: Any) -> None:
         """Add one step's new tokens to the request's, stamped with the current `weight_version`; hand them to a
         streamed request's reader; resolve the request's result when it finished."""
         request_id = output.request_id
@@ -222,12 +249,15 @@ class EngineThread:
         if completion.token_ids:
             start = len(sampled.token_ids)
             try:
-                sampled.add(completion, self.weight_version)
+                sampled.add(completion, self.weight_version if sampled.pinned is None else sampled.pinned)
             except Exception as exc:
                 self._sampled.pop(request_id)
                 result = self.pending.pop(request_id, None)
-                if result is not None:  # vLLM finishes the request; its later outputs are dropped
+                if result is not None:
                     result.set_exception(EngineError(f"could not read engine output: {exc}"))
+                if not output.finished:  # stop it in vLLM too: nothing reads it, and its adapter may go
+                    llm.llm_engine.abort_request([request_id])
+                self._release(llm, sampled.pinned)
                 return
             if sampled.deliver is not None and not output.finished:
                 _hand_over(sampled.deliver, sampled.since(start))
@@ -235,6 +265,7 @@ class EngineThread:
             return
         del self._sampled[request_id]
         result = self.pending.pop(request_id, None)
+        self._release(llm, sampled.pinned)
         if result is not None:
             result.set_result(Generation(
                 token_ids=sampled.token_ids, logprobs=sampled.logprobs,
@@ -243,11 +274,13 @@ class EngineThread:
             ))  # fmt: skip
 
     def fail_all(self, exc: EngineError) -> None:
-        """Fail every pending request with `exc` (when the thread ends)."""
+        """Fail every pending request, and every sync waiting for an adapter slot, with `exc` (when the thread ends)."""
         for result in self.pending.values():
             if not result.done():
                 result.set_exception(exc)
         self.pending.clear()
+        if self.adapters is not None:
+            self.adapters.fail_parked(exc)
 
 
 def _hand_over(deliver: Callable[[Generation], None], delta: Generation) -> None:

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
-from pydantic import Field, field_validator
+from pydantic import Field, StrictInt, field_validator
 
 from agentic_rl.config import Config
 from agentic_rl.engine import weight_copy
+from agentic_rl.engine.adapters import MAX_LORA_RANKS, AdapterSlots, check_adapter_folder
 from agentic_rl.engine.base import Generation
-from agentic_rl.engine.commands import Abort, AddRequest, Call, Stop
+from agentic_rl.engine.commands import Abort, AddRequest, Call, LoadAdapter, Stop
 from agentic_rl.engine.engine_thread import EngineThread
 from agentic_rl.engine.load_log import counted_casts, quiet_native_stderr, quiet_vllm
 from agentic_rl.engine.sampling import SamplingConfig
@@ -85,7 +86,12 @@ class VLLMEngineConfig(Config):
         weight_sync: how `update_weights` loads: `in_place` copies into the model's parameters and re-packs only
             layers served from a packed copy, where vLLM's CPU backend allows it (else, and with `reload`, vLLM's
             `reload_weights`, which re-processes every layer).
-        engine_kwargs: any further `vllm.LLM` keyword arguments.
+        max_lora_rank: None (default): no LoRA, `update_weights` syncs full weights. An int (one of vLLM's sizes
+            `adapters.MAX_LORA_RANKS`): the engine serves peft LoRA adapters of rank up to it on frozen base weights,
+            each sync sends only the adapter (`VLLMEngine.update_adapter`), and `update_weights` is refused.
+        max_loras: with `max_lora_rank`, the most LoRA adapters the engine holds: the latest and those requests in
+            flight still sample with (see `agentic_rl.engine.adapters`); with bounded staleness, `max_staleness + 1`.
+        engine_kwargs: any further `vllm.LLM` keyword arguments (not LoRA's: use `max_lora_rank` / `max_loras`).
     """
 
     model: str | Path
@@ -102,7 +108,24 @@ class VLLMEngineConfig(Config):
     enable_sleep_mode: bool = False
     weight_version: Annotated[int, Field(ge=0)] = 0
     weight_sync: Literal["in_place", "reload"] = "in_place"
+    max_lora_rank: StrictInt | None = None
+    max_loras: Annotated[StrictInt, Field(ge=1)] = 1
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _vllm_lora_rank(cls, value: int | None) -> int | None:
+        if value is not None and value not in MAX_LORA_RANKS:
+            raise ValueError(f"must be one of vLLM's LoRA ranks {MAX_LORA_RANKS} (or null: no LoRA)")
+        return value
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _no_lora_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        lora = sorted(key for key in value if "lora" in key)
+        if lora:
+            raise ValueError(f"LoRA options {lora} are set by max_lora_rank and max_loras, not engine_kwargs")
+        return value
 
     @field_validator("logprobs_mode", mode="before")
     @classmethod
@@ -150,6 +173,11 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
         kwargs["block_size"] = _CPU_BLOCK_SIZE
     if config.block_size is not None:
         kwargs["block_size"] = config.block_size
+    if config.max_lora_rank is not None:
+        # One more adapter in vLLM's CPU-side cache than in use, so that a new adapter loads (and is checked)
+        # before the unused old one is removed, and vLLM never evicts one a request in flight still samples with.
+        kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras,
+                      max_cpu_loras=config.max_loras + 1)  # fmt: skip
     kwargs.update(config.engine_kwargs)
     return kwargs
 
@@ -202,14 +230,15 @@ class VLLMEngine:
     def __init__(self, config: VLLMEngineConfig) -> None:
         self.config = config
         # The engine thread's state; the event loop only sends it messages (and reads its weight version).
-        self._worker = EngineThread(config.weight_version)
+        adapters = None if config.max_lora_rank is None else AdapterSlots(config.max_loras, config.weight_version)
+        self._worker = EngineThread(config.weight_version, adapters)
         self._thread: threading.Thread | None = None
         self._ready: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._ids = itertools.count()
         self._max_model_len = config.max_model_len
         self._dead: BaseException | None = None
         self._closed = False
-        self.last_weight_sync: str | None = None  # how the last `update_weights` loaded (the path, for logs/tests)
+        self.last_weight_sync: str | None = None  # how the last weight sync loaded (the path, for logs/tests)
 
     @property
     def max_model_len(self) -> int:
@@ -349,7 +378,8 @@ class VLLMEngine:
         """How many weight updates the weights went through (`config.weight_version` = those it was built with).
 
         The engine thread bumps it inside `update_weights`, between two engine steps, so it is the version of the
-        weights the next engine step samples with; the `weight_versions` of each `Generation` are read from it.
+        weights the next engine step samples with; the `weight_versions` of each `Generation` are read from it. On
+        a LoRA engine `update_adapter` bumps it, and it is the version of the adapter new requests get.
         """
         return self._worker.weight_version
 
@@ -405,8 +435,12 @@ class VLLMEngine:
 
         Raises:
             EngineError: if vLLM rejects the weights (the engine keeps running on whatever it had loaded), or a
-                packed layer got only some of its shards (that layer keeps its previous weights).
+                packed layer got only some of its shards (that layer keeps its previous weights); on a LoRA engine
+                (`config.max_lora_rank` set), always: its base weights are never re-sent, use `update_adapter`.
         """
+        if self.lora_enabled:
+            raise EngineError("update_weights: this engine serves LoRA adapters on frozen base weights "
+                              "(VLLMEngineConfig.max_lora_rank is set); sync with update_adapter(folder)")  # fmt: skip
         tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
 
         def load(llm: Any) -> tuple[float, str]:
@@ -432,6 +466,49 @@ class VLLMEngine:
         self.last_weight_sync = path
         logger.info("weights updated to version %d in %.2f s: %s", self._worker.weight_version, seconds, path)
         return seconds
+
+    @property
+    def lora_enabled(self) -> bool:
+        """True when the engine serves LoRA adapters (`config.max_lora_rank` set): sync with `update_adapter`."""
+        return self._worker.adapters is not None
+
+    async def update_adapter(self, folder: str | os.PathLike[str]) -> None:
+        """Load the peft LoRA adapter saved in `folder` as the next weight version (see `agentic_rl.engine.adapters`).
+
+        `folder` holds `adapter_config.json` and `adapter_model.safetensors`, as peft's `save_pretrained` writes
+        them; it is read during this call only. On return `weight_version` is one higher and every request sent
+        from then on samples with this adapter. Requests in flight go on with the adapter they started with (the
+        base model before the first sync): their `Generation.weight_versions` hold that version for every token.
+        Adapters no request uses any more are removed; at most `config.max_loras` are held. When that many are
+        still used by requests in flight, this waits until one of them ends, or fails while generation is paused.
+
+        Raises:
+            EngineError: LoRA is off (`config.max_lora_rank` is None); the engine is not running; `folder` is missing
+                or holds no valid adapter, or its rank exceeds `config.max_lora_rank`; vLLM refused it; all
+                `max_loras` adapters are in use while paused. The engine keeps serving its latest version then.
+        """
+        rank = self.config.max_lora_rank
+        if rank is None:
+            raise EngineError("update_adapter: LoRA is off on this engine; set VLLMEngineConfig.max_lora_rank")
+        self._check_alive()
+        path = check_adapter_folder(folder, rank)
+        result: concurrent.futures.Future[tuple[int, float]] = concurrent.futures.Future()
+        t0 = time.perf_counter()
+        self._worker.inbox.put(LoadAdapter(path, result))
+        version, seconds = await asyncio.wrap_future(result)
+        self.last_weight_sync = f"LoRA adapter {path} as version {version}"
+        logger.info("LoRA adapter %s loaded as weight version %d in %.3f s (%.3f s with waiting)", path, version,
+                    seconds, time.perf_counter() - t0)  # fmt: skip
+
+    async def loaded_adapters(self) -> list[int]:
+        """The weight versions whose LoRA adapters vLLM holds now (their LoRA ids), ascending; [] without LoRA.
+
+        Raises:
+            EngineError: if the engine is not running.
+        """
+        if not self.lora_enabled:
+            return []
+        return sorted(await self.call(lambda llm: llm.llm_engine.list_loras()))
 
     def _can_sleep(self) -> bool:
         if not self.config.enable_sleep_mode:
