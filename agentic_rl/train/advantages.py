@@ -95,8 +95,8 @@ def turn_advantages(returns: torch.Tensor, group_ids: torch.Tensor, turns: torch
         TrajectoryError: on shape mismatch or a non-finite return on a valid step.
     """
     if not (returns.shape == group_ids.shape == turns.shape == valid.shape) or returns.dim() != 1:
-        raise TrajectoryError(f"returns, group_ids, turns and valid must be equal 1-D shapes, got {tuple(returns.shape)}, "
-                              f"{tuple(group_ids.shape)}, {tuple(turns.shape)}, {tuple(valid.shape)}")  # fmt: skip
+        shapes = [tuple(x.shape) for x in (returns, group_ids, turns, valid)]
+        raise TrajectoryError(f"returns, group_ids, turns and valid must be equal 1-D shapes, got {shapes}")
     if not returns.numel():
         return torch.zeros(0, dtype=torch.float32)
     _, cell = torch.unique(torch.stack((group_ids.long(), turns.long()), dim=1), dim=0, return_inverse=True)

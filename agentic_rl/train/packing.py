@@ -18,7 +18,8 @@ from torch.nn.utils.rnn import pad_sequence
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.types import INSERTED_VERSION, TerminationReason, TokenRun, Trajectory
 
-__all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "default_group_ids", "exclusion_reason", "pack_trajectories"]
+__all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "default_group_ids", "exclusion_reason",
+           "pack_trajectories"]  # fmt: skip
 
 ExclusionReason = Literal["failed", "aborted", "refused"]
 

@@ -249,10 +249,11 @@ class GRPOTrainer:
         trajectory's advantage (`pack_trajectories`, `batch_advantages`). With `advantage="step"` each turn of a
         valid trajectory is one row instead, with the advantage of its discounted return within its group and turn
         index (`step_units`, `turn_advantages`); failed, aborted and refused trajectories are left out as in
-        trajectory mode, and the reward, trajectory and length metrics stay per trajectory. The step packs the rollout, computes the
-        advantages, runs forward, loss and backward per micro-batch (`_accumulate_gradients`), clips the gradient
-        and takes the optimizer step (`_clip_gradients`, `_optimizer_step`). If the gradient norm is not finite, the
-        optimizer step is skipped (weights unchanged) and reported in `step_skipped` / `skipped_steps`.
+        trajectory mode, and the reward, trajectory and length metrics stay per trajectory. The step packs the
+        rollout, computes the advantages, runs forward, loss and backward per micro-batch (`_accumulate_gradients`),
+        clips the gradient and takes the optimizer step (`_clip_gradients`, `_optimizer_step`). If the gradient norm
+        is not finite, the optimizer step is skipped (weights unchanged) and reported in `step_skipped` /
+        `skipped_steps`.
 
         Args:
             trajectories: the rollout; rows of one task share a group (by `task["id"]`, or `group_ids`). Under
