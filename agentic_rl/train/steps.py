@@ -39,31 +39,33 @@ def _step_run(step: Step) -> TokenRun:
     span of the run as the response (mask, logprobs and weight versions as recorded; None where not recorded)."""
     assert step.run is not None
     run, (start, end) = step.run, step.span
+    logprobs = None if run.response_logprobs is None else run.response_logprobs[start:end]
+    versions = None if run.weight_versions is None else run.weight_versions[start:end]
     return TokenRun(prompt_ids=step.prompt_ids, response_ids=run.response_ids[start:end],
-                    response_mask=run.response_mask[start:end],
-                    response_logprobs=None if run.response_logprobs is None else run.response_logprobs[start:end],
-                    weight_versions=None if run.weight_versions is None else run.weight_versions[start:end])  # fmt: skip
+                    response_mask=run.response_mask[start:end], response_logprobs=logprobs, weight_versions=versions)
 
 
-def step_rows(trajectory: StepTrajectory, *, gamma: float = 1.0) -> list[Trajectory]:
+def step_rows(trajectory: StepTrajectory, *, gamma: float = 1.0,
+              rewards: Sequence[float] | None = None) -> list[Trajectory]:  # fmt: skip
     """One `Trajectory` per step: its exact prompt, its sampled ids, and reward `mc_return`.
 
     A step's tokens come from the run it was sampled in (`Step.run`, `Step.span`): its prompt is the run's prompt and
     everything before the step, its response the ids it sampled (the run's mask over the span, 1 on sampled ids, with
-    the engine's logprobs and weight versions). Each step's `mc_return` is set from the step rewards with
-    `discounted_returns`.
+    the engine's logprobs and weight versions). Each step's `mc_return` is set from the step rewards (or `rewards`,
+    one per step, when given) with `discounted_returns`.
 
     Raises:
         TrajectoryError: if a step records no token run, or a step reward is not a finite number.
     """
     steps = trajectory.steps
-    for k, step in enumerate(steps):
+    rewards = [s.reward for s in steps] if rewards is None else list(rewards)
+    for k, (step, reward) in enumerate(zip(steps, rewards, strict=True)):
         if step.run is None:
             raise TrajectoryError(f"trajectory {trajectory.idx}, step {k}: no token run recorded")
-        if isinstance(step.reward, bool) or not isinstance(step.reward, (int, float)) or not math.isfinite(step.reward):
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
             raise TrajectoryError(f"trajectory {trajectory.idx}, step {k}: reward must be a finite number, "
-                                  f"got {step.reward!r}")  # fmt: skip
-    returns = discounted_returns([s.reward for s in steps], gamma)
+                                  f"got {reward!r}")  # fmt: skip
+    returns = discounted_returns(rewards, gamma)
     rows = []
     for step, g in zip(steps, returns, strict=True):
         step.mc_return = g
@@ -81,8 +83,17 @@ def _covers_its_tokens(trajectory: Trajectory) -> bool:
     owned = {id(run) for run in runs}
     if any(step.run is None or id(step.run) not in owned for step in steps):
         return False
-    in_steps = sum(sum(step.run.response_mask[step.span[0] : step.span[1]]) for step in steps)  # type: ignore[union-attr]
+    in_steps = sum(sum(step.run.response_mask[slice(*step.span)]) for step in steps)  # type: ignore[union-attr]
     return in_steps == sum(run.num_sampled for run in runs)
+
+
+def _step_rewards(trajectory: StepTrajectory) -> list[float]:
+    """The steps' rewards; for steps that carry none (every `Step.reward` 0, as in a record built outside the
+    harness, e.g. captured by the server) while the trajectory has a reward: that reward on the last step."""
+    rewards = [step.reward for step in trajectory.steps]
+    if trajectory.trajectory_reward != 0 and all(r == 0 for r in rewards):
+        rewards[-1] = trajectory.trajectory_reward
+    return rewards
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +125,11 @@ def step_units(trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] |
 
     A valid trajectory whose `steps` each point into one of its runs and together hold every token it sampled
     (always so for the harness's) gives one unit per step, in turn order, rewarded with the step's discounted return
-    (`step_rows`; `Step.mc_return` is set). Any other valid trajectory (no step records, as a user's agent may
-    return, or steps that do not cover its tokens) is one unit at turn 0 rewarded with its `trajectory_reward`.
-    Every sampled token of the rollout is in exactly one unit, so packing the units keeps
-    `tokens_sampled == tokens_trained + tokens_excluded`.
+    (`step_rows`; `Step.mc_return` is set). Steps that carry no reward at all (every `Step.reward` 0, e.g. a record
+    captured by the server) while the trajectory has one take `trajectory_reward` as the last step's reward. Any
+    other valid trajectory (no step records, as a user's agent may return, or steps that do not cover its tokens) is
+    one unit at turn 0 rewarded with its `trajectory_reward`. Every sampled token of the rollout is in exactly one
+    unit, so packing the units keeps `tokens_sampled == tokens_trained + tokens_excluded`.
 
     Args:
         trajectories: N trajectories.
@@ -136,7 +148,8 @@ def step_units(trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] |
     out = StepUnits([], [], [], [], [], [])
     for i, (t, group) in enumerate(zip(trajectories, groups, strict=True)):
         valid = exclusion_reason(t) is None
-        rows = step_rows(t, gamma=gamma) if valid and _covers_its_tokens(t) else [t]  # type: ignore[arg-type]
+        by_step = valid and _covers_its_tokens(t)
+        rows = step_rows(t, gamma=gamma, rewards=_step_rewards(t)) if by_step else [t]  # type: ignore[arg-type]
         out.units.extend(rows)
         out.group_ids.extend([group] * len(rows))
         out.turns.extend(range(len(rows)))

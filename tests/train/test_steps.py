@@ -115,6 +115,10 @@ def test_step_units_give_one_row_per_step_and_account_for_every_sampled_token():
         assert batch.responses[row][mask].tolist() == step.response_ids == unit.response_tokens.tolist()
         assert batch.input_ids[row][batch.attention_mask[row].bool()].tolist() == step.prompt_ids + step.response_ids
     assert step_units(trajs, gamma=1.0).units[1].trajectory_reward == 1.0
+    unrewarded = _turns(0, [0.0, 0.0, 0.0], "a")  # steps built without rewards: the trajectory's goes to the last
+    unrewarded.trajectory_reward = 0.8
+    assert [u.trajectory_reward for u in step_units([unrewarded], gamma=0.5).units] == [0.2, 0.4, 0.8]
+    assert [s.reward for s in unrewarded.steps] == [0.0, 0.0, 0.0]  # the record is left as it is
     bad = _turns(0, [0.0, 1.0], "a")
     bad.steps[1].reward = float("nan")
     with pytest.raises(TrajectoryError, match="trajectory 0, step 1: reward must be a finite number, got nan"):
