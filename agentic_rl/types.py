@@ -398,7 +398,10 @@ class Step:
             turn was sent), `weight_versions` (`[min, max]` of its tokens' versions: they differ when the weights
             changed while the turn was sampled), `llm_time_s` and `env_time_s` (seconds in the engine and in the
             environment), tool-call counts and errors.
-        reward: step reward.
+        reward: this turn's reward. The harness sets it on every turn: the environment's own reward for the turn
+            (`info["reward"]` of its `step()`), the turn's share of the tool-call reward, and on the last turn the
+            answer's reward, so that without environment rewards the steps' rewards add up to `trajectory_reward`
+            (`rollout.turn_rewards`). Step-level training (`GRPOConfig.advantage = "step"`) learns from it.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).
         run: the trajectory's `TokenRun` this turn was sampled in (None for a step built by hand without one: it has

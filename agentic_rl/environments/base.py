@@ -123,7 +123,9 @@ class Environment(abc.ABC):
             `(observation, done, info)` or a `StepResult`: what to append (a list of messages such as tool results,
             one message, a string for one `tool` message, or None for nothing), whether the trajectory ended, and
             details such as tool-call counts (numbers under `tool_calls`, `tool_errors`, `well_formed_calls` are
-            summed into the trajectory's metrics).
+            summed into the trajectory's metrics). `info["reward"]`, when given, is this turn's own reward: a finite
+            number added to the turn's `Step.reward` (not to `trajectory_reward`); anything else fails the
+            trajectory with an `EnvStepError` naming the turn.
         """
 
     async def close(self, sample: Sample) -> None:  # noqa: B027  (optional hook)

@@ -34,6 +34,7 @@ from agentic_rl.errors import (
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import action_text, split_thought
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
+from agentic_rl.rollout.turn_rewards import credit_turns, environment_turn_reward
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
 __all__ = ["HarnessConfig", "RewardCallable", "RolloutSpec", "TerminationReason", "TrajectoryCheckpoint",
@@ -271,7 +272,12 @@ async def _close_environment(spec: RolloutSpec, state: _State) -> str | None:
 def _finish(
     spec: RolloutSpec, state: _State, reason: TerminationReason, error: str | None, reward: float, total_s: float
 ) -> StepTrajectory:
-    """The finished trajectory: rewards, the alignment check, and the record (a failed one if it is invalid)."""
+    """The finished trajectory: rewards, the alignment check, and the record (a failed one if it is invalid).
+
+    `trajectory_reward` is the answer's reward plus the tool-call reward (`toolcall_weight` times the share of
+    well-formed calls). Each `Step.reward` gets the environment's reward for its turn, that turn's part of the
+    tool-call reward, and on the last step the answer's reward (`turn_rewards.credit_turns`): without per-turn
+    environment rewards the step rewards add up to `trajectory_reward`."""
     metrics, config = state.metrics, spec.config
     attempted = metrics["tool_calls"]
     failed = error is not None
@@ -282,14 +288,16 @@ def _finish(
                    generated_tokens=sum(run.num_sampled for run in state.recorder.runs))
     if state.steps:
         state.steps[-1].done = True
-        state.steps[-1].reward = reward + toolcall_reward
     messages = list(state.sample.messages) if state.sample is not None else []
     runs = state.recorder.runs or [TokenRun([])]
     task = _rewarded_task(state)
     common = {"idx": state.idx, "chat_completions": messages, "metrics": metrics, "task": task, "steps": state.steps}
     try:
-        return StepTrajectory.from_runs(runs, trajectory_reward=reward + toolcall_reward, termination_reason=reason,
-                                        failed=failed, error=error, **common)  # fmt: skip
+        trajectory = StepTrajectory.from_runs(runs, trajectory_reward=reward + toolcall_reward,
+                                              termination_reason=reason, failed=failed, error=error, **common)  # fmt: skip
+        credit_turns(state.steps, answer_reward=reward, toolcall_weight=0.0 if failed else config.toolcall_weight,
+                     tool_calls=attempted)  # fmt: skip
+        return trajectory
     except TrajectoryError as exc:  # e.g. the engine reported a NaN logprob: this trajectory fails, not the batch
         logger.error("trajectory %s (task %r) failed: invalid record: %s", state.idx, state.task.get("id"), exc)
         for run in runs:  # in place: the steps keep pointing at the trajectory's runs
@@ -383,6 +391,7 @@ async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None
     t0 = time.perf_counter()
     result = StepResult.of(await spec.environment.step(state.sample))
     step.info["env_time_s"] = time.perf_counter() - t0
+    step.reward = environment_turn_reward(result.info, turn)  # the environment's own reward for this turn
     state.metrics["env_time"] += step.info["env_time_s"]
     step.info.update(result.info)
     for key in ("tool_calls", "tool_errors", "well_formed_calls"):

@@ -45,6 +45,7 @@ class HarnessConfig(Config):
             numerics depend on the batch. Stop strings and further `stop_token_ids` end a turn as complete (see
             `agentic_rl.engine.turns`).
         toolcall_weight: `toolcall_reward = toolcall_weight * well-formed calls / attempted calls` (0 without calls).
+            Each turn's `Step.reward` gets the part of it that its own well-formed calls earn (`turn_rewards`).
         check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
             `alignment_mismatches`, `retokenize_drift`).
         turn_timeout_s: most seconds one `engine.generate` call may take; past it the request is aborted and the

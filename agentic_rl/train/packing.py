@@ -18,7 +18,8 @@ from torch.nn.utils.rnn import pad_sequence
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.types import INSERTED_VERSION, TerminationReason, TokenRun, Trajectory
 
-__all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "exclusion_reason", "pack_trajectories"]
+__all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "default_group_ids", "exclusion_reason",
+           "pack_trajectories"]  # fmt: skip
 
 ExclusionReason = Literal["failed", "aborted", "refused"]
 
@@ -115,6 +116,9 @@ class PackedBatch:
         trajectory_valid: (N,) bool, False for failed or aborted trajectories: excluded from group statistics.
         trajectory_tokens: (N,) int64, tokens each trajectory sampled, over all its runs.
         tokens: where the sampled tokens went (`TokenCounts`).
+        trajectory_turns: (N,) int64, the turn index of each packed trajectory when the packed "trajectories" are the
+            steps of a rollout (`train.steps.step_units`, step-level advantages: group statistics are then taken per
+            group and turn index); None (default) when each packed trajectory is a whole one.
     """
 
     input_ids: torch.Tensor
@@ -135,6 +139,7 @@ class PackedBatch:
     trajectory_valid: torch.Tensor
     trajectory_tokens: torch.Tensor
     tokens: TokenCounts
+    trajectory_turns: torch.Tensor | None = None
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -237,7 +242,7 @@ def pack_trajectories(
     if n == 0:
         raise TrajectoryError("cannot pack an empty list of trajectories")
     if group_ids is None:
-        group_ids = _default_groups(trajectories)
+        group_ids = default_group_ids(trajectories)
     if len(group_ids) != n:
         raise TrajectoryError(f"group_ids has {len(group_ids)} entries for {n} trajectories")
     counts = {"sampled": 0, "trained": 0, "excluded_failed": 0, "excluded_aborted": 0, "excluded_refused": 0,
@@ -315,7 +320,9 @@ def _pad(rows: list[torch.Tensor], width: int, value: float, side: str) -> torch
     return out
 
 
-def _default_groups(trajectories: Sequence[Trajectory]) -> list[int]:
+def default_group_ids(trajectories: Sequence[Trajectory]) -> list[int]:
+    """One group id per trajectory: trajectories with the same `task["id"]` share one, numbered 0, 1, ... in order of
+    first appearance; a trajectory without a task id is its own group (keyed by its `idx`)."""
     ids: dict[object, int] = {}
     out = []
     for t in trajectories:

@@ -88,7 +88,7 @@ class StepStats:
             non-finite).
         reward_mean, reward_std: over valid trajectories (population std; 0.0 without any).
         valid_trajectories: trajectories that enter the loss.
-        valid_rows: trained runs (rows with response tokens).
+        valid_rows: trained rows with response tokens: runs, or steps with `advantage: step`.
         zero_advantage_rows: of those, rows whose forward was skipped (advantage 0 and no KL term add exactly nothing
             to the gradient).
         response_length: mean sampled tokens per valid trajectory, all runs (0.0 without any).

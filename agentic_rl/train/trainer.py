@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from agentic_rl.config import Config
 from agentic_rl.errors import TrainingError
@@ -23,6 +23,7 @@ from agentic_rl.train.off_policy import OffPolicyConfig, lag_sums
 from agentic_rl.train.optim import adamw, load_optimizer_state
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
 from agentic_rl.train.step_stats import LossSums, StepStats
+from agentic_rl.train.steps import step_units
 from agentic_rl.types import Trajectory
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
@@ -55,6 +56,14 @@ class GRPOConfig(Config):
             trainer's (decoupled PPO with a truncated or masked importance weight; `train.off_policy`). `none` is
             plain PPO on the ratio to the engine's logprobs. With `sequence`-level masking a trajectory's runs stay
             in one micro-batch, as with `sequence-mean`.
+        advantage: `trajectory` (default): every token of a trajectory gets its trajectory's group-relative
+            advantage. `step`: each turn of a trajectory is its own row (its exact prompt: the run's prompt and
+            everything before the turn; its sampled ids), rewarded with its discounted return from `Step.reward`
+            (`train.steps.step_units`), and normalized within its task group per turn index (`turn_advantages`).
+            In step mode a row is a sequence of its own (`sequence-mean`, `sequence`-level masking), and the widths
+            apply to each row: a late turn's prompt holds the turns before it.
+        gamma: discount of the step returns in `step` mode, in [0, 1] (1: each turn is credited with every reward
+            from it to the end); not used in `trajectory` mode.
     """
 
     lr: float = Field(default=1e-6, gt=0)
@@ -72,6 +81,15 @@ class GRPOConfig(Config):
     max_response_length: int | None = Field(default=None, ge=1)
     max_consecutive_skips: int = Field(default=3, ge=1)
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
+    advantage: Literal["trajectory", "step"] = "trajectory"
+    gamma: float = Field(default=1.0, ge=0, le=1)
+
+    @field_validator("gamma", mode="before")
+    @classmethod
+    def _gamma_is_a_number(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read true as 1.0
+            raise ValueError(f"gamma must be a number in [0, 1], got the boolean {value}")
+        return value
 
 
 def _micro_batches(
@@ -228,10 +246,14 @@ class GRPOTrainer:
         """One GRPO optimizer step on a rollout: every exact token run of every valid trajectory is trained.
 
         A trajectory whose history memory rewrote trains each of its runs, each on its own prompt, all with the
-        trajectory's advantage (`pack_trajectories`, `batch_advantages`). The step packs the rollout, computes the
-        advantages, runs forward, loss and backward per micro-batch (`_accumulate_gradients`), clips the gradient
-        and takes the optimizer step (`_clip_gradients`, `_optimizer_step`). If the gradient norm is not finite, the
-        optimizer step is skipped (weights unchanged) and reported in `step_skipped` / `skipped_steps`.
+        trajectory's advantage (`pack_trajectories`, `batch_advantages`). With `advantage="step"` each turn of a
+        valid trajectory is one row instead, with the advantage of its discounted return within its group and turn
+        index (`step_units`, `turn_advantages`); failed, aborted and refused trajectories are left out as in
+        trajectory mode, and the reward, trajectory and length metrics stay per trajectory. The step packs the
+        rollout, computes the advantages, runs forward, loss and backward per micro-batch (`_accumulate_gradients`),
+        clips the gradient and takes the optimizer step (`_clip_gradients`, `_optimizer_step`). If the gradient norm
+        is not finite, the optimizer step is skipped (weights unchanged) and reported in `step_skipped` /
+        `skipped_steps`.
 
         Args:
             trajectories: the rollout; rows of one task share a group (by `task["id"]`, or `group_ids`). Under
@@ -254,14 +276,14 @@ class GRPOTrainer:
             TrajectoryError: from packing or the loss (inconsistent records, NaN/Inf inputs).
         """
         t0 = time.perf_counter()
-        batch = self._pack(trajectories, group_ids)
+        batch, outcome = self._pack(trajectories, group_ids)
         advantages = batch_advantages(batch, scale_by_std=self.config.scale_by_std, std_floor=self.config.std_floor)
         step = _StepRows.of(batch, advantages, with_kl=self._with_kl, dist=self.dist)
         sums = self._accumulate_gradients(batch, advantages, step, weight_version)
         has_grads, grad_norm = self._clip_gradients(step)
         skipped = self._optimizer_step(has_grads, grad_norm)
         stats = self._step_stats(batch, step, sums, grad_norm=grad_norm, skipped=skipped, t0=t0,
-                                 weight_version=weight_version)  # fmt: skip
+                                 weight_version=weight_version, outcome=outcome)  # fmt: skip
         return stats.as_metrics()
 
     @property
@@ -269,12 +291,23 @@ class GRPOTrainer:
         """Whether the loss has a KL term (a reference model and `kl_coef` > 0)."""
         return self.reference is not None and self.config.kl_coef > 0
 
-    def _pack(self, trajectories: Sequence[Trajectory], group_ids: Sequence[int] | None) -> PackedBatch:
-        """The rollout packed on the model's device, within the configured prompt and response widths."""
+    def _pack(self, trajectories: Sequence[Trajectory],
+              group_ids: Sequence[int] | None) -> tuple[PackedBatch, tuple[torch.Tensor, torch.Tensor] | None]:  # fmt: skip
+        """The rollout packed on the model's device, within the configured prompt and response widths: one row per
+        run of each trajectory, or per step in `step` mode. In `step` mode also the valid trajectories' rewards and
+        sampled-token counts ((V,) float32 each) for the metrics; None in trajectory mode (the batch has them)."""
         cfg = self.config
         device = next(self.module.parameters()).device
-        return pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device,
-                                 max_prompt_length=cfg.max_prompt_length, max_response_length=cfg.max_response_length)  # fmt: skip
+        widths = {"max_prompt_length": cfg.max_prompt_length, "max_response_length": cfg.max_response_length}
+        if cfg.advantage == "trajectory":
+            return pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device,
+                                     **widths), None  # fmt: skip
+        units = step_units(trajectories, group_ids=group_ids, gamma=cfg.gamma)
+        batch = pack_trajectories(units.units, pad_token_id=self.pad_token_id, group_ids=units.group_ids,
+                                  device=device, **widths)  # fmt: skip
+        batch.trajectory_turns = torch.tensor(units.turns, dtype=torch.long, device=device)
+        outcome = (torch.tensor(units.rewards, dtype=torch.float32), torch.tensor(units.lengths, dtype=torch.float32))
+        return batch, outcome
 
     def _accumulate_gradients(self, batch: PackedBatch, advantages: torch.Tensor, step: _StepRows,
                               weight_version: int | None = None) -> LossSums:  # fmt: skip
@@ -393,12 +426,17 @@ class GRPOTrainer:
         return skipped
 
     def _step_stats(self, batch: PackedBatch, step: _StepRows, sums: LossSums, *, grad_norm: float, skipped: bool,
-                    t0: float, weight_version: int | None) -> StepStats:  # fmt: skip
-        """The step's metrics; `t0` is its `time.perf_counter()` start, `weight_version` the trainer's version."""
+                    t0: float, weight_version: int | None,
+                    outcome: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepStats:  # fmt: skip
+        """The step's metrics; `t0` is its `time.perf_counter()` start, `weight_version` the trainer's version,
+        `outcome` the valid trajectories' rewards and lengths when the batch's rows are steps (`_pack`)."""
         mask = batch.response_mask[step.rows]
         lag_tokens = lag_sums(mask, batch.weight_versions[step.rows], mask, weight_version)
-        valid_rewards = batch.trajectory_rewards[batch.trajectory_valid]
-        valid_lengths = batch.trajectory_tokens[batch.trajectory_valid].float()
+        if outcome is None:
+            valid_rewards = batch.trajectory_rewards[batch.trajectory_valid]
+            valid_lengths = batch.trajectory_tokens[batch.trajectory_valid].float()
+        else:
+            valid_rewards, valid_lengths = outcome
         return StepStats(
             loss=sums.loss,
             pg_loss=sums.pg_loss,
@@ -409,7 +447,7 @@ class GRPOTrainer:
             grad_norm=grad_norm,
             reward_mean=float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
             reward_std=float(valid_rewards.std(unbiased=False)) if valid_rewards.numel() else 0.0,
-            valid_trajectories=int(batch.trajectory_valid.sum()),
+            valid_trajectories=int(valid_rewards.numel()),
             valid_rows=int(step.rows.numel()),
             zero_advantage_rows=int(step.rows.numel() - step.computed.numel()),
             response_length=float(valid_lengths.mean()) if valid_lengths.numel() else 0.0,

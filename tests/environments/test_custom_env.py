@@ -76,6 +76,9 @@ async def test_guess_game_keeps_one_game_per_trajectory_under_the_harness(tokeni
         assert t.chat_completions[1]["content"] == "I am thinking of a whole number from 1 to 16. Find it."
         assert t.task["question"] == t.chat_completions[1]["content"]  # reset replaced the request's question
         assert t.trajectory_reward == (1.0 if secret == 4 else 0.0) + 0.1  # the answer and well-formed calls
+        # each call turn is credited half the tool-call reward, the answer turn the answer's reward
+        assert [s.reward for s in t.steps] == [0.05, 0.05, 1.0 if secret == 4 else 0.0]
+        assert sum(s.reward for s in t.steps) == pytest.approx(t.trajectory_reward)
         assert t.termination_reason == "env_done" and t.metrics["tool_calls"] == 2
         assert t.metrics["alignment_mismatches"] == 0  # string observations render token-exactly
     assert env.tool._games == {}  # close ended every game
