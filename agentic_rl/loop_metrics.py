@@ -15,7 +15,8 @@ __all__ = ["HELDOUT_COUNTS", "TOKEN_KEYS", "StepFigures", "gather", "metrics_row
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
 TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
-              "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length")  # fmt: skip
+              "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length",
+              "tokens_excluded_overlong")  # fmt: skip
 # The held-out evaluation's counts, summed over ranks.
 HELDOUT_COUNTS = ("solved", "with_tool_calls", "turns", "trajectories")
 

@@ -91,7 +91,8 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
         assert 0 <= r["dual_clip_fraction"] <= r["clip_fraction"] <= 1
         assert (r["step_skipped"], r["skipped_steps"]) == (0, 0)
         assert r["tokens_sampled"] == r["tokens_trained"] + r["tokens_excluded"] > 0
-        assert r["tokens_excluded"] == sum(r[f"tokens_excluded_{k}"] for k in ("failed", "aborted", "refused", "over_length"))
+        reasons = ("failed", "aborted", "refused", "over_length", "overlong")
+        assert r["tokens_excluded"] == sum(r[f"tokens_excluded_{k}"] for k in reasons)
         assert r["refused"] == 0  # every record of the built-in harness is what the engine sampled
         # the recorded rollout holds exactly the tokens the step accounted for (one run each: no memory here)
         record = [json.loads(line) for line in (run / f"rollouts/step_{r['step']}.jsonl").read_text().splitlines()]
