@@ -108,8 +108,8 @@ async def train(
     `wandb/`), `config.json`, `rollouts/step_K.jsonl`, checkpoints (`checkpoints/step_K/` every `checkpoint_every`
     steps, the newest `keep_checkpoints` kept, and `checkpoints/final/`), `reward_curve.png`, `metrics.png` and
     `response_lengths.png` (`write_run_plots`); and every rank writes `weights_rank{R}.sha256` with its final
-    weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it rolled out,
-    `{"step", "task_ids"}`).
+    weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it trained,
+    `{"step", "task_ids"}`, and with `rollout.dynamic_sampling` the constant ones it left out, `ContinuousRollout.step_record`).
 
     A checkpoint holds the model, the tokenizer and the training state (`_state`: optimizer, steps, task order
     position, weight version, RNG states, metrics rows), written atomically: a kill at any moment leaves the previous
