@@ -108,8 +108,8 @@ async def train(
     `wandb/`), `config.json`, `rollouts/step_K.jsonl`, checkpoints (`checkpoints/step_K/` every `checkpoint_every`
     steps, the newest `keep_checkpoints` kept, and `checkpoints/final/`), `reward_curve.png`, `metrics.png` and
     `response_lengths.png` (`write_run_plots`); and every rank writes `weights_rank{R}.sha256` with its final
-    weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it rolled out,
-    `{"step", "task_ids"}`).
+    weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it trained,
+    `{"step", "task_ids"}`, and with `rollout.dynamic_sampling` the constant ones it left out, `ContinuousRollout.step_record`).
 
     A checkpoint holds the model, the tokenizer and the training state (`_state`: optimizer, steps, task order
     position, weight version, RNG states, metrics rows), written atomically: a kill at any moment leaves the previous
@@ -199,6 +199,8 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
 
     from agentic_rl.models import resolve_model
 
+    if config.rollout.dynamic_sampling and dist.world_size > 1:  # each rank would draw its own extra tasks
+        raise ConfigError(f"rollout.dynamic_sampling runs on one rank only, not {dist.world_size}")
     tasks = config_tasks(config, "data")
     eval_tasks = config_tasks(config, "eval_data", limit=config.eval_limit) if config.eval_data else []
     device = _local_device(config.device)
@@ -368,8 +370,9 @@ def _distribution(config: TrainConfig) -> Any:
 
 def _feed(run: _Run, state: dict[str, Any] | None) -> Any:
     """The run's `ContinuousRollout`: rollout batches of this rank's share of each step's tasks (`_TaskOrder`,
-    sharded by group), batch s sampled with step s's options, admitted under `rollout.max_staleness`; resuming,
-    the checkpoint's admitted but untrained groups are rolled out again first."""
+    sharded by group), batch s sampled with step s's options, admitted under `rollout.max_staleness`, with
+    `rollout.dynamic_sampling` (one rank only) extra draws from the same order; resuming, the checkpoint's admitted
+    but untrained groups are rolled out again first."""
     from agentic_rl.rollout.continuous import ContinuousRollout, PendingGroup
     from agentic_rl.train.distributed import shard
 
@@ -384,7 +387,7 @@ def _feed(run: _Run, state: dict[str, Any] | None) -> Any:
         group_size=r.group_size, groups_per_step=r.tasks_per_step, max_staleness=r.max_staleness,
         n_parallel_agents=r.n_parallel_agents, first_step=run.done, last_step=run.config.steps,
         pending=[PendingGroup(**p) for p in saved.get("pending", ())], next_batch_index=saved.get("next_batch"),
-        whole_batches=run.rollout.whole_batches,
+        whole_batches=run.rollout.whole_batches, dynamic_sampling=r.dynamic_sampling, max_extra_draws=r.max_extra_draws,
     )  # fmt: skip
 
 
@@ -419,7 +422,7 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     groups = await run.feed.next_step(step)
     rollout_s = time.perf_counter() - t0
     with run.task_ids.open("a") as f:
-        f.write(json.dumps({"step": step + 1, "task_ids": [_task_id(g.task) for g in groups]}, default=str) + "\n")
+        f.write(json.dumps(run.feed.step_record(step, groups, _task_id), default=str) + "\n")
     trajectories = [t for g in groups for t in g.trajectories]
     dropped = drop_stale_groups(groups, run.engine.weight_version, config.rollout.max_staleness)
     refused = refuse_untrainable(trajectories, run.rollout.ledger)
@@ -446,7 +449,7 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     run.feed.step_done()
     failed = sum(g.failed for g in groups) - dropped  # every sample failed or was refused, other than as stale
     counts = {"trained": len(groups) - dropped - failed, "failed": failed, "dropped_stale": dropped,
-              "in_flight": len(run.feed.groups)}  # fmt: skip
+              "in_flight": len(run.feed.groups), **run.feed.step_counts}  # fmt: skip
     task_ids = [_task_id(g.task) for g in groups for _ in g.trajectories]
     return StepFigures(trajectories, refused, stats, rollout_s, sync_s, time.perf_counter() - started, counts,
                        task_ids)

@@ -52,6 +52,16 @@ class RolloutSection(Config):
         "that no trained token was sampled by weights more than k updates older than the ones it updates (0: "
         "lockstep, every step waits for its whole rollout)",
     )  # fmt: skip
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="DAPO's dynamic sampling: a step leaves out constant groups (every valid sample the same reward: "
+        "GRPO advantage 0) and, while it has fewer than tasks_per_step other groups, draws the next tasks_per_step "
+        "tasks of the order (at most max_extra_draws times); every drawn group is trained in its step or counted "
+        "in groups_constant (one rank only)",
+    )  # fmt: skip
+    max_extra_draws: StrictInt = Field(
+        default=2, ge=1, description="with dynamic_sampling: the most extra draws of tasks_per_step tasks per step",
+    )  # fmt: skip
     placement: Literal["overlap", "pause"] = Field(
         default="overlap",
         description="with max_staleness > 0: 'overlap' keeps generating during the train step (memory for both); "

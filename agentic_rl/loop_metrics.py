@@ -15,7 +15,8 @@ __all__ = ["HELDOUT_COUNTS", "TOKEN_KEYS", "StepFigures", "gather", "metrics_row
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
 TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
-              "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length")  # fmt: skip
+              "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length",
+              "tokens_excluded_overlong")  # fmt: skip
 # The held-out evaluation's counts, summed over ranks.
 HELDOUT_COUNTS = ("solved", "with_tool_calls", "turns", "trajectories")
 
@@ -55,7 +56,7 @@ def row_sources(max_staleness: int) -> dict[str, str]:
         "is_masked_fraction": "measured",
         **{f"tokens_lag_{lag}": "count" for lag in lags}, **{f"logprob_gap_lag_{lag}": "measured" for lag in lags},
         "groups_trained": "count", "groups_failed": "count", "groups_dropped_stale": "count",
-        "groups_in_flight": "count", "step_skipped": "local", "skipped_steps": "local",
+        "groups_in_flight": "count", "groups_drawn": "count", "groups_kept": "count", "groups_constant": "count", "step_skipped": "local", "skipped_steps": "local",
         "zero_advantage_rows": "local", "weight_version": "run", "max_staleness": "run", "trajectories": "run",
     }  # fmt: skip
 
@@ -78,8 +79,9 @@ class StepFigures:
         sync_s: seconds of the weight sync (and waking the engine).
         step_s: seconds from the end of the previous step (or the run's start) to the end of this one.
         groups: counts of this rank's groups: `trained` (some sample not failed), `failed` (every sample failed or
-            was refused), `dropped_stale`,
-            `in_flight` (admitted, not trained, at the step's end).
+            was refused), `dropped_stale`, `in_flight` (admitted, not trained, at the step's end), and
+            `ContinuousRollout.step_counts`: `drawn` (handed to the step), `kept` (passed to the trainer) and
+            `constant` (left out by dynamic sampling; 0 without).
         task_ids: the task id of each of `trajectories` (None for a task without one).
     """
 
@@ -119,7 +121,7 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
         **{f"tokens_lag_{lag}": float(lag_tokens.get(lag, 0)) for lag in range(max_staleness + 1)},
         **{f"logprob_gap_lag_{lag}": _nan_if_none(lag_gap.get(lag)) for lag in range(max_staleness + 1)},
         **{f"groups_{key}": float(figures.groups.get(key, 0)) for key in ("trained", "failed", "dropped_stale",
-                                                                          "in_flight")},  # fmt: skip
+                                                                          "in_flight", "drawn", "kept", "constant")},  # fmt: skip
     }  # fmt: skip
 
 
@@ -134,7 +136,8 @@ def metrics_row(dist: Any, step: int, figures: StepFigures, *, weight_version: i
     measured it; None when none did), the step's token accounting summed over ranks (`tokens_sampled` =
     `tokens_trained` + `tokens_excluded`), the off-policy correction's importance weights (`is_*`), trained tokens
     and the engine-trainer logprob gap by version lag (`tokens_lag_j`, `logprob_gap_lag_j`), the groups trained,
-    failed, dropped as stale and still in flight, `step_skipped` / `skipped_steps`, `zero_advantage_rows`, the
+    failed, dropped as stale and still in flight, the groups drawn, kept and left out as constant (dynamic
+    sampling), `step_skipped` / `skipped_steps`, `zero_advantage_rows`, the
     weight version, the staleness bound and the trajectories.
     """
     sources = row_sources(max_staleness)

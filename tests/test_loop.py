@@ -43,6 +43,14 @@ def test_config_overrides_and_validation(tmp_path):
                 ["rollout.max_staleness=1", "engine.sleep_while_training=true"]):  # fmt: skip
         with pytest.raises(ConfigError, match="max_staleness|placement"):
             load_train_config(path, bad)
+    config = load_train_config(path, ["rollout.dynamic_sampling=true", "rollout.max_extra_draws=3",
+                                      "optimizer.overlong_filter=true"])  # fmt: skip
+    assert (config.rollout.dynamic_sampling, config.rollout.max_extra_draws, config.optimizer.overlong_filter) == (True, 3, True)
+    defaults = load_train_config(path, [])
+    assert (defaults.rollout.dynamic_sampling, defaults.optimizer.overlong_filter) == (False, False)  # off unless asked
+    for bad in (["rollout.max_extra_draws=0"], ["rollout.max_extra_draws=true"], ["rollout.dynamic_sampling=often"]):
+        with pytest.raises(ConfigError, match="rollout.(max_extra_draws|dynamic_sampling)"):
+            load_train_config(path, bad)
     for bad in (["rollout.sampling.temperature=0"], ["rollout.sampling.min_p=0.1"]):  # the trainer cannot follow them
         with pytest.raises(ConfigError, match="rollout.sampling: .*temperature > 0"):
             load_train_config(path, bad)
@@ -91,7 +99,8 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
         assert 0 <= r["dual_clip_fraction"] <= r["clip_fraction"] <= 1
         assert (r["step_skipped"], r["skipped_steps"]) == (0, 0)
         assert r["tokens_sampled"] == r["tokens_trained"] + r["tokens_excluded"] > 0
-        assert r["tokens_excluded"] == sum(r[f"tokens_excluded_{k}"] for k in ("failed", "aborted", "refused", "over_length"))
+        reasons = ("failed", "aborted", "refused", "over_length", "overlong")
+        assert r["tokens_excluded"] == sum(r[f"tokens_excluded_{k}"] for k in reasons)
         assert r["refused"] == 0  # every record of the built-in harness is what the engine sampled
         # the recorded rollout holds exactly the tokens the step accounted for (one run each: no memory here)
         record = [json.loads(line) for line in (run / f"rollouts/step_{r['step']}.jsonl").read_text().splitlines()]

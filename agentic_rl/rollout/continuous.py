@@ -16,6 +16,21 @@ step s (0-based), sampled with step s's seed. With a staleness bound k (`max_sta
 
 Within a step, groups are ordered by (batch, position), so the packing order is the task order. This module knows
 nothing of the trainer: the caller reports each finished step (`step_done`).
+
+**Dynamic sampling** (`dynamic_sampling`; Yu et al. 2025, "DAPO", section 3.2): a group is *constant* when its
+valid samples all have the same reward, or it has fewer than two (`Group.constant`): GRPO gives it advantage 0, so
+it trains nothing (only a KL term would move the weights) while it still counts in the loss's token normalizer.
+With dynamic sampling a step leaves its constant groups out (`constant`, counted) and, when it has fewer than
+`groups_per_step` non-constant groups once its due groups are in, takes finished groups of later batches in
+completion order until it has enough; if every admitted group has finished and it is still short, it *draws*: the
+next `groups_per_step` tasks of the run's order (`next_batch`) are admitted as an extra draw of the step's own batch,
+sampled now (by the current weights) with the batch's seed at positions past the batch's own, at most
+`max_extra_draws` times per step. An extra draw's groups are due at once, so every one of them is trained (or left
+out as constant) in that step: non-constant groups beyond the step's need are trained with it, never discarded or
+carried over, and the staleness bound holds as without dynamic sampling (an extra draw's tokens lag 0 versions).
+A step still short after its draws trains what it has; one whose every group is constant trains them all (as
+without dynamic sampling), since a step needs a rollout. Nothing is pending at a checkpoint that an extra draw
+admitted, so a resumed run never rolls out or trains a drawn task twice.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import anyio
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.runner import check_n_parallel_agents
+from agentic_rl.train.packing import exclusion_reason
 from agentic_rl.types import Trajectory
 
 __all__ = ["ContinuousRollout", "Group", "PendingGroup", "drop_stale_groups"]
@@ -61,6 +77,8 @@ class Group:
         trajectories: one slot per sample (index j is sample j), None until it finished.
         admitted_at: `steps_done` when its batch was admitted.
         finished_order: its rank among finished groups (0 = first to finish); -1 while running.
+        draw: 0 for a group of the batch itself, d >= 1 for one of the batch's d-th extra draw (dynamic sampling;
+            its position is then d * groups_per_step + its index in the draw).
     """
 
     batch: int
@@ -69,6 +87,7 @@ class Group:
     trajectories: list[Trajectory | None]
     admitted_at: int
     finished_order: int = -1
+    draw: int = 0
 
     @property
     def finished(self) -> bool:
@@ -78,6 +97,14 @@ class Group:
     def failed(self) -> bool:
         """Every sample failed: nothing of it can be trained."""
         return all(t is not None and t.failed for t in self.trajectories)
+
+    @property
+    def constant(self) -> bool:
+        """Its valid samples (`exclusion_reason` None: not failed, refused or aborted) all have the same
+        `trajectory_reward`, or it has fewer than two: every GRPO advantage of the group is 0 (`group_advantages`).
+        Judged on the finished rollout, before the trainer's own checks (`refuse_untrainable`)."""
+        rewards = [float(t.trajectory_reward) for t in self.trajectories if t is not None and exclusion_reason(t) is None]
+        return len(rewards) < 2 or all(r == rewards[0] for r in rewards)
 
 
 RunTrajectories = Callable[[Sequence[dict[str, Any]], SamplingConfig, Sequence[int]], Any]
@@ -107,9 +134,19 @@ class ContinuousRollout:
         pending: groups a checkpoint left admitted but untrained: rolled out again first, with their batches.
         next_batch_index: the first new batch's index (a checkpoint's; None: `first_step`).
         whole_batches: call `run` once per batch (see `run`).
+        dynamic_sampling: leave constant groups out of each step and draw more tasks while a step has fewer than
+            `groups_per_step` non-constant ones (see the module's docstring); `next_step` then returns the step's
+            non-constant groups and `constant` holds the ones it left out.
+        max_extra_draws: with `dynamic_sampling`, the most extra draws (of `groups_per_step` tasks each) per step.
+
+    Attributes:
+        constant: the constant groups the last `next_step` left out (dynamic sampling; always empty without).
+        step_counts: the last step's `drawn` (groups its rollout handed it), `kept` (groups it returned to train)
+            and `constant` (groups it left out): `drawn == kept + constant`.
 
     Raises:
-        ConfigError: for a bad `max_staleness`, `group_size`, `groups_per_step` or `n_parallel_agents`.
+        ConfigError: for a bad `max_staleness`, `group_size`, `groups_per_step`, `n_parallel_agents` or
+            `max_extra_draws`.
     """
 
     run: RunTrajectories
@@ -124,7 +161,11 @@ class ContinuousRollout:
     pending: Sequence[PendingGroup] = ()
     next_batch_index: int | None = None
     whole_batches: bool = False
+    dynamic_sampling: bool = False
+    max_extra_draws: int = 1
     groups: list[Group] = field(default_factory=list, init=False)  # admitted, untrained
+    constant: list[Group] = field(default_factory=list, init=False)
+    step_counts: dict[str, int] = field(default_factory=dict, init=False)
     steps_done: int = field(default=0, init=False)
     _finished: int = field(default=0, init=False)
     _changed: anyio.Event = field(default_factory=anyio.Event, init=False)
@@ -136,6 +177,10 @@ class ContinuousRollout:
             raise ConfigError(f"group_size and groups_per_step must be >= 1, got {self.group_size}, "
                               f"{self.groups_per_step}")  # fmt: skip
         check_n_parallel_agents(self.n_parallel_agents)
+        if isinstance(self.max_extra_draws, bool) or not isinstance(self.max_extra_draws, int) or self.max_extra_draws < 1:
+            raise ConfigError(f"max_extra_draws must be an int >= 1, got {self.max_extra_draws!r}")
+        self._draws: dict[int, int] = {}  # step -> extra draws made for it
+        self._tg: anyio.abc.TaskGroup | None = None
         self.steps_done = self.first_step
         if self.next_batch_index is None:
             self.next_batch_index = self.first_step
@@ -153,6 +198,8 @@ class ContinuousRollout:
         """Admit batches as the bound allows, for as long as the caller's task group runs (cancel it to stop):
         first the checkpoint's pending groups, then new batches in order. Each sample runs in its own task."""
         async with anyio.create_task_group() as tg:
+            self._tg = tg  # a step waiting to draw more tasks may now
+            self._notify()
             for batch in sorted({p.batch for p in self.pending}):
                 await self._wait_until(lambda b=batch: self._may_admit(b))
                 again = [(p.position, p.task) for p in self.pending if p.batch == batch]
@@ -164,8 +211,8 @@ class ContinuousRollout:
                 self._admit(tg, batch, list(enumerate(self.next_batch())))
                 self.next_batch_index += 1
 
-    def _admit(self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, dict[str, Any]]]) -> None:
-        groups = [Group(batch, position, task, [None] * self.group_size, admitted_at=self.steps_done)
+    def _admit(self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, dict[str, Any]]], draw: int = 0) -> None:
+        groups = [Group(batch, position, task, [None] * self.group_size, admitted_at=self.steps_done, draw=draw)
                   for position, task in tasks]  # fmt: skip
         self.groups.extend(groups)
         if self.whole_batches:
@@ -204,23 +251,82 @@ class ContinuousRollout:
     async def next_step(self, step: int) -> list[Group]:
         """The groups step `step` trains, once they are all finished, in (batch, position) order: every untrained
         group of batches <= `step` (waited for), then finished groups of later batches in the order they finished,
-        `groups_per_step` in all (fewer only when the run admits no more)."""
-        await self._wait_until(lambda: self._ready(step) is not None)
-        chosen = self._ready(step)
-        assert chosen is not None
+        `groups_per_step` in all (fewer only when the run admits no more). With `dynamic_sampling`, its
+        non-constant groups: `groups_per_step` of them when it can (see the module's docstring), the constant ones
+        set aside in `constant`."""
+        while (chosen := self._ready(step)) is None:
+            if self._wants_draw(step):
+                self._draw(step)
+            else:
+                await self._changed.wait()
         taken = {id(g) for g in chosen}
         self.groups = [g for g in self.groups if id(g) not in taken]
-        return sorted(chosen, key=lambda g: (g.batch, g.position))
+        chosen.sort(key=lambda g: (g.batch, g.position))
+        self.constant = [g for g in chosen if g.constant] if self.dynamic_sampling else []
+        kept = [g for g in chosen if not g.constant] if self.dynamic_sampling else chosen
+        if self.constant and not kept:  # nothing else left after the draws: a step needs a rollout
+            logger.warning("step %d: every group is constant after %d extra draw(s): training them (advantage 0)",
+                           step + 1, self._draws.get(step, 0))  # fmt: skip
+            kept, self.constant = self.constant, []
+        self.step_counts = {"drawn": len(chosen), "kept": len(kept), "constant": len(self.constant)}
+        self._draws.pop(step, None)
+        return kept
 
     def _ready(self, step: int) -> list[Group] | None:
         due = [g for g in self.groups if g.batch <= step]
         if not all(g.finished for g in due):
             return None
         extra = sorted((g for g in self.groups if g.batch > step and g.finished), key=lambda g: g.finished_order)
-        chosen = due + extra[: max(self.groups_per_step - len(due), 0)]
-        if len(chosen) < self.groups_per_step and not self._admits_no_more():
-            return None
+        if not self.dynamic_sampling:
+            chosen = due + extra[: max(self.groups_per_step - len(due), 0)]
+            if len(chosen) < self.groups_per_step and not self._admits_no_more():
+                return None
+            return chosen
+        chosen = self._fill(due, extra)
+        if sum(not g.constant for g in chosen) >= self.groups_per_step:
+            return chosen
+        # short of non-constant groups: wait for what is admitted or may be, then draw while draws are left
+        return chosen if self._quiet() and self._draws.get(step, 0) >= self.max_extra_draws else None
+
+    def _fill(self, due: list[Group], extra: list[Group]) -> list[Group]:
+        """`due`, then groups of `extra` in order until `groups_per_step` of all are not constant."""
+        chosen = list(due)
+        for group in extra:
+            if sum(not g.constant for g in chosen) >= self.groups_per_step:
+                break
+            chosen.append(group)
         return chosen
+
+    def _quiet(self) -> bool:
+        """Every admitted group has finished and `serve` may admit nothing more now: waiting brings no group."""
+        admissible = self._unadmitted or self._may_admit(self.next_batch_index)
+        return not admissible and all(g.finished for g in self.groups)
+
+    def _wants_draw(self, step: int) -> bool:
+        """Dynamic sampling: step `step` is short of non-constant groups with nothing left to wait for, and may
+        draw again."""
+        return (self.dynamic_sampling and self._tg is not None and self._quiet()
+                and self._draws.get(step, 0) < self.max_extra_draws)  # fmt: skip
+
+    def _draw(self, step: int) -> None:
+        """Admit the next `groups_per_step` tasks of the run's order as extra draw d of batch `step` (positions
+        d * groups_per_step ...: the batch's seed, offsets past its own samples)."""
+        assert self._tg is not None
+        d = self._draws[step] = self._draws.get(step, 0) + 1
+        tasks = [(d * self.groups_per_step + i, task) for i, task in enumerate(self.next_batch())]
+        logger.info("step %d: fewer than %d non-constant groups: extra draw %d of %d tasks", step + 1,
+                    self.groups_per_step, d, len(tasks))  # fmt: skip
+        self._admit(self._tg, step, tasks, draw=d)
+
+    def step_record(self, step: int, groups: Sequence[Group], task_id: Callable[[Any], Any]) -> dict[str, Any]:
+        """The task ids file's line of step `step` (0-based) that trained `groups` (`next_step`'s): `{"step",
+        "task_ids"}`, and with dynamic sampling `constant_task_ids` (the constant groups it left out) and `draws`
+        (each trained group's `Group.draw`), so that every drawn task is accounted for once."""
+        record: dict[str, Any] = {"step": step + 1, "task_ids": [task_id(g.task) for g in groups]}
+        if self.dynamic_sampling:
+            record["constant_task_ids"] = [task_id(g.task) for g in self.constant]
+            record["draws"] = [g.draw for g in groups]
+        return record
 
     def _admits_no_more(self) -> bool:
         """Everything the run will admit is admitted and finished (its last steps may then be short)."""

@@ -18,10 +18,15 @@ from torch.nn.utils.rnn import pad_sequence
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.types import INSERTED_VERSION, TerminationReason, TokenRun, Trajectory
 
-__all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "default_group_ids", "exclusion_reason",
+__all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "default_group_ids", "exclusion_reason", "is_overlong",
            "pack_trajectories"]  # fmt: skip
 
-ExclusionReason = Literal["failed", "aborted", "refused"]
+ExclusionReason = Literal["failed", "aborted", "refused", "overlong"]
+"""Why a trajectory's sampled tokens stay out of the loss: `exclusion_reason`'s three (the trajectory is then left out
+of its group's statistics too), or `overlong` (overlong filtering, `is_overlong`: its reward still counts)."""
+
+#: Termination reasons of a trajectory cut by a length limit (`is_overlong`).
+OVERLONG_REASONS = frozenset({TerminationReason.TRUNCATED, TerminationReason.CONTEXT_LIMIT})
 
 
 def exclusion_reason(trajectory: Trajectory) -> ExclusionReason | None:
@@ -44,6 +49,15 @@ def exclusion_reason(trajectory: Trajectory) -> ExclusionReason | None:
     return "failed" if trajectory.failed else None
 
 
+def is_overlong(trajectory: Trajectory) -> bool:
+    """Whether a length limit cut the trajectory: its termination reason is `truncated` (a turn hit the per-turn
+    `max_tokens`) or `context_limit` (no room left in the model window or the response budget). With overlong
+    filtering (`pack_trajectories(overlong_filter=True)`) such a trajectory keeps its reward in its group's
+    statistics but none of its tokens enters the loss (Yu et al. 2025, "DAPO", section 3.4, "Overlong Reward
+    Shaping": overlong filtering masks the loss of truncated samples, whose reward judges an unfinished answer)."""
+    return trajectory.termination_reason in OVERLONG_REASONS
+
+
 @dataclass(frozen=True, slots=True)
 class TokenCounts:
     """Where the sampled tokens of a packed batch went: `sampled == trained + excluded`, always.
@@ -56,6 +70,8 @@ class TokenCounts:
         excluded_refused: sampled tokens of records refused for training (see `exclusion_reason`).
         excluded_over_length: sampled tokens of valid trajectories cut by `max_prompt_length` (a run whose prompt is
             longer is left out whole) or `max_response_length` (a run keeps its first R response tokens).
+        excluded_overlong: sampled tokens of valid trajectories left out by overlong filtering (`is_overlong`; only
+            with `pack_trajectories(overlong_filter=True)`).
     """
 
     sampled: int = 0
@@ -64,19 +80,22 @@ class TokenCounts:
     excluded_aborted: int = 0
     excluded_refused: int = 0
     excluded_over_length: int = 0
+    excluded_overlong: int = 0
 
     @property
     def excluded(self) -> int:
         """Sampled tokens that do not enter the loss, for any reason."""
-        return self.excluded_failed + self.excluded_aborted + self.excluded_refused + self.excluded_over_length
+        return (self.excluded_failed + self.excluded_aborted + self.excluded_refused + self.excluded_over_length
+                + self.excluded_overlong)  # fmt: skip
 
     def as_metrics(self) -> dict[str, int]:
         """`tokens_sampled`, `tokens_trained`, `tokens_excluded` and
-        `tokens_excluded_{failed,aborted,refused,over_length}`."""
+        `tokens_excluded_{failed,aborted,refused,over_length,overlong}`."""
         return {
             "tokens_sampled": self.sampled, "tokens_trained": self.trained, "tokens_excluded": self.excluded,
             "tokens_excluded_failed": self.excluded_failed, "tokens_excluded_aborted": self.excluded_aborted,
             "tokens_excluded_refused": self.excluded_refused, "tokens_excluded_over_length": self.excluded_over_length,
+            "tokens_excluded_overlong": self.excluded_overlong,
         }  # fmt: skip
 
 
@@ -214,6 +233,7 @@ def pack_trajectories(
     group_ids: Sequence[int] | None = None,
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
+    overlong_filter: bool = False,
     device: torch.device | str = "cpu",
 ) -> PackedBatch:
     """Pack every exact token run of the trajectories into one padded batch, and account for every sampled token.
@@ -229,6 +249,9 @@ def pack_trajectories(
             (cutting the prompt would change the context its tokens were sampled in).
         max_response_length: width R; default the longest response. Longer responses keep their first R tokens
             (the kept tokens' context is unchanged).
+        overlong_filter: leave out of the loss every valid trajectory a length limit cut (`is_overlong`): it gives
+            one empty row and its sampled tokens are counted in `excluded_overlong`, but it stays valid, so its
+            reward still enters its group's mean and std (DAPO masks only its loss; see `is_overlong`).
         device: where the tensors are built.
 
     Returns:
@@ -246,7 +269,7 @@ def pack_trajectories(
     if len(group_ids) != n:
         raise TrajectoryError(f"group_ids has {len(group_ids)} entries for {n} trajectories")
     counts = {"sampled": 0, "trained": 0, "excluded_failed": 0, "excluded_aborted": 0, "excluded_refused": 0,
-              "excluded_over_length": 0}  # fmt: skip
+              "excluded_over_length": 0, "excluded_overlong": 0}  # fmt: skip
     per_trajectory: list[int] = []
     valid_list: list[bool] = []
     rows: list[_Row] = []
@@ -254,8 +277,9 @@ def pack_trajectories(
         reason = exclusion_reason(t)
         runs = t.token_runs()
         sampled = sum(run.num_sampled for run in runs)
-        if reason is not None:
-            counts[f"excluded_{reason}"] += sampled
+        masked = reason is None and overlong_filter and is_overlong(t)  # in the group statistics, not in the loss
+        if reason is not None or masked:
+            counts[f"excluded_{reason or 'overlong'}"] += sampled
             rows.append(_Row(_EMPTY, _EMPTY, _EMPTY, None, i))
         else:  # a run that sampled nothing (memory rewrote the history, then no room was left) trains nothing
             trained = [run for run in runs if run.num_sampled] or runs[-1:]

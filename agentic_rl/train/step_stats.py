@@ -87,7 +87,8 @@ class StepStats:
         grad_norm: total norm of the (all ranks') gradient before clipping (0.0 without gradients; may be
             non-finite).
         reward_mean, reward_std: over valid trajectories (population std; 0.0 without any).
-        valid_trajectories: trajectories that enter the loss.
+        valid_trajectories: trajectories that enter the loss and the group statistics (overlong-filtered ones enter
+            only the statistics, `GRPOConfig.overlong_filter`).
         valid_rows: trained rows with response tokens: runs, or steps with `advantage: step`.
         zero_advantage_rows: of those, rows whose forward was skipped (advantage 0 and no KL term add exactly nothing
             to the gradient).
@@ -95,7 +96,7 @@ class StepStats:
         tokens: response tokens trained (= `tokens_trained`).
         token_counts: the token accounting, reported as its `TokenCounts.as_metrics` keys (`tokens_sampled` ==
             `tokens_trained` + `tokens_excluded`, and `tokens_excluded_failed`, `tokens_excluded_aborted`, `tokens_excluded_refused`,
-            `tokens_excluded_over_length`).
+            `tokens_excluded_over_length`, `tokens_excluded_overlong`).
         logprob_diff: mean |trainer - engine| logprob before the update over the rows computed (nats); None when no
             row was computed (e.g. every group's rewards were equal).
         step_skipped: 1 if the optimizer step was skipped for a non-finite gradient norm.

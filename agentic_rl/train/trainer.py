@@ -50,6 +50,9 @@ class GRPOConfig(Config):
         max_prompt_length / max_response_length: packing widths in tokens (None: the longest in the batch). A run
             whose prompt is longer is left out; a longer response keeps its first tokens. Cut sampled tokens are
             counted in `tokens_excluded_over_length`.
+        overlong_filter: leave out of the loss every trajectory a length limit cut (termination reason `truncated`
+            or `context_limit`); it still enters its group's reward statistics, and its sampled tokens are counted
+            in `tokens_excluded_overlong` (Yu et al. 2025, "DAPO", section 3.4: overlong filtering; `is_overlong`).
         max_consecutive_skips: `train_step` raises `TrainingError` when this many optimizer steps in a row were
             skipped for a non-finite gradient norm.
         off_policy: the correction for tokens the engine sampled with other weights or another precision than the
@@ -79,6 +82,7 @@ class GRPOConfig(Config):
     micro_batch_size: int = Field(default=4, ge=1)
     max_prompt_length: int | None = Field(default=None, ge=1)
     max_response_length: int | None = Field(default=None, ge=1)
+    overlong_filter: bool = False
     max_consecutive_skips: int = Field(default=3, ge=1)
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
     advantage: Literal["trajectory", "step"] = "trajectory"
@@ -298,7 +302,8 @@ class GRPOTrainer:
         sampled-token counts ((V,) float32 each) for the metrics; None in trajectory mode (the batch has them)."""
         cfg = self.config
         device = next(self.module.parameters()).device
-        widths = {"max_prompt_length": cfg.max_prompt_length, "max_response_length": cfg.max_response_length}
+        widths = {"max_prompt_length": cfg.max_prompt_length, "max_response_length": cfg.max_response_length,
+                  "overlong_filter": cfg.overlong_filter}  # fmt: skip
         if cfg.advantage == "trajectory":
             return pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device,
                                      **widths), None  # fmt: skip

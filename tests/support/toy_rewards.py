@@ -28,3 +28,9 @@ def e_share_held(task, messages):
         time.sleep(300)
         raise TimeoutError("held reward was never released: the test should have killed this process")
     return e_share(task, messages)
+
+
+def e_share_or_constant(task, messages):
+    """0.5 for every answer to a question of even length (its groups are constant: GRPO advantage 0), else
+    `e_share`: about half the tasks of a run give constant groups, for dynamic sampling."""
+    return 0.5 if len(task.get("question", "")) % 2 == 0 else e_share(task, messages)

@@ -140,6 +140,7 @@ def test_sampled_equals_trained_plus_excluded_for_every_reason():
     assert batch.tokens.as_metrics() == {
         "tokens_sampled": 41, "tokens_trained": 9, "tokens_excluded": 32, "tokens_excluded_failed": 12,
         "tokens_excluded_aborted": 8, "tokens_excluded_refused": 7, "tokens_excluded_over_length": 5,
+        "tokens_excluded_overlong": 0,
     }  # fmt: skip
     unlimited = pack_trajectories(trajs, pad_token_id=PAD)
     assert unlimited.tokens == TokenCounts(sampled=41, trained=14, excluded_failed=12, excluded_aborted=8,
@@ -226,3 +227,29 @@ def test_a_run_that_sampled_nothing_gives_no_row():
     batch = pack_trajectories([traj], pad_token_id=PAD, max_prompt_length=4)
     assert batch.input_ids.shape[0] == 2 and not bool(batch.truncated.any())
     assert batch.tokens == TokenCounts(sampled=8, trained=8)
+
+
+def test_overlong_filtering_masks_the_loss_of_cut_trajectories_and_keeps_their_rewards():
+    """DAPO's overlong filtering: a trajectory a length limit cut trains none of its tokens (counted as `overlong`)
+    but its reward stays in its group's mean and std; with the option off the batch is the same as without it."""
+    trajs = [rewritten(0, reward=1.0, termination_reason="truncated"), continuous(1, reward=0.0),
+             continuous(2, reward=0.5, n=3, termination_reason="context_limit"), continuous(3, reward=1.0, n=4),
+             continuous(4, reward=0.0, n=5, failed=True, termination_reason="truncated")]  # fmt: skip
+    off = pack_trajectories(trajs, pad_token_id=PAD)
+    assert off.tokens == TokenCounts(sampled=22, trained=17, excluded_failed=5)
+    assert pack_trajectories(trajs, pad_token_id=PAD, overlong_filter=False).tokens == off.tokens
+    on = pack_trajectories(trajs, pad_token_id=PAD, overlong_filter=True)
+    assert on.tokens == TokenCounts(sampled=22, trained=2 + 4, excluded_failed=5, excluded_overlong=8 + 3)
+    assert on.tokens.sampled == on.tokens.trained + on.tokens.excluded
+    assert on.tokens.as_metrics()["tokens_excluded_overlong"] == 11
+    trained = sampled_in_context(on)
+    assert sum(trained.values()) == 6 and all(token in (40, 41, 42, 43) for _, token, _ in trained)
+    cut = pack_trajectories([trajs[0], trajs[2]], pad_token_id=PAD)
+    assert sampled_in_context(off) - trained == sampled_in_context(cut)  # exactly the cut ones' tokens are left out
+    # the cut trajectories stay valid: the group's statistics, and so every advantage, are those without filtering
+    assert on.trajectory_valid.tolist() == off.trajectory_valid.tolist() == [True, True, True, True, False]
+    assert batch_advantages(on)[on.row_trajectory != 0].tolist() == pytest.approx(
+        batch_advantages(off)[off.row_trajectory != 0].tolist())  # fmt: skip
+    per_trajectory = group_advantages(on.trajectory_rewards, on.trajectory_group_ids, on.trajectory_valid)
+    assert per_trajectory[0] > 0 and per_trajectory[1] < 0  # the truncated one's reward of 1 raised the mean
+    assert not on.response_mask[torch.isin(on.row_trajectory, torch.tensor([0, 2]))].any()  # no token of theirs trains

@@ -213,3 +213,37 @@ def test_a_batch_of_zero_advantage_rows_still_takes_its_optimizer_step(tiny):
     assert stats["zero_advantage_rows"] == stats["valid_rows"] == 4 and stats["grad_norm"] == 0.0
     assert stats["logprob_diff"] is None  # no row computed: the gap was not measured (0.0 would claim a match)
     assert len(seen) == 1 and all(not g.any() for g in seen[0])  # a zero gradient, as computing the rows gives
+
+
+def test_overlong_filtering_trains_the_rest_of_the_group_with_the_cut_ones_rewards(tiny):
+    """With `overlong_filter` the step's gradient is that of the unfiltered batch with the cut trajectories' tokens
+    masked (their rewards kept in the group statistics); off, a cut trajectory trains like any other."""
+    from agentic_rl.train.off_policy import OffPolicyConfig
+    from agentic_rl.train.trainer import _StepRows
+
+    trajs = _batch()
+    trajs[0].termination_reason = "truncated"
+    trajs[4].termination_reason = "context_limit"
+    none = OffPolicyConfig(correction="none")
+    batch = pack_trajectories(trajs, pad_token_id=PAD)
+    adv = batch_advantages(batch)
+    mask = batch.response_mask * ~torch.isin(batch.row_trajectory, torch.tensor([0, 4]))[:, None]
+    reference = copy.deepcopy(tiny).train()
+    new = response_logprobs(reference, batch)
+    grpo_loss(new, batch.old_logprobs, adv, mask, off_policy=none, normalizer=float(mask.sum())).loss.backward()
+    for overlong_filter in (False, True):
+        config = GRPOConfig(lr=1e-3, micro_batch_size=4, off_policy=none, overlong_filter=overlong_filter)
+        trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD, config=config)
+        packed = trainer._pack(trajs, None)
+        advantages = batch_advantages(packed)
+        for i in range(len(trajs)):  # the cut ones' rewards count either way: every trajectory's advantage is the same
+            assert advantages[packed.row_trajectory == i].unique().tolist() == pytest.approx(
+                adv[batch.row_trajectory == i].unique().tolist())  # fmt: skip
+        trainer._accumulate_gradients(packed, advantages, _StepRows.of(packed, advantages, with_kl=False, dist=None))
+        if overlong_filter:
+            for p, q in zip(trainer.module.parameters(), reference.parameters(), strict=True):
+                assert p.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-8)
+        s = trainer.train_step(trajs)
+        assert s["tokens_sampled"] == s["tokens_trained"] + s["tokens_excluded"] == 72
+        assert s["tokens_excluded_overlong"] == (24 if overlong_filter else 0) and s["tokens_excluded_failed"] == 12
+        assert s["valid_trajectories"] == 5  # the cut ones stay in their groups' statistics

@@ -1,0 +1,183 @@
+"""ContinuousRollout with dynamic sampling: constant groups are left out and counted, a step short of non-constant
+groups draws more tasks (at most `max_extra_draws` times), every drawn group is trained once or counted as constant,
+the staleness bound holds, and a resumed run accounts for every task once.
+
+As in test_continuous.py the rollout sleeps for a seeded random latency and stamps each sample with the steps done
+when it started (the weight version that samples it). Rewards are chosen per task: a task is constant (every sample
+the same reward, or a single valid sample) or varied, drawn from a seeded generator. Assertions hold for any
+interleaving.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import anyio
+import pytest
+import torch
+
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.errors import ConfigError
+from agentic_rl.rollout.continuous import ContinuousRollout, Group, PendingGroup
+from agentic_rl.types import Trajectory
+
+pytestmark = pytest.mark.anyio
+
+GROUP_SIZE = 2
+
+
+def _kind(task_id: int, p_constant: float) -> str:
+    """How task `task_id`'s group turns out: `same` (equal rewards), `one_valid` (one sample fails) or `varied`."""
+    draw = random.Random(task_id).random()
+    if draw >= p_constant:
+        return "varied"
+    return "same" if draw < p_constant / 2 else "one_valid"
+
+
+class _Rollout:
+    """One trajectory per sample after a seeded latency; the reward follows the task's kind (`_kind`)."""
+
+    def __init__(self, seed: int, p_constant: float) -> None:
+        self.rng = random.Random(seed)
+        self.p_constant = p_constant
+        self.feed: ContinuousRollout | None = None
+        self.handed_out: list[int] = []  # task ids, in the order `next_batch` gave them
+        self.seeds: list[int] = []
+
+    def next_batch(self, per_step: int):
+        start = self.handed_out[-1] + 1 if self.handed_out else self.first_id
+        batch = [{"id": start + i} for i in range(per_step)]
+        self.handed_out += [t["id"] for t in batch]
+        return batch
+
+    async def run(self, tasks, sampling, indices):
+        assert self.feed is not None
+        start = self.feed.steps_done
+        await anyio.sleep(self.rng.lognormvariate(-6.0, 1.0))
+        out = []
+        for task, index in zip(tasks, indices, strict=True):
+            self.seeds.append(sampling.derived(trajectory=index).seed)
+            j, kind = index % GROUP_SIZE, _kind(task["id"], self.p_constant)
+            t = Trajectory(torch.tensor([1]), torch.tensor([2]), torch.tensor([1]))
+            t.trajectory_reward = {"same": 1.0, "one_valid": float(j), "varied": float(j)}[kind]
+            t.failed = kind == "one_valid" and j == 0
+            t.metrics.update(task_id=task["id"], started_at=start)
+            out.append(t)
+        return out
+
+
+def _feed(sim: _Rollout, *, k: int, steps: int, per_step: int = 3, draws: int = 2, first_step: int = 0,
+          pending=(), next_batch_index=None, first_id: int = 0, dynamic: bool = True) -> ContinuousRollout:  # fmt: skip
+    sim.first_id = first_id
+    feed = ContinuousRollout(
+        run=sim.run, next_batch=lambda: sim.next_batch(per_step), sampling=lambda batch: SamplingConfig(seed=1000 + batch),
+        group_size=GROUP_SIZE, groups_per_step=per_step, max_staleness=k, n_parallel_agents=4, first_step=first_step,
+        last_step=steps, pending=pending, next_batch_index=next_batch_index, dynamic_sampling=dynamic,
+        max_extra_draws=draws,
+    )  # fmt: skip
+    sim.feed = feed
+    return feed
+
+
+async def _train(feed: ContinuousRollout, steps: range, *, stop_after: int | None = None):
+    """Drive the feed like the training loop: [(step, trained, constant, counts, record)] and a checkpoint, with
+    `handed_out`: the tasks the order had handed out when it was taken (what the loop's checkpoint records as its
+    task order position; `serve` may admit another batch before it is cancelled)."""
+    out, saved = [], None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(feed.serve)
+        for step in steps:
+            groups = await feed.next_step(step)
+            out.append((step, groups, list(feed.constant), dict(feed.step_counts), feed.step_record(step, groups, lambda t: t["id"])))
+            await anyio.sleep(0.002)  # the train step: the rollout runs on meanwhile
+            feed.step_done()
+            if stop_after is not None and step + 1 == stop_after:
+                saved = {**feed.checkpoint(), "handed_out": list(feed.run.__self__.handed_out)}  # the `_Rollout`'s
+                break
+        tg.cancel_scope.cancel()
+    return out, saved
+
+
+def _check_step(step: int, trained: list[Group], constant: list[Group], counts: dict, record: dict, *, k: int,
+                per_step: int, draws: int) -> None:  # fmt: skip
+    """The invariants of one step."""
+    assert counts == {"drawn": len(trained) + len(constant), "kept": len(trained), "constant": len(constant)}
+    assert record["task_ids"] == [g.task["id"] for g in trained]
+    assert record["constant_task_ids"] == [g.task["id"] for g in constant]
+    assert record["draws"] == [g.draw for g in trained]
+    assert all(g.constant for g in constant)
+    if constant or not all(g.constant for g in trained):  # the all-constant fallback trains its constant groups
+        assert not any(g.constant for g in trained)
+    made = max((g.draw for g in trained + constant), default=0)
+    assert made <= draws
+    if len([g for g in trained if not g.constant]) < per_step:  # short: only once every draw was made
+        assert made == draws
+    for g in trained + constant:
+        assert g.finished and (g.draw == 0 or g.batch == step)  # an extra draw is trained in its own step
+        assert g.batch - k <= g.admitted_at and g.batch >= step  # admitted within the bound, trained by its due step
+        for t in g.trajectories:
+            assert step - t.metrics["started_at"] <= k  # no token older than k versions
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("p_constant", [0.5, 0.9])
+async def test_every_drawn_group_is_trained_once_or_counted_constant_within_the_bound(k, seed, p_constant):
+    sim = _Rollout(seed, p_constant)
+    steps, per_step, draws = 6, 3, 2
+    out, _ = await _train(_feed(sim, k=k, steps=steps, per_step=per_step, draws=draws), range(steps))
+    for step, trained, constant, counts, record in out:
+        _check_step(step, trained, constant, counts, record, k=k, per_step=per_step, draws=draws)
+    accounted = [g.task["id"] for _, trained, constant, _, _ in out for g in trained + constant]
+    assert sorted(accounted) == sorted(sim.handed_out) == sorted(set(sim.handed_out))  # each drawn task once
+    assert len(sim.seeds) == len(set(sim.seeds)) == len(sim.handed_out) * GROUP_SIZE  # no two samples share a seed
+    assert len(sim.handed_out) > steps * per_step  # constant groups made steps draw more
+    if k == 0:  # lockstep: nothing of batch t + 1 starts before step t is done, extra draws included
+        assert all(t.metrics["started_at"] == step for step, trained, constant, _, _ in out
+                   for g in trained + constant for t in g.trajectories)  # fmt: skip
+
+
+async def test_without_constant_groups_dynamic_sampling_changes_nothing():
+    runs = []
+    for dynamic in (False, True):
+        sim = _Rollout(3, p_constant=0.0)
+        out, _ = await _train(_feed(sim, k=0, steps=4, dynamic=dynamic), range(4))
+        runs.append(([[g.task["id"] for g in trained] for _, trained, *_ in out], sim.handed_out, sorted(sim.seeds)))
+        assert all(counts == {"drawn": 3, "kept": 3, "constant": 0} for *_, counts, _ in out)
+    assert runs[0] == runs[1]
+
+
+async def test_a_step_of_constant_groups_only_draws_every_time_then_trains_them(caplog):
+    sim = _Rollout(4, p_constant=1.0)
+    with caplog.at_level(logging.WARNING, logger="agentic_rl.rollout.continuous"):
+        out, _ = await _train(_feed(sim, k=1, steps=2, per_step=2, draws=3), range(2))
+    for step, trained, constant, counts, _ in out:
+        assert constant == [] and counts["kept"] == counts["drawn"] and all(g.constant for g in trained)
+        assert {g.draw for g in trained if g.batch == step} >= {1, 2, 3}  # every draw made, to no avail
+    assert "every group is constant" in caplog.text
+    assert len(sim.handed_out) == len(set(sim.handed_out))
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 4])
+@pytest.mark.parametrize("k", [0, 2])
+async def test_resume_accounts_for_every_drawn_task_once(stop_after, k):
+    steps = 6
+    sim = _Rollout(6, p_constant=0.6)
+    first, saved = await _train(_feed(sim, k=k, steps=steps), range(steps), stop_after=stop_after)
+    assert saved is not None
+    assert all(p["position"] < 3 for p in saved["pending"])  # an extra draw is never pending: it is due at once
+    handed_out = saved["handed_out"]  # the resumed run's order continues after it
+    sim2 = _Rollout(7, p_constant=0.6)
+    feed = _feed(sim2, k=k, steps=steps, first_step=stop_after, pending=[PendingGroup(**p) for p in saved["pending"]],
+                 next_batch_index=saved["next_batch"], first_id=handed_out[-1] + 1)  # fmt: skip
+    second, _ = await _train(feed, range(stop_after, steps))
+    accounted = [g.task["id"] for _, trained, constant, _, _ in first + second for g in trained + constant]
+    assert sorted(accounted) == sorted(set(handed_out + sim2.handed_out))  # each once: none lost, none twice
+
+
+def test_bad_draw_bounds_are_refused():
+    sim = _Rollout(0, 0.5)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ConfigError, match="max_extra_draws"):
+            _feed(sim, k=0, steps=2, draws=bad)
