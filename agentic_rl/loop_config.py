@@ -74,7 +74,8 @@ class JudgeSection(Config):
 
     By default it asks the run's own engine, in process (the policy being trained judges its own answers: cheap,
     but it can learn to please itself; give an endpoint for a fixed judge). A failed call or an unparseable verdict
-    scores 0 and counts in `judge_failures`; it never fails the trajectory or the run.
+    scores 0 and counts in `judge_failures`; it never fails the trajectory or the run. In process, a judge call
+    waits while generation is paused (`rollout.placement: pause`): keep `timeout_s` above a train step there.
     """
 
     base_url: str | None = Field(

@@ -88,7 +88,7 @@ def test_failing_engine_is_a_summary_fallback_and_a_judge_reward_error(renderer,
     out = memory.get_prompt_messages()
     assert memory.fallbacks == 1 and memory.summaries == 0 and memory.count_tokens(out) <= 400
     judge = LLMJudgeReward(client=broken)
-    with pytest.raises(RewardError, match="judge call failed: engine is closed"):
+    with pytest.raises(RewardError, match="judge call failed: EngineError: engine is closed"):
         judge(TASK, ANSWER)
 
     async def in_a_worker_thread() -> None:
@@ -96,6 +96,8 @@ def test_failing_engine_is_a_summary_fallback_and_a_judge_reward_error(renderer,
             await anyio.to_thread.run_sync(judge, TASK, ANSWER)
 
     anyio.run(in_a_worker_thread)
+    counted = LLMJudgeReward(client=broken, on_failure="zero")(TASK, ANSWER)  # as training judges: 0, counted
+    assert counted == 0.0 and counted.metrics == {"judge_calls": 1, "judge_failures": 1}
     with pytest.raises(ConfigError, match="base_url"):
         LLMJudgeReward()
 
