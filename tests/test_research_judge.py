@@ -166,6 +166,42 @@ def test_endpoint_judge_of_the_config_asks_the_endpoint_with_its_key(fake_web, m
     assert score == 1.0 and score.metrics["judge_calls"] == 1 and score.metrics["hotpotqa_f1"] > 0
 
 
+def _policy_or_judge(question: str, turn: int) -> str:
+    """The scripted model: as the judge, "Yes" for Paris and a reply without a verdict otherwise; as the policy, the
+    text after `answer=` in the question."""
+    if question.startswith("Question: "):
+        return "Yes." if "Predicted answer: Paris\n" in question else "Hard to say."
+    return f"<answer>{question.split('answer=', 1)[1]}</answer>"
+
+
+async def test_in_process_judge_asks_the_loops_engine_from_the_reward_thread_and_its_metrics_join_the_trajectory(
+    tokenizer,
+):
+    from support.engines import CountingEnvironment, ScriptedEngine
+
+    from agentic_rl.chat import ChatRenderer
+    from agentic_rl.engine.chat_client import EngineChatClient
+    from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
+    from agentic_rl.rollout.runner import run_tasks
+    from agentic_rl.rollout.spec import RolloutSpec
+
+    renderer = ChatRenderer(tokenizer)
+    engine = ScriptedEngine(tokenizer, _policy_or_judge)  # its requests are served on this test's event loop
+    judge = LLMJudgeReward(client=EngineChatClient(engine, renderer, timeout_s=30), on_failure="zero")
+    spec = RolloutSpec(engine=engine, environment=CountingEnvironment([]), renderer=renderer,
+                       config=HarnessConfig(max_steps=1, max_prompt_length=1024, max_response_length=64),
+                       reward_fn=MetricsReward(judge, {"hotpotqa_f1": hotpotqa_f1_reward}))  # fmt: skip
+    tasks = [{"id": i, "question": f"Capital of France? answer={a}", "ground_truth": "Paris"}
+             for i, a in enumerate(["Paris", "Lyon", "Paris"])]  # fmt: skip
+    with anyio.fail_after(60):  # the reward threads wait on the loop, which stays free to serve the judge
+        trajectories = await run_tasks(tasks, lambda task, idx: run_trajectory(task, idx, spec), n_parallel_agents=3)
+    assert [t.failed for t in trajectories] == [False] * 3
+    got = [(t.metrics["res_reward"], t.metrics["judge_calls"], t.metrics["judge_failures"], t.metrics["hotpotqa_f1"])
+           for t in trajectories]  # fmt: skip
+    assert got == [(1.0, 1, 0, 1.0), (0.0, 1, 1, 0.0), (1.0, 1, 0, 1.0)]
+    assert engine.served == 6  # three turns and three judge calls
+
+
 @pytest.mark.slow
 def test_research_judge_config_trains_two_steps_on_the_tiny_model_with_the_in_process_judge(tmp_path):
     out = tmp_path / "run"
