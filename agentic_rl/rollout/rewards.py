@@ -324,6 +324,12 @@ def judge_verdict(reply: str) -> float | None:
     return {"yes": 1.0, "no": 0.0}.get(words[0]) if words else None
 
 
+def _judged(value: float, *, calls: int, failures: int) -> float:
+    from agentic_rl.rollout.spec import RewardWithMetrics
+
+    return RewardWithMetrics(value, {"judge_calls": calls, "judge_failures": failures})
+
+
 class LLMJudgeReward:
     """Asks a model whether the final answer matches the ground truth: 1.0 for a "yes" verdict, 0.0 for "no"
     (`judge_verdict`).
@@ -373,31 +379,24 @@ class LLMJudgeReward:
                                         max_retries=max_retries)  # fmt: skip
 
     def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
-        from agentic_rl.rollout.spec import RewardWithMetrics
-
-        extra: dict[str, float] = {}
         prediction = extract_short_answer(final_answer_text(messages))[:MAX_ANSWER_CHARS]
         if not prediction:
-            return RewardWithMetrics(0.0, {"judge_calls": 0, "judge_failures": 0, **extra})
+            return _judged(0.0, calls=0, failures=0)
         content = self.PROMPT.format(question=task.get("question", ""), gold=task.get("ground_truth", ""),
                                      prediction=prediction)  # fmt: skip
         try:
             reply = self._ask([{"role": "user", "content": content}])
         except Exception as exc:
-            return self._failed(f"LLM judge call failed: {type(exc).__name__}: {exc}", extra, exc)
+            message = f"LLM judge call failed: {type(exc).__name__}: {exc}"
+            if self.on_failure == "raise":
+                raise RewardError(message) from exc
+            logger.warning("%s: reward 0", message)
+            return _judged(0.0, calls=1, failures=1)
         verdict = judge_verdict(reply)
         if verdict is None:  # the judge answered, but not with a verdict: a 0, counted (never raised)
             logger.warning("LLM judge verdict is neither yes nor no: %r: reward 0", reply[:200])
-            return RewardWithMetrics(0.0, {"judge_calls": 1, "judge_failures": 1, **extra})
-        return RewardWithMetrics(verdict, {"judge_calls": 1, "judge_failures": 0, **extra})
-
-    def _failed(self, message: str, extra: dict[str, float], cause: Exception) -> float:
-        from agentic_rl.rollout.spec import RewardWithMetrics
-
-        if self.on_failure == "raise":
-            raise RewardError(message) from cause
-        logger.warning("%s: reward 0", message)
-        return RewardWithMetrics(0.0, {"judge_calls": 1, "judge_failures": 1, **extra})
+            return _judged(0.0, calls=1, failures=1)
+        return _judged(verdict, calls=1, failures=0)
 
     def _ask(self, messages: list[dict[str, str]]) -> str:
         """The judge's reply text. Blocks: from a worker thread of the event loop (as the harness runs rewards),
