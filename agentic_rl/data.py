@@ -11,6 +11,10 @@ A data spec names where tasks come from (`load_tasks`):
 | `arithmetic:SPLIT:COUNT[:STEPS]` | generated (`agentic_rl.synthetic`) |
 | anything else, e.g. `FILE.jsonl` | JSON Lines, line by line |
 
+Any spec may end with a row range `[START:END]` (Python slice bounds, either may be left out):
+`hotpotqa_dev_distractor_500.jsonl[250:]` is the file's second half, `FILE[:100]` its first 100 rows. Rows keep
+the ids they have in the whole file (a JSON Lines row without an id: its line number minus one).
+
 Each row becomes a task dict: the row's own columns, plus `question`, `ground_truth`, `id` (and `system_prompt`
 when the prompt holds a system message), taken from the columns `DataColumns` names or, by default, from the first
 column present among `DEFAULT_COLUMNS` (which covers GSM8K rows and verl's layout).
@@ -21,6 +25,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +49,8 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
     "id": ("id", "extra_info.index"),
     "system_prompt": ("system_prompt",),
 }
+
+_ROW_RANGE = re.compile(r"^(?P<spec>.+)\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
 
 #: Fields a table (parquet, `datasets`) must provide: without them every row would fail.
 _REQUIRED = ("question", "ground_truth")
@@ -345,8 +352,9 @@ def load_tasks(
     (parquet, `datasets`) is checked once for its columns.
 
     Args:
-        path: a data spec: a file, a `save_to_disk` folder, `KIND:FILES` or `arithmetic:SPLIT:COUNT[:STEPS]`.
-        limit: keep the first `limit` rows.
+        path: a data spec: a file, a `save_to_disk` folder, `KIND:FILES` or `arithmetic:SPLIT:COUNT[:STEPS]`,
+            optionally followed by a row range `[START:END]`.
+        limit: keep the first `limit` rows (of the range).
         columns: which column holds each task field.
 
     Returns:
@@ -359,6 +367,11 @@ def load_tasks(
             present), a chat-message prompt of another shape, or a file the library cannot read.
     """
     spec = str(path)
+    ranged = _ROW_RANGE.match(spec)
+    if ranged is not None and not os.path.exists(spec):
+        start, end = (int(ranged[key]) if ranged[key] else None for key in ("start", "end"))
+        rows = load_tasks(ranged["spec"], columns=columns)[start:end]
+        return rows[:limit] if limit is not None else rows
     try:
         generated = parse_arithmetic_spec(spec)
     except ValueError as exc:

@@ -28,8 +28,10 @@ from agentic_rl.loop_config import (
     config_tasks,
     load_run_config,
     load_train_config,
+    system_prompt,
 )
 from agentic_rl.loop_metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
+from agentic_rl.loop_rewards import check_reward, reward_figures, reward_keys, train_reward
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint, weights_digest
 
@@ -299,7 +301,6 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
     """
     from agentic_rl.chat import ChatRenderer
     from agentic_rl.rollout.agent import start_engine
-    from agentic_rl.rollout.rewards import resolve_reward
     from agentic_rl.rollout.spec import HarnessConfig
     from agentic_rl.rollout.training import build_training_rollout, load_classes
 
@@ -308,7 +309,8 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
                             max_response_length=r.max_response_length, sampling=r.sampling,
                             toolcall_weight=r.toolcall_weight, reward_timeout_s=r.reward_timeout_s)  # fmt: skip
     renderer = ChatRenderer(tokenizer)
-    reward_fn = resolve_reward(config.reward) if config.agent is None else None
+    check_reward(config)
+    prompt = system_prompt(config)
     load_classes(tools=config.tools, environment=config.environment, agent=config.agent)
     engine = start_engine(start.path if start is not None else model_dir, _engine_options(config, dist, model_dir, state),
                           max_prompt_length=r.max_prompt_length, max_response_length=r.max_response_length)  # fmt: skip
@@ -318,9 +320,10 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
         if r.max_staleness and r.placement == "pause" and not isinstance(engine, PausableEngine):
             raise ConfigError(f"rollout.placement 'pause' needs an engine that can pause generation, got "
                               f"{type(engine).__name__}: use placement 'overlap'")  # fmt: skip
+        reward_fn = train_reward(config, engine, renderer)  # the in-process judge asks this engine
         rollout = build_training_rollout(engine, renderer, tokenizer, harness=harness, n_parallel_agents=r.n_parallel_agents,
                                          tools=config.tools, reward_fn=reward_fn, environment=config.environment,
-                                         agent=config.agent)  # fmt: skip
+                                         agent=config.agent, system_prompt=prompt)  # fmt: skip
     except BaseException:
         with anyio.CancelScope(shield=True):
             await engine.close()
@@ -401,6 +404,7 @@ async def _run_steps(run: _Run, on_step: Callable[[dict[str, Any]], None] | None
             mark = time.perf_counter()
             row = metrics_row(run.dist, step, figures, weight_version=run.engine.weight_version,
                               max_staleness=run.config.rollout.max_staleness)  # fmt: skip
+            row.update(reward_figures(run.dist, figures.trajectories, reward_keys(run.config)))
             await _record_step(run, step, row, figures)
             if on_step is not None:
                 on_step(row)
@@ -506,7 +510,9 @@ async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
     trajectories written (rank 0's) to `records`.
 
     Returns:
-        `heldout_accuracy` (share with a positive task reward), `heldout_tool_call_rate`, `heldout_mean_turns`.
+        `heldout_accuracy` (share with a positive task reward: with the LLM judge, the judge's accuracy),
+        `heldout_tool_call_rate`, `heldout_mean_turns`, and `reward_figures` prefixed `heldout_` (e.g.
+        `heldout_hotpotqa_f1`, `heldout_judge_failures`).
     """
     from agentic_rl.train.distributed import shard
 
@@ -521,7 +527,8 @@ async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
     if run.dist.is_main:
         _write_trajectories(records, trajectories)
     return {"heldout_accuracy": totals["solved"] / n, "heldout_tool_call_rate": totals["with_tool_calls"] / n,
-            "heldout_mean_turns": totals["turns"] / n}  # fmt: skip
+            "heldout_mean_turns": totals["turns"] / n,
+            **reward_figures(run.dist, trajectories, reward_keys(run.config), prefix="heldout_")}  # fmt: skip
 
 
 def _finished(out: Path, start: Checkpoint | None, world_size: int) -> bool:

@@ -21,7 +21,8 @@ from agentic_rl.plugins import PluginRef
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
 
-__all__ = ["EngineSection", "RolloutSection", "TrainConfig", "config_tasks", "load_run_config", "load_train_config"]
+__all__ = ["EngineSection", "JudgeSection", "RolloutSection", "TrainConfig", "config_tasks", "load_run_config",
+           "load_train_config", "system_prompt"]
 
 
 class RolloutSection(Config):
@@ -78,6 +79,34 @@ class EngineSection(Config):
     sleep_while_training: bool = False
 
 
+class JudgeSection(Config):
+    """The LLM judge of `reward: llm_judge` (`rewards.LLMJudgeReward`): greedy, `max_tokens` tokens, "yes"/"no".
+
+    By default it asks the run's own engine, in process (the policy being trained judges its own answers: cheap,
+    but it can learn to please itself; give an endpoint for a fixed judge). A failed call or an unparseable verdict
+    scores 0 and counts in `judge_failures`; it never fails the trajectory or the run. In process, a judge call
+    waits while generation is paused (`rollout.placement: pause`): keep `timeout_s` above a train step there.
+    """
+
+    base_url: str | None = Field(
+        default=None, description="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (None: the run's "
+        "own engine)",
+    )  # fmt: skip
+    model: str = Field(default="", description="the model name the endpoint serves (needed with base_url)")
+    api_key_env: str | None = Field(default=None, description="environment variable holding the endpoint's API key")
+    max_tokens: int = Field(default=4, ge=1, description="most tokens of the judge's reply")
+    timeout_s: float = Field(
+        default=30.0, gt=0, allow_inf_nan=False, description="most seconds of one judge call (below rollout.reward_timeout_s)"
+    )
+    max_retries: int = Field(default=1, ge=0, description="retries of a failed endpoint call")
+
+    @model_validator(mode="after")
+    def _endpoint_names_a_model(self) -> JudgeSection:
+        if self.base_url is not None and not self.model:
+            raise ValueError("judge.base_url needs judge.model: the model name the endpoint serves")
+        return self
+
+
 class TrainConfig(Config):
     """A training run, usually read from YAML (`agentic-rl train --config FILE`)."""
 
@@ -97,7 +126,19 @@ class TrainConfig(Config):
         description="the tools offered to the model: built-in names (TOOL_NAMES), or Tool / StatefulTool classes of "
         "your own as 'package.module:Class' or {class: package.module:Class, kwargs: {...}}",
     )
-    reward: str = Field(default="gsm8k", description="a name in REWARDS, or 'package.module:function'")
+    reward: str = Field(
+        default="gsm8k", description="a name in REWARDS, 'llm_judge' (the `judge` section), or 'package.module:function'"
+    )
+    judge: JudgeSection = Field(default_factory=JudgeSection)
+    system_prompt_file: str | None = Field(
+        default=None, description="a text file holding the built-in tool agent's system message (None: its default; "
+        "a task's own system_prompt still wins); not with an environment or agent of your own",
+    )
+    reward_metrics: list[str] = Field(
+        default_factory=list,
+        description="reward functions (names as for reward) reported, not rewarded, for every trajectory: their mean "
+        "in each metrics row and, prefixed heldout_, in evaluation (e.g. [hotpotqa_f1]; not with an agent of your own)",
+    )
     environment: PluginRef | None = Field(
         default=None,
         description="an Environment of your own, run under the harness: 'package.module:Class' or {class: ..., "
@@ -138,14 +179,21 @@ class TrainConfig(Config):
         tools unless they are named."""
         given = self.model_fields_set
         if self.agent is not None:
-            defaults = {"environment": None, "tools": ["calculator"], "reward": "gsm8k"}
+            defaults = {"environment": None, "tools": ["calculator"], "reward": "gsm8k", "reward_metrics": [],
+                        "system_prompt_file": None}
             clashing = [name for name, value in defaults.items() if name in given and getattr(self, name) != value]
             if clashing:
                 raise ValueError(f"agent {self.agent.path!r} brings its own environment, tools and reward: remove "
                                  f"{', '.join(clashing)} (pass settings to the agent with agent.kwargs)")  # fmt: skip
         elif self.environment is not None and "tools" not in given:
             self.tools = []
+        if self.environment is not None and self.system_prompt_file is not None:
+            raise ValueError("system_prompt_file sets the built-in tool agent's system message: an environment of "
+                             "your own takes its own (environment.kwargs)")  # fmt: skip
         _check_trainable_sampling(self.rollout.sampling)
+        if self.reward == "llm_judge" and self.judge.timeout_s >= self.rollout.reward_timeout_s:
+            raise ValueError(f"judge.timeout_s={self.judge.timeout_s:g} must be below rollout.reward_timeout_s="
+                             f"{self.rollout.reward_timeout_s:g}: the harness abandons a reward past that bound")  # fmt: skip
         if self.rollout.max_staleness and self.engine.sleep_while_training:
             raise ValueError("engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
                              "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause")  # fmt: skip
@@ -207,3 +255,17 @@ def config_tasks(config: TrainConfig, field: str, limit: int | None = None) -> l
     if not tasks:
         raise ConfigError(f"TrainConfig.{field}={spec!r} holds no tasks")
     return tasks
+
+
+def system_prompt(config: TrainConfig) -> str | None:
+    """The text of `config.system_prompt_file` (None without one), read before any engine starts.
+
+    Raises:
+        ConfigError: naming the field and the file when it cannot be read.
+    """
+    if config.system_prompt_file is None:
+        return None
+    try:
+        return Path(config.system_prompt_file).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"TrainConfig.system_prompt_file={config.system_prompt_file!r}: {exc}") from exc

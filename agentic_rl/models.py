@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "DERIVED",
     "REGISTRY",
+    "RESEARCH_MODEL",
     "TOOL_MODEL",
     "DerivedModel",
     "TINY_MODEL",
@@ -75,6 +76,7 @@ REGISTRY: dict[str, PyPIGGUFModel] = {
 
 TINY_MODEL = "tiny-random-smollm2"
 TOOL_MODEL = "smollm2-135m-tools"
+RESEARCH_MODEL = "smollm2-135m-research"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,13 @@ DERIVED: dict[str, DerivedModel] = {
         build="agentic_rl.sft:build_tool_model",
         fingerprint="agentic_rl.sft:tool_model_fingerprint",
         description="SmolLM2-135M-Instruct fine-tuned to call a calculator (GSM8K traces), built on first use",
+    ),
+    RESEARCH_MODEL: DerivedModel(
+        base=TOOL_MODEL,
+        build="agentic_rl.sft:build_research_model",
+        fingerprint="agentic_rl.sft:research_model_fingerprint",
+        description="the tool model fine-tuned to search and visit (examples/sft_research.yaml: HotpotQA research "
+        "traces from the file's second half), built on first use",
     ),
 }
 

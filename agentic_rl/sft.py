@@ -8,7 +8,8 @@ Hugging Face folder (weights, tokenizer) with a `manifest.json` (base model, dat
 losses).
 
 The registry builds `smollm2-135m-tools` with `build_tool_model` the first time it is asked for, and rebuilds it
-when `tool_model_fingerprint` (base model, data digest, recipe) no longer matches its manifest.
+when `tool_model_fingerprint` (base model, data digest, recipe) no longer matches its manifest; likewise
+`smollm2-135m-research` (the tool model, then `examples/sft_research.yaml`) with `build_research_model`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,16 @@ from agentic_rl.data import SHARED_DATA, iter_jsonl
 from agentic_rl.errors import ConfigError
 from agentic_rl.models import DEFAULT_MODEL, file_sha256
 
-__all__ = ["SFTConfig", "build_tool_model", "run_sft", "synthesize_traces", "tool_model_fingerprint"]
+__all__ = [
+    "RESEARCH_SFT_CONFIG",
+    "SFTConfig",
+    "build_research_model",
+    "build_tool_model",
+    "research_model_fingerprint",
+    "run_sft",
+    "synthesize_traces",
+    "tool_model_fingerprint",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -333,4 +343,48 @@ def build_tool_model(base_dir: Path, out_dir: Path) -> dict[str, Any]:
     logger.warning("building the tool-calling model from %s (supervised fine-tuning, %d steps; once)", base_dir,
                    config.steps)  # fmt: skip
     with SFTProgress(config.steps, "fine-tuning for tool calls") as progress:
+        return run_sft(config, output_dir=out_dir, on_step=progress)
+
+
+#: The recipe of `smollm2-135m-research`: the checkout's research SFT config (its paths relative to the checkout).
+RESEARCH_SFT_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "sft_research.yaml"
+
+
+def _research_config(base_dir: Path) -> SFTConfig:
+    """`RESEARCH_SFT_CONFIG` on `base_dir`, its system prompt file made absolute.
+
+    Raises:
+        ConfigError: if the checkout has no `examples/sft_research.yaml` (e.g. an installed wheel).
+    """
+    if not RESEARCH_SFT_CONFIG.is_file():
+        raise ConfigError(f"{RESEARCH_SFT_CONFIG} does not exist: smollm2-135m-research is built from a checkout's "
+                          "examples/sft_research.yaml (or run 'agentic-rl sft --config FILE' yourself)")  # fmt: skip
+    config = SFTConfig.from_yaml(RESEARCH_SFT_CONFIG)
+    prompt = RESEARCH_SFT_CONFIG.parents[1] / str(config.research_system_prompt_file)
+    return config.model_copy(update={"model": str(base_dir), "research_system_prompt_file": str(prompt)})
+
+
+def research_model_fingerprint(base_dir: Path) -> dict[str, Any]:
+    """What `smollm2-135m-research` is built from: the base model's build marker, the config, the digests of the
+    HotpotQA file, the system prompt and the corpus, and the recipe."""
+    config = _research_config(base_dir)
+    marker = base_dir / ".agentic_rl_ready"
+    return {
+        "base": marker.read_text().strip() if marker.is_file() else str(base_dir),
+        "sources": {key: value for key, value in _sources(config).items() if key.endswith("sha256")},
+        "config": config.model_dump(exclude={"model", "output_dir", "data", "research_data", "research_system_prompt_file",
+                                             "corpus"}),  # fmt: skip
+        "recipe_version": RECIPE_VERSION,
+    }
+
+
+def build_research_model(base_dir: Path, out_dir: Path) -> dict[str, Any]:
+    """Build `smollm2-135m-research` into `out_dir`: `run_sft` with `RESEARCH_SFT_CONFIG` on `base_dir` (the tool
+    model). Returns the manifest."""
+    from agentic_rl.train.sft import SFTProgress
+
+    config = _research_config(base_dir)
+    logger.warning("building the research model from %s (supervised fine-tuning on HotpotQA research traces, %d "
+                   "steps; once)", base_dir, config.steps)  # fmt: skip
+    with SFTProgress(config.steps, "fine-tuning for research") as progress:
         return run_sft(config, output_dir=out_dir, on_step=progress)

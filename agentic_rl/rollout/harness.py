@@ -211,7 +211,7 @@ async def _reward(spec: RolloutSpec, state: _State) -> float:
     """The final answer's reward, computed in a worker thread (0 without a reward function) and waited for at most
     `config.reward_timeout_s` seconds: past it the thread is abandoned (it cannot be stopped; rewards that can run
     away, such as math-verify, bound their own work in a worker process) and the trajectory fails. Any failure is
-    also noted in `metrics["reward_error"]`.
+    also noted in `metrics["reward_error"]`; the metrics of a `RewardWithMetrics` join the trajectory's.
 
     Raises:
         RewardError: past the bound, or if the reward is not a finite number; else what the reward raised.
@@ -223,10 +223,12 @@ async def _reward(spec: RolloutSpec, state: _State) -> float:
     t0 = time.perf_counter()
     try:
         with anyio.move_on_after(timeout_s) as scope:
-            reward = float(await anyio.to_thread.run_sync(spec.reward_fn, state.sample.task,
-                                                          list(state.sample.messages), abandon_on_cancel=True))  # fmt: skip
+            result = await anyio.to_thread.run_sync(spec.reward_fn, state.sample.task, list(state.sample.messages),
+                                                    abandon_on_cancel=True)  # fmt: skip
         if scope.cancelled_caught:
             raise RewardError(f"the reward did not finish within reward_timeout_s={timeout_s:g}")
+        state.metrics.update(getattr(result, "metrics", None) or {})  # a RewardWithMetrics' own metrics
+        reward = float(result)
         if not math.isfinite(reward):
             raise RewardError(f"reward function returned {reward}")
     except Exception as exc:

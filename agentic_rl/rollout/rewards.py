@@ -7,7 +7,7 @@ import math
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentic_rl.engine.chat_client import ChatClient
@@ -16,6 +16,7 @@ from agentic_rl.errors import ConfigError, RewardError
 __all__ = [
     "REWARDS",
     "LLMJudgeReward",
+    "MetricsReward",
     "ProcessReward",
     "answer_f1",
     "extract_short_answer",
@@ -26,6 +27,7 @@ __all__ = [
     "has_number_reward",
     "hotpotqa_em_reward",
     "hotpotqa_f1_reward",
+    "judge_verdict",
     "marked_answer",
     "math_reward",
     "math_verify_reward",
@@ -315,59 +317,94 @@ def hotpotqa_em_reward(task: dict[str, Any], messages: Sequence[dict[str, str]])
     return answer_f1(extract_short_answer(final_answer_text(messages)), str(task["ground_truth"]))[0]
 
 
+def judge_verdict(reply: str) -> float | None:
+    """The verdict of a judge's reply: 1.0 when its first word is "yes", 0.0 when it is "no" (any case, punctuation
+    and markdown around it ignored: "**Yes.**" is 1.0); None for anything else (unparseable)."""
+    words = re.findall(r"[a-z]+", reply.lower())
+    return {"yes": 1.0, "no": 0.0}.get(words[0]) if words else None
+
+
+def _judged(value: float, *, calls: int, failures: int) -> float:
+    from agentic_rl.rollout.spec import RewardWithMetrics
+
+    return RewardWithMetrics(value, {"judge_calls": calls, "judge_failures": failures})
+
+
 class LLMJudgeReward:
-    """Asks a model whether the final answer matches the ground truth; 1.0 for a reply starting with "yes", else 0.0.
+    """Asks a model whether the final answer matches the ground truth: 1.0 for a "yes" verdict, 0.0 for "no"
+    (`judge_verdict`).
 
     The model is either a `ChatClient` called in process (e.g. an `EngineChatClient` over the run's own engine: no
-    HTTP server) or a model behind an OpenAI-compatible endpoint.
+    HTTP server) or a model behind an OpenAI-compatible endpoint (`POST {base_url}/chat/completions`, greedy,
+    `max_tokens`). A prediction with no answer scores 0.0 without asking.
+
+    Every call returns a `RewardWithMetrics` with `judge_calls` (1 when the judge was asked, else 0) and
+    `judge_failures` (1 when the call failed or its verdict was unparseable).
 
     Args:
         base_url: e.g. `http://127.0.0.1:8000/v1`; not used when `client` is given.
         model: model name to send to the endpoint (needed with `base_url`).
+        api_key: the endpoint's key (sent as a bearer token; default "local").
         timeout_s: per-call timeout of the endpoint in seconds (an `EngineChatClient` has its own `timeout_s`).
+        max_retries: retries of a failed endpoint call (the `openai` client's, with its backoff).
         client: a `ChatClient` to ask instead of an endpoint.
+        max_tokens: most tokens of the judge's reply.
+        on_failure: what a failed call (HTTP error, timeout, engine error) does: "raise": `RewardError` (the
+            trajectory fails and is not trained); "zero": it scores 0.0 and counts in `judge_failures`. An
+            unparseable verdict always scores 0.0 and counts in `judge_failures`.
 
     Raises:
-        ConfigError: if neither `base_url` and `model` nor `client` are given.
-        RewardError: from `__call__` when the judge call fails (the trajectory is then marked failed).
+        ConfigError: if neither `base_url` and `model` nor `client` are given, or `on_failure` is not one of the two.
+        RewardError: from `__call__` when the judge call fails and `on_failure` is "raise".
     """
 
     PROMPT = (
         "Question: {question}\nReference answer: {gold}\nPredicted answer: {prediction}\n"
         "Does the predicted answer mean the same as the reference answer? Reply with yes or no."
     )
-    MAX_TOKENS = 4
 
-    def __init__(self, base_url: str | None = None, *, model: str = "", timeout_s: float = 60.0,
-                 client: ChatClient | None = None) -> None:  # fmt: skip
-        self.chat_client = client
-        self.model = model
+    def __init__(self, base_url: str | None = None, *, model: str = "", api_key: str | None = None,
+                 timeout_s: float = 60.0, max_retries: int = 1, client: ChatClient | None = None, max_tokens: int = 4,
+                 on_failure: str = "raise") -> None:  # fmt: skip
+        if on_failure not in ("raise", "zero"):
+            raise ConfigError(f"LLMJudgeReward on_failure must be 'raise' or 'zero', got {on_failure!r}")
+        self.chat_client, self.model, self.max_tokens, self.on_failure = client, model, max_tokens, on_failure
         self.client: Any = None
         if client is None:
             if base_url is None or not model:
                 raise ConfigError("LLMJudgeReward needs base_url and model, or client")
             import openai
 
-            self.client = openai.OpenAI(base_url=base_url, api_key="local", timeout=timeout_s, max_retries=1)
+            self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "local", timeout=timeout_s,
+                                        max_retries=max_retries)  # fmt: skip
 
     def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
         prediction = extract_short_answer(final_answer_text(messages))[:MAX_ANSWER_CHARS]
         if not prediction:
-            return 0.0
+            return _judged(0.0, calls=0, failures=0)
         content = self.PROMPT.format(question=task.get("question", ""), gold=task.get("ground_truth", ""),
                                      prediction=prediction)  # fmt: skip
         try:
             reply = self._ask([{"role": "user", "content": content}])
         except Exception as exc:
-            raise RewardError(f"LLM judge call failed: {exc}") from exc
-        return 1.0 if reply.strip().lower().startswith("yes") else 0.0
+            message = f"LLM judge call failed: {type(exc).__name__}: {exc}"
+            if self.on_failure == "raise":
+                raise RewardError(message) from exc
+            logger.warning("%s: reward 0", message)
+            return _judged(0.0, calls=1, failures=1)
+        verdict = judge_verdict(reply)
+        if verdict is None:  # the judge answered, but not with a verdict: a 0, counted (never raised)
+            logger.warning("LLM judge verdict is neither yes nor no: %r: reward 0", reply[:200])
+            return _judged(0.0, calls=1, failures=1)
+        return _judged(verdict, calls=1, failures=0)
 
     def _ask(self, messages: list[dict[str, str]]) -> str:
         """The judge's reply text. Blocks: from a worker thread of the event loop (as the harness runs rewards),
-        the call runs on that loop; from a thread without a loop, on a new one."""
+        the call runs on that loop (`anyio.from_thread.run`: the loop stays free while the thread waits); from a
+        thread without a loop, on a new one."""
         if self.chat_client is None:
             reply = self.client.chat.completions.create(
-                model=self.model, messages=messages, max_tokens=self.MAX_TOKENS, temperature=0.0
+                model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=0.0
             )
             return reply.choices[0].message.content or ""
         import anyio
@@ -377,7 +414,7 @@ class LLMJudgeReward:
         async def ask() -> str:
             nonlocal started
             started = True
-            return await client.chat(messages, max_tokens=self.MAX_TOKENS)
+            return await client.chat(messages, max_tokens=self.max_tokens)
 
         try:
             return anyio.from_thread.run(ask)
@@ -385,6 +422,36 @@ class LLMJudgeReward:
             if started:  # the call itself failed
                 raise
         return anyio.run(ask)  # not a worker thread of a running loop
+
+
+class MetricsReward:
+    """A reward that also reports other reward functions as metrics (reported, not rewarded): each call returns a
+    `RewardWithMetrics` with the reward's own metrics (if any) and one metric per `metrics` entry, e.g.
+    `MetricsReward(judge, {"hotpotqa_f1": hotpotqa_f1_reward})`.
+
+    A metric function that raises is left out of that trajectory's metrics (logged); the reward's own error
+    propagates.
+
+    Args:
+        reward_fn: the reward.
+        metrics: metric name -> `fn(task, messages) -> float`.
+    """
+
+    def __init__(self, reward_fn: Callable[[dict[str, Any], Sequence[dict[str, str]]], float],
+                 metrics: Mapping[str, Callable[[dict[str, Any], Sequence[dict[str, str]]], float]]) -> None:  # fmt: skip
+        self.reward_fn, self.metrics = reward_fn, dict(metrics)
+
+    def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+        from agentic_rl.rollout.spec import RewardWithMetrics
+
+        reward = self.reward_fn(task, messages)
+        values = dict(getattr(reward, "metrics", None) or {})
+        for name, fn in self.metrics.items():
+            try:
+                values[name] = float(fn(task, messages))
+            except Exception as exc:  # e.g. a task without a ground truth
+                logger.warning("metric %s failed: %s: %s", name, type(exc).__name__, exc)
+        return RewardWithMetrics(float(reward), values)
 
 
 class ProcessReward:

@@ -22,10 +22,28 @@ from agentic_rl.environments.base import Environment
 from agentic_rl.limits import AtLeastOne
 from agentic_rl.memory import MemorySimple
 
-__all__ = ["HarnessConfig", "RewardCallable", "RolloutSpec"]
+__all__ = ["HarnessConfig", "RewardCallable", "RewardWithMetrics", "RolloutSpec"]
 
 RewardCallable = Callable[[dict[str, Any], Sequence[dict[str, str]]], float]
 """`reward_fn(task, messages) -> float`: the reward of a finished trajectory's final answer."""
+
+
+class RewardWithMetrics(float):
+    """A reward (a `float`) that carries per-trajectory metrics: the harness adds `metrics` to the trajectory's
+    `metrics` (e.g. the LLM judge's `judge_failures`, an F1 reported beside the reward). Everything else reads it as
+    the plain number.
+
+    Args:
+        value: the reward.
+        metrics: metric name -> number (floats or ints; JSON-serializable).
+    """
+
+    metrics: dict[str, float]
+
+    def __new__(cls, value: float, metrics: Mapping[str, float] | None = None) -> RewardWithMetrics:
+        reward = super().__new__(cls, value)
+        reward.metrics = dict(metrics or {})
+        return reward
 
 
 class HarnessConfig(Config):
@@ -86,7 +104,8 @@ class RolloutSpec:
         renderer: the chat template of the engine's model.
         config: limits and sampling (`HarnessConfig`).
         reward_fn: `reward_fn(task, messages) -> float` for the final answer, run in a worker thread and waited
-            for at most `config.reward_timeout_s` seconds; None: 0.
+            for at most `config.reward_timeout_s` seconds; None: 0. A `RewardWithMetrics` it returns adds its
+            metrics to the trajectory's.
         memory_factory: builds a fresh memory per trajectory (`MemorySimple` / `MemorySummary`); None: every turn
             is prompted with the whole history.
     """

@@ -226,6 +226,7 @@ def build_training_rollout(
     reward_fn: RewardCallable | None,
     environment: PluginRef | None = None,
     agent: PluginRef | None = None,
+    system_prompt: str | None = None,
 ) -> TrainingRollout:
     """The rollout source of a training run, sampling through `engine` recorded in a fresh `SampleLedger`.
 
@@ -241,6 +242,7 @@ def build_training_rollout(
         environment: a user's `Environment` class and its keyword arguments, run under the harness.
         agent: a user's `BaseEngineWrapper` subclass and its keyword arguments: built with the harness's limits,
             given the engine (`use_engine`), then `initialize()`d.
+        system_prompt: the built-in `ToolEnvironment`'s system message (None: its default).
 
     Raises:
         ConfigError: naming the class and what is wrong with it (see `PluginRef.build`); for an environment that
@@ -253,15 +255,16 @@ def build_training_rollout(
     if agent is not None:
         return AgentRollout(_build_agent(agent, recording, renderer, tokenizer, harness, n_parallel_agents), ledger)
     built_tools = build_tools(tools)
-    env = _build_environment(environment, built_tools, renderer)
+    env = _build_environment(environment, built_tools, renderer, system_prompt)
     return SpecRollout(RolloutSpec(recording, env, renderer, harness, reward_fn=reward_fn), n_parallel_agents, ledger)
 
 
-def _build_environment(ref: PluginRef | None, tools: list[Any], renderer: ChatRenderer) -> Environment:
-    """The built-in `ToolEnvironment` over `tools`, or the user's environment (given `tools` when its constructor
-    takes them)."""
+def _build_environment(ref: PluginRef | None, tools: list[Any], renderer: ChatRenderer,
+                       system_prompt: str | None = None) -> Environment:  # fmt: skip
+    """The built-in `ToolEnvironment` over `tools` (with `system_prompt`), or the user's environment (given `tools`
+    when its constructor takes them)."""
     if ref is None:
-        return ToolEnvironment.for_renderer(tools, renderer)
+        return ToolEnvironment.for_renderer(tools, renderer, system_prompt)
     cls = ref.load(what="environment", base=Environment)
     extra: dict[str, Any] = {"tools": tools} if _takes_tools(ref, cls, tools) else {}
     if issubclass(cls, ToolEnvironment):

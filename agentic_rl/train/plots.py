@@ -25,8 +25,9 @@ __all__ = [
 
 # (panel title, metrics.jsonl keys drawn in it)
 METRIC_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("reward and accuracy", ("reward_mean", "accuracy")),
-    ("held-out accuracy (greedy)", ("heldout_accuracy",)),
+    ("reward and accuracy", ("reward_mean", "accuracy", "hotpotqa_f1")),
+    ("held-out accuracy (greedy)", ("heldout_accuracy", "heldout_hotpotqa_f1")),
+    ("LLM judge calls and failures", ("judge_calls", "judge_failures")),
     ("response length (sampled tokens, mean)", ("response_length",)),
     ("loss", ("loss", "pg_loss")),
     ("KL and clip fractions", ("kl", "clip_fraction", "dual_clip_fraction")),

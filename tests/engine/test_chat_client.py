@@ -13,7 +13,7 @@ from agentic_rl.engine.base import Generation
 from agentic_rl.engine.chat_client import ChatClient, EngineChatClient
 from agentic_rl.errors import ConfigError, EngineAbortedError, EngineError, RewardError
 from agentic_rl.memory import ChatSummaryClient, MemorySummary, SummaryClient, summary_request
-from agentic_rl.rollout.rewards import LLMJudgeReward
+from agentic_rl.rollout.rewards import LLMJudgeReward, judge_verdict
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 TASK = {"question": "What is the capital of France?", "ground_truth": "Paris"}
@@ -88,7 +88,7 @@ def test_failing_engine_is_a_summary_fallback_and_a_judge_reward_error(renderer,
     out = memory.get_prompt_messages()
     assert memory.fallbacks == 1 and memory.summaries == 0 and memory.count_tokens(out) <= 400
     judge = LLMJudgeReward(client=broken)
-    with pytest.raises(RewardError, match="judge call failed: engine is closed"):
+    with pytest.raises(RewardError, match="judge call failed: EngineError: engine is closed"):
         judge(TASK, ANSWER)
 
     async def in_a_worker_thread() -> None:
@@ -96,6 +96,8 @@ def test_failing_engine_is_a_summary_fallback_and_a_judge_reward_error(renderer,
             await anyio.to_thread.run_sync(judge, TASK, ANSWER)
 
     anyio.run(in_a_worker_thread)
+    counted = LLMJudgeReward(client=broken, on_failure="zero")(TASK, ANSWER)  # as training judges: 0, counted
+    assert counted == 0.0 and counted.metrics == {"judge_calls": 1, "judge_failures": 1}
     with pytest.raises(ConfigError, match="base_url"):
         LLMJudgeReward()
 
@@ -140,8 +142,7 @@ def test_judge_verdicts_come_from_the_engine(engine, renderer):
     assert len(recording.calls) == 2 and direct == threaded
     for prompt_ids, sampling, generation in recording.calls:
         assert "Reference answer: Paris" in renderer.decode(prompt_ids) and sampling.max_tokens == 4
-        verdict = renderer.decode(generation.token_ids).strip().lower().startswith("yes")
-        assert direct == (1.0 if verdict else 0.0)
+        assert direct == (judge_verdict(renderer.decode(generation.token_ids)) or 0.0)
     assert judge(TASK, [{"role": "assistant", "content": ""}]) == 0.0 and len(recording.calls) == 2  # no call
 
 
@@ -166,8 +167,9 @@ def test_wrapper_summarizes_and_judges_with_its_engine_and_starts_no_server(engi
         (traj,) = anyio.run(wrapper.generate_agent_trajectories_async, [{"id": 1, **TASK}])
         assert not traj.failed, traj.error
         assert len(recording.calls) == 3  # the summary, the one turn, the judge
-        verdict = _reply_text(wrapper, recording.calls[2][2]).strip().lower().startswith("yes")
-        assert traj.metrics["res_reward"] == (1.0 if verdict else 0.0)
+        reply = _reply_text(wrapper, recording.calls[2][2])
+        assert traj.metrics["res_reward"] == (judge_verdict(reply) or 0.0)
+        assert traj.metrics["judge_calls"] == 1 and traj.metrics["judge_failures"] == (judge_verdict(reply) is None)
         assert wrapper.server_addresses == []
     finally:
         anyio.run(wrapper.close)

@@ -1,0 +1,112 @@
+"""A training run's reward function (`TrainConfig.reward`, the LLM judge of `TrainConfig.judge`, the
+`reward_metrics` reported beside it) and the per-step figures of those metrics.
+
+`agentic_rl.loop` builds the reward once its engine runs (the in-process judge asks that engine) and adds
+`reward_figures` to each metrics row and to each held-out evaluation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from agentic_rl.errors import ConfigError
+from agentic_rl.loop_config import TrainConfig
+
+__all__ = ["JUDGE", "JUDGE_COUNTS", "check_reward", "reward_figures", "reward_keys", "train_reward"]
+
+JUDGE = "llm_judge"
+"""The reward name that asks an LLM judge (`TrainConfig.judge`)."""
+
+JUDGE_COUNTS = ("judge_calls", "judge_failures")
+"""Per-trajectory judge counts (`LLMJudgeReward`), summed in the metrics rows."""
+
+
+def check_reward(config: TrainConfig) -> None:
+    """Resolve the reward and metric names before any engine starts, and read the judge's API key variable.
+
+    Raises:
+        ConfigError: naming the unknown reward or metric, or the unset API key variable.
+    """
+    from agentic_rl.rollout.rewards import resolve_reward
+
+    if config.agent is not None:
+        return
+    if config.reward != JUDGE:
+        resolve_reward(config.reward, also=[JUDGE])
+    for name in config.reward_metrics:
+        try:
+            resolve_reward(name)
+        except ConfigError as exc:
+            raise ConfigError(f"TrainConfig.reward_metrics: {exc}") from None
+    _api_key(config)
+
+
+def _api_key(config: TrainConfig) -> str | None:
+    variable = config.judge.api_key_env
+    if config.reward != JUDGE or variable is None:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        raise ConfigError(f"TrainConfig.judge.api_key_env={variable!r}: the environment variable is not set")
+    return key
+
+
+def train_reward(config: TrainConfig, engine: Any, renderer: Any) -> Any:
+    """The run's `reward_fn(task, messages)`: `config.reward` (for `llm_judge`: an `LLMJudgeReward` over
+    `config.judge.base_url`, else over `engine` in process via `EngineChatClient`, failures scored 0 and counted),
+    wrapped in a `MetricsReward` when `config.reward_metrics` names metrics; None with an agent of your own (it
+    brings its reward).
+
+    Raises:
+        ConfigError: for an unknown reward or metric name, or an unset API key variable.
+    """
+    from agentic_rl.rollout.rewards import LLMJudgeReward, MetricsReward, resolve_reward
+
+    if config.agent is not None:
+        return None
+    judge = config.judge
+    if config.reward != JUDGE:
+        reward_fn = resolve_reward(config.reward, also=[JUDGE])
+    elif judge.base_url is not None:
+        reward_fn = LLMJudgeReward(judge.base_url, model=judge.model, api_key=_api_key(config), timeout_s=judge.timeout_s,
+                                   max_retries=judge.max_retries, max_tokens=judge.max_tokens, on_failure="zero")  # fmt: skip
+    else:
+        from agentic_rl.engine.chat_client import EngineChatClient
+
+        client = EngineChatClient(engine, renderer, timeout_s=judge.timeout_s)
+        reward_fn = LLMJudgeReward(client=client, max_tokens=judge.max_tokens, on_failure="zero")
+    if not config.reward_metrics:
+        return reward_fn
+    return MetricsReward(reward_fn, {name: resolve_reward(name) for name in config.reward_metrics})
+
+
+def reward_keys(config: TrainConfig) -> list[str]:
+    """The metrics keys `reward_figures` gives for `config`: the judge's counts, then the reported metrics."""
+    return [*(JUDGE_COUNTS if config.reward == JUDGE and config.agent is None else ()), *config.reward_metrics]
+
+
+def reward_figures(dist: Any, trajectories: Sequence[Any], keys: Sequence[str], *, prefix: str = "") -> dict[str, Any]:
+    """Each of `keys` over `trajectories` of every rank: a judge count (`JUDGE_COUNTS`) summed, any other metric
+    averaged over the trajectories that recorded it (None when none did, e.g. every reward failed).
+
+    Args:
+        dist: the run's `DistContext` (gathers in the same order on every rank).
+        trajectories: this rank's trajectories.
+        keys: `reward_keys(config)`.
+        prefix: put before each key (`heldout_` in evaluation).
+
+    Returns:
+        `{prefix + key: int | float | None}`.
+    """
+    local: list[float] = []
+    for key in keys:
+        values = [float(t.metrics[key]) for t in trajectories if key in t.metrics]
+        local += [sum(values), float(len(values))]
+    ranks = dist.gather_floats(local) if local else []
+    figures: dict[str, Any] = {}
+    for i, key in enumerate(keys):
+        total, count = sum(r[2 * i] for r in ranks), sum(r[2 * i + 1] for r in ranks)
+        figures[prefix + key] = int(total) if key in JUDGE_COUNTS else (total / count if count else None)
+    return figures
