@@ -234,7 +234,7 @@ def test_overlong_filtering_trains_the_rest_of_the_group_with_the_cut_ones_rewar
     for overlong_filter in (False, True):
         config = GRPOConfig(lr=1e-3, micro_batch_size=4, off_policy=none, overlong_filter=overlong_filter)
         trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD, config=config)
-        packed = trainer._pack(trajs, None)
+        packed, _ = trainer._pack(trajs, None)
         advantages = batch_advantages(packed)
         for i in range(len(trajs)):  # the cut ones' rewards count either way: every trajectory's advantage is the same
             assert advantages[packed.row_trajectory == i].unique().tolist() == pytest.approx(
