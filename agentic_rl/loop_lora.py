@@ -29,17 +29,26 @@ TMPFS = Path("/dev/shm")
 
 
 def lora_engine_options(config: TrainConfig, state: dict[str, Any] | None) -> dict[str, Any]:
-    """The engine options LoRA training adds (none without `optimizer.lora`): LoRA on at the adapter's rank, and
+    """The engine options LoRA training adds (none without `optimizer.lora`): LoRA on for the adapter's rank, and
     room for the adapters of every weight version a trained token may come from (`rollout.max_staleness + 1`).
     Resuming, the engine starts one version before the checkpoint's: `WeightSync.at_start` loads the checkpoint's
     adapter as that version."""
     lora = config.optimizer.lora
     if lora is None:
         return {}
-    options: dict[str, Any] = {"max_lora_rank": lora.rank, "max_loras": config.rollout.max_staleness + 1}
+    options: dict[str, Any] = {"max_lora_rank": _engine_rank(lora.rank), "max_loras": config.rollout.max_staleness + 1}
     if state is not None:
         options["weight_version"] = state["weight_version"] - 1
     return options
+
+
+def _engine_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM takes (`engine.adapters.MAX_LORA_RANKS`) that serves an adapter of `rank`."""
+    try:
+        from agentic_rl.engine.adapters import MAX_LORA_RANKS
+    except ImportError:  # an engine without adapter serving: the rank as it is
+        return rank
+    return next((size for size in MAX_LORA_RANKS if size >= rank), rank)
 
 
 def restore_weights(trainer: Any, folder: Path, state: dict[str, Any]) -> None:
