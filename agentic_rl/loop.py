@@ -112,12 +112,13 @@ async def train(
     weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it trained,
     `{"step", "task_ids"}`, and with `rollout.dynamic_sampling` the constant ones it left out, `ContinuousRollout.step_record`).
 
-    A checkpoint holds the model, the tokenizer and the training state (`_state`: optimizer, steps, task order
-    position, weight version, RNG states, metrics rows), written atomically: a kill at any moment leaves the previous
-    one intact. Each step's rollout is sampled with a seed fixed by the config, the rank and the step, so a resumed
-    run repeats the uninterrupted one. Each metrics row (`_metrics_row`) holds the step's rewards, losses, timings
-    and token accounting summed over ranks (`tokens_sampled` = `tokens_trained` + `tokens_excluded`), and
-    `step_skipped` / `skipped_steps` (optimizer steps skipped for a non-finite gradient norm).
+    A checkpoint holds the model (with `optimizer.lora`, its adapter only), the tokenizer and the training state
+    (`_state`: optimizer, steps, task order position, weight version, RNG states, metrics rows), written
+    atomically: a kill at any moment leaves the previous one intact. Each step's rollout is sampled with a seed fixed
+    by the config, the rank and the step, so a resumed run repeats the uninterrupted one. Each metrics row
+    (`_metrics_row`) holds the step's rewards, losses, timings and token accounting summed over ranks
+    (`tokens_sampled` = `tokens_trained` + `tokens_excluded`), and `step_skipped` / `skipped_steps` (optimizer
+    steps skipped for a non-finite gradient norm).
 
     Args:
         config: the run.
@@ -562,7 +563,8 @@ def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Ch
 
 
 def _save_checkpoint(run: _Run, name: str, step: int) -> None:
-    """Save `checkpoints/<name>/` after `step` steps: the model, the tokenizer and the training state (`_state`)."""
+    """Save `checkpoints/<name>/` after `step` steps: the model (or its LoRA adapter: peft's `save_pretrained` of the
+    trainer's module), the tokenizer and the training state (`_state`)."""
     checkpoints.save_checkpoint(run.out / "checkpoints" / name, run.trainer.module, run.tokenizer, _state(run, step))
 
 

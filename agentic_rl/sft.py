@@ -254,7 +254,8 @@ def run_sft(
         from agentic_rl.train.lora import adapter_model, wrap_model
 
         model = wrap_model(model, config.lora)
-    trainer = SFTTrainer(adapter_model(model) if config.lora is not None else model, pad_token_id=tokenizer.pad_token_id, lr=config.lr, weight_decay=config.weight_decay,
+    trainer = SFTTrainer(adapter_model(model) if config.lora is not None else model,
+                         pad_token_id=tokenizer.pad_token_id, lr=config.lr, weight_decay=config.weight_decay,
                          micro_batch_size=config.micro_batch_size, max_grad_norm=config.max_grad_norm,
                          bf16_autocast=config.bf16_autocast)  # fmt: skip
     held_out_before = trainer.evaluate(held_out) if held_out else None

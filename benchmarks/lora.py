@@ -130,8 +130,8 @@ def main() -> None:
     ratios = {key: row[3] for key, row in zip([r[0] for r in rows], rows, strict=True)}
     note = (f"LoRA rank {args.rank} / full fine-tuning: optimizer state x{ratios['optimizer_state_mb']:.4f}, "
             f"peak RSS x{ratios['peak_rss_mb']:.3f}, sync payload x{ratios['sync_mb']:.4f}")  # fmt: skip
-    save("lora", {"model": args.model, "rank": args.rank, "steps": args.steps, "rows": args.rows,
-                  "device": args.device, **results, "ratios": ratios}, args.out, args.quick, verdict(note=note))  # fmt: skip
+    figures = {"model": args.model, "rank": args.rank, "steps": args.steps, "rows": args.rows, "device": args.device}
+    save("lora", {**figures, **results, "ratios": ratios}, args.out, args.quick, verdict(note=note))
 
 
 if __name__ == "__main__":

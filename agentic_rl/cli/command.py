@@ -1,5 +1,5 @@
-"""`agentic-rl`: the parser, logging, and the `train`, `sft`, `merge`, `serve` and `view` commands (the `rollout` command is
-in `agentic_rl.cli.rollout`)."""
+"""`agentic-rl`: the parser, logging, and the `train`, `sft`, `merge`, `serve` and `view` commands (the `rollout`
+command is in `agentic_rl.cli.rollout`)."""
 
 from __future__ import annotations
 
@@ -130,7 +130,8 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
                     "with the config it recorded (config.json); instead of --config, and without --set")  # fmt: skip
     _config_command(sub, "sft", "supervised fine-tuning for tool use on synthesized traces, from a YAML config",
                     "SFTConfig", "examples/sft_tools.yaml", "--set steps=10 --set traces=64", required=False)  # fmt: skip
-    m = sub.add_parser("merge", help="fold a LoRA adapter into its base model: a plain model folder", formatter_class=fmt)
+    m = sub.add_parser("merge", help="fold a LoRA adapter into its base model: a plain model folder",
+                       formatter_class=fmt)  # fmt: skip
     m.add_argument("--adapter", required=True, metavar="DIR",
                    help="adapter folder (adapter_config.json + adapter_model.safetensors): a LoRA training "
                         "checkpoint, an SFT run's adapter/, or a trainer's save_adapter")  # fmt: skip

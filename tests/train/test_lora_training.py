@@ -15,7 +15,7 @@ from agentic_rl.cli import main
 from agentic_rl.errors import ConfigError, TrainingError
 from agentic_rl.loop_lora import restore_weights
 from agentic_rl.train.checkpoints import load_state, save_checkpoint, weights_digest
-from agentic_rl.train.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoRAConfig, wrap_model
+from agentic_rl.train.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoRAConfig, adapter_model, wrap_model
 from agentic_rl.train.loss import response_logprobs
 from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
@@ -46,8 +46,14 @@ def _lora_trainer(model, tokenizer, **config):
     return GRPOTrainer(copy.deepcopy(model), pad_token_id=tokenizer.pad_token_id, config=GRPOConfig(**settings))
 
 
-def test_lora_settings_are_checked_and_a_bad_one_is_named(tiny):
+def test_lora_settings_are_checked_and_a_bad_one_is_named(tiny, tmp_path):
+    from agentic_rl.loop import load_train_config
+
     assert LoRAConfig().target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    config = load_train_config(write_train_config(tmp_path), ["optimizer.lora.rank=8"])
+    assert config.optimizer.lora == LoRAConfig(rank=8)
+    with pytest.raises(ConfigError, match=r"TrainConfig\.optimizer\.lora\.rnk is not a known field"):
+        load_train_config(write_train_config(tmp_path), ["optimizer.lora.rnk=8"])
     with pytest.raises(ConfigError, match=r"GRPOConfig\.lora\.rank=0"):
         GRPOConfig(lora={"rank": 0})
     with pytest.raises(ConfigError, match=r"LoRAConfig\.dropout=1\.0"):
@@ -69,7 +75,7 @@ def test_a_fresh_adapter_starts_the_step_from_exactly_the_base_models_logprobs(h
     batch = pack_trajectories(trajectories, pad_token_id=tokenizer.pad_token_id)
     lora = _lora_trainer(hf_model, tokenizer)
     with torch.no_grad():
-        assert torch.equal(response_logprobs(lora._policy, batch), response_logprobs(hf_model, batch))
+        assert torch.equal(response_logprobs(adapter_model(lora.module), batch), response_logprobs(hf_model, batch))
     full = GRPOTrainer(copy.deepcopy(hf_model), pad_token_id=tokenizer.pad_token_id,
                        config=GRPOConfig(lr=1e-3, micro_batch_size=2))  # fmt: skip
     with_lora, without = lora.train_step(trajectories), full.train_step(trajectories)
@@ -82,7 +88,8 @@ def test_only_the_adapter_trains_and_the_base_weights_stay_bit_identical(hf_mode
     trajectories = _group(hf_model, tokenizer, [1.0, 0.0, 0.0, 1.0])
     trainer = _lora_trainer(hf_model, tokenizer)
     adapter = {n: p for n, p in trainer.module.named_parameters() if "lora_" in n}
-    assert {id(p) for group in trainer.optimizer.param_groups for p in group["params"]} == {id(p) for p in adapter.values()}
+    trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert trained == {id(p) for p in adapter.values()}
     start = {n: p.detach().clone() for n, p in adapter.items()}
     trainer.train_step(trajectories)
     after_one = {n: p.detach().clone() for n, p in adapter.items()}
@@ -107,7 +114,8 @@ def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(hf_model, 
     with torch.no_grad():
         base = response_logprobs(hf_model, batch)
         assert torch.equal(trainer.reference_logprobs(batch), base)
-        assert not torch.equal(response_logprobs(trainer._policy, batch), base)  # the adapter is back on after it
+        policy = response_logprobs(adapter_model(trainer.module), batch)
+        assert not torch.equal(policy, base)  # the adapter is on again after the reference's forward
 
 
 def test_a_lora_checkpoint_restores_adapter_and_optimizer_so_the_next_step_is_the_same(tiny, tokenizer, tmp_path):
@@ -117,7 +125,8 @@ def test_a_lora_checkpoint_restores_adapter_and_optimizer_so_the_next_step_is_th
     torch.manual_seed(0)
     uninterrupted = _lora_trainer(tiny, tokenizer)
     uninterrupted.train_step(first)
-    folder = save_checkpoint(tmp_path / "step_1", uninterrupted.module, tokenizer, {"trainer": uninterrupted.state_dict()})
+    state = {"trainer": uninterrupted.state_dict()}
+    folder = save_checkpoint(tmp_path / "step_1", uninterrupted.module, tokenizer, state)
     assert (folder / ADAPTER_WEIGHTS).is_file() and (folder / ADAPTER_CONFIG).is_file()
     assert not (folder / "model.safetensors").exists()  # the base is not saved again
     uninterrupted.train_step(second)
@@ -148,7 +157,7 @@ def test_merge_writes_a_plain_model_whose_logits_are_the_adapted_models(tiny, to
     merged = AutoModelForCausalLM.from_pretrained(str(merged_dir), dtype=torch.float32).eval()
     ids = torch.tensor([tokenizer.encode("There are 10 apples and 3 are eaten.")])
     with torch.no_grad():
-        expected = trainer._policy.eval()(ids).logits
+        expected = adapter_model(trainer.module).eval()(ids).logits
         assert not torch.allclose(expected, tiny(ids).logits, atol=1e-3)  # the adapter does change the model
         torch.testing.assert_close(merged(ids).logits, expected, rtol=1e-5, atol=1e-5)
     assert main(["merge", "--adapter", str(adapter), "--out", str(merged_dir)]) == 2
