@@ -205,8 +205,13 @@ def _engine_loads_adapters() -> bool:
 def test_lora_training_resumed_from_a_checkpoint_ends_with_the_weights_of_an_uninterrupted_run(tmp_path):
     """A 2-step LoRA run, and a copy of it cut back to its step 1 checkpoint and resumed: the adapter, optimizer and
     weight version come back and the engine serves the checkpoint's adapter, so step 2 repeats bit for bit."""
+    import time
+
     from support.processes import cli_command, run
 
+    from agentic_rl.loop_lora import TMPFS
+
+    started = time.time()
     settings = {"steps": 2, "checkpoint_every": 1, "keep_checkpoints": 2,
                 "optimizer": {"lr": 1.0e-3, "micro_batch_size": 3, "lora": {"rank": 4}}}  # fmt: skip
     reference = write_train_config(tmp_path / "reference", **settings).parent / "run"
@@ -223,3 +228,5 @@ def test_lora_training_resumed_from_a_checkpoint_ends_with_the_weights_of_an_uni
     rows = [json.loads(line) for line in (cut / "metrics.jsonl").read_text().splitlines()]
     assert [r["weight_version"] for r in rows] == [1, 2]
     assert (cut / "weights_rank0.sha256").read_text() == (reference / "weights_rank0.sha256").read_text()
+    left = [p for p in TMPFS.glob("agentic-rl-lora-*") if p.stat().st_mtime >= started]
+    assert not left  # each run removed its adapter folders
