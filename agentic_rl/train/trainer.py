@@ -91,6 +91,7 @@ class GRPOConfig(Config):
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
     advantage: Literal["trajectory", "step"] = "trajectory"
     gamma: float = Field(default=1.0, ge=0, le=1)
+    lora: LoRAConfig | None = None
 
     @field_validator("gamma", mode="before")
     @classmethod
@@ -98,7 +99,6 @@ class GRPOConfig(Config):
         if isinstance(value, bool):  # pydantic would read true as 1.0
             raise ValueError(f"gamma must be a number in [0, 1], got the boolean {value}")
         return value
-    lora: LoRAConfig | None = None
 
 
 def _micro_batches(
