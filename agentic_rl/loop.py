@@ -30,6 +30,7 @@ from agentic_rl.loop_config import (
     load_train_config,
     system_prompt,
 )
+from agentic_rl.loop_lora import WeightSync, lora_engine_options, restore_weights
 from agentic_rl.loop_metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
 from agentic_rl.loop_rewards import check_reward, reward_figures, reward_keys, train_reward
 from agentic_rl.train import checkpoints
@@ -113,12 +114,13 @@ async def train(
     weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it trained,
     `{"step", "task_ids"}`, and with `rollout.dynamic_sampling` the constant ones it left out, `ContinuousRollout.step_record`).
 
-    A checkpoint holds the model, the tokenizer and the training state (`_state`: optimizer, steps, task order
-    position, weight version, RNG states, metrics rows), written atomically: a kill at any moment leaves the previous
-    one intact. Each step's rollout is sampled with a seed fixed by the config, the rank and the step, so a resumed
-    run repeats the uninterrupted one. Each metrics row (`_metrics_row`) holds the step's rewards, losses, timings
-    and token accounting summed over ranks (`tokens_sampled` = `tokens_trained` + `tokens_excluded`), and
-    `step_skipped` / `skipped_steps` (optimizer steps skipped for a non-finite gradient norm).
+    A checkpoint holds the model (with `optimizer.lora`, its adapter only), the tokenizer and the training state
+    (`_state`: optimizer, steps, task order position, weight version, RNG states, metrics rows), written
+    atomically: a kill at any moment leaves the previous one intact. Each step's rollout is sampled with a seed fixed
+    by the config, the rank and the step, so a resumed run repeats the uninterrupted one. Each metrics row
+    (`_metrics_row`) holds the step's rewards, losses, timings and token accounting summed over ranks
+    (`tokens_sampled` = `tokens_trained` + `tokens_excluded`), and `step_skipped` / `skipped_steps` (optimizer
+    steps skipped for a non-finite gradient norm).
 
     Args:
         config: the run.
@@ -166,6 +168,7 @@ async def train(
             await run.rollout.aclose()
         finally:
             await run.engine.close()
+            run.sync.close()
     return run.history
 
 
@@ -184,6 +187,7 @@ class _Run:
     tokenizer: Any
     trainer: Any  # a GRPOTrainer
     engine: TrainableEngine
+    sync: WeightSync  # how the trainer's weights (or LoRA adapter) reach the engine
     rollout: Any  # the `TrainingRollout` every rollout of the run goes through (`_start_rollouts`), closed at the end
     feed: Any  # the `ContinuousRollout` that hands the steps their groups (`_feed`)
     sinks: list[Any]  # rank 0's metric sinks (`build_loggers`), filled when the run starts
@@ -216,14 +220,14 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
     trainer = _make_trainer(config, dist, tokenizer, model_dir, device)
     history: list[dict[str, Any]] = []
     if state is not None:  # after the trainer copied the initial model as its KL reference
-        _restore(trainer, start.path, state)
+        restore_weights(trainer, start.path, state)
         task_order.position = state["task_position"]
         history = list(state["history"])
-    elif dist.world_size > 1:
-        await engine.update_weights(trainer.named_weights())
+    sync = WeightSync.of(config, trainer, engine)
+    await sync.at_start(resumed=state is not None, world_size=dist.world_size)
     run = _Run(config=config, dist=dist, out=out, start=start, done=state["step"] if state is not None else 0,
                eval_tasks=eval_tasks, task_order=task_order, task_ids=task_ids, tokenizer=tokenizer, trainer=trainer,
-               engine=engine, rollout=rollout, feed=None, sinks=[], history=history)  # fmt: skip
+               engine=engine, sync=sync, rollout=rollout, feed=None, sinks=[], history=history)  # fmt: skip
     run.feed = _feed(run, state)
     return run
 
@@ -283,7 +287,7 @@ def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict
 
             wanted = getattr(AutoConfig.from_pretrained(str(model_dir)), "dtype", None)
             options["dtype"] = str(wanted).removeprefix("torch.") if wanted else "auto"
-    return options
+    return {**options, **lora_engine_options(config, state)}
 
 
 async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, start: Checkpoint | None,
@@ -312,7 +316,8 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
     check_reward(config)
     prompt = system_prompt(config)
     load_classes(tools=config.tools, environment=config.environment, agent=config.agent)
-    engine = start_engine(start.path if start is not None else model_dir, _engine_options(config, dist, model_dir, state),
+    weights = start.path if start is not None and config.optimizer.lora is None else model_dir  # LoRA: the base
+    engine = start_engine(weights, _engine_options(config, dist, model_dir, state),
                           max_prompt_length=r.max_prompt_length, max_response_length=r.max_response_length)  # fmt: skip
     try:
         if not isinstance(engine, TrainableEngine):
@@ -443,7 +448,7 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     t0 = time.perf_counter()
     if sleep:
         await run.engine.wake_up(["weights"])
-    await run.engine.update_weights(run.trainer.named_weights())
+    await run.sync.push()
     if sleep:
         await run.engine.wake_up(["kv_cache"])
     if pause:
@@ -565,7 +570,8 @@ def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Ch
 
 
 def _save_checkpoint(run: _Run, name: str, step: int) -> None:
-    """Save `checkpoints/<name>/` after `step` steps: the model, the tokenizer and the training state (`_state`)."""
+    """Save `checkpoints/<name>/` after `step` steps: the model (or its LoRA adapter: peft's `save_pretrained` of the
+    trainer's module), the tokenizer and the training state (`_state`)."""
     checkpoints.save_checkpoint(run.out / "checkpoints" / name, run.trainer.module, run.tokenizer, _state(run, step))
 
 
@@ -579,12 +585,3 @@ def _state(run: _Run, step: int) -> dict[str, Any]:
             "weight_version": run.engine.weight_version, "rng": checkpoints.capture_rng_state(),
             "history": run.history, "world_size": run.dist.world_size, "rollout": run.feed.checkpoint()}  # fmt: skip
 
-
-def _restore(trainer: Any, folder: Path, state: dict[str, Any]) -> None:
-    """Load a checkpoint's weights and optimizer state into `trainer`."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    saved = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    trainer.module.load_state_dict(saved.state_dict())  # copied onto the module's device
-    trainer.load_state_dict(state["trainer"])

@@ -31,6 +31,7 @@ from agentic_rl.config import Config
 from agentic_rl.data import SHARED_DATA, iter_jsonl
 from agentic_rl.errors import ConfigError
 from agentic_rl.models import DEFAULT_MODEL, file_sha256
+from agentic_rl.train.lora import LoRAConfig
 
 __all__ = [
     "RESEARCH_SFT_CONFIG",
@@ -84,6 +85,8 @@ class SFTConfig(Config):
             bf16) a SmolLM2-135M forward under bf16 autocast measured 4-14x slower than in fp32; on a GPU turn it on.
         seed: seeds trace selection, batch order and torch.
         output_dir: where the model folder, `manifest.json` and `metrics.jsonl` are written.
+        lora: train a LoRA adapter on the frozen base instead of every weight (`train.lora.LoRAConfig`); the model
+            folder then holds the merged model (what the rollout serves) and `adapter/` the adapter itself.
     """
 
     model: str = DEFAULT_MODEL
@@ -104,6 +107,7 @@ class SFTConfig(Config):
     bf16_autocast: bool = False
     seed: int = 0
     output_dir: str = "runs/sft"
+    lora: LoRAConfig | None = None
 
     @model_validator(mode="after")
     def _weights_per_call_count(self) -> SFTConfig:
@@ -221,7 +225,8 @@ def run_sft(
 ) -> dict[str, Any]:
     """Synthesize traces, fine-tune `config.model` on them and save the result.
 
-    Writes to `output_dir` (default `config.output_dir`): the model and tokenizer (`save_pretrained`),
+    Writes to `output_dir` (default `config.output_dir`): the model and tokenizer (`save_pretrained`; with
+    `config.lora` the merged model, and the adapter in `adapter/`),
     `metrics.jsonl` (one line per step) and `manifest.json` (base model; the sha256 of each file the traces came
     from: `data` with calculator traces, `research_data` and the research system prompt with research traces;
     config, trace counts, first and last loss, held-out NLL before/after on `min(16, traces // 3)` synthesized traces
@@ -255,7 +260,12 @@ def run_sft(
                 "" if config.steps == 1 else "s")  # fmt: skip
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-    trainer = SFTTrainer(model, pad_token_id=tokenizer.pad_token_id, lr=config.lr, weight_decay=config.weight_decay,
+    if config.lora is not None:  # the trainer runs the model with its adapter layers in place, and trains only them
+        from agentic_rl.train.lora import adapter_model, wrap_model
+
+        model = wrap_model(model, config.lora)
+    trainer = SFTTrainer(adapter_model(model) if config.lora is not None else model,
+                         pad_token_id=tokenizer.pad_token_id, lr=config.lr, weight_decay=config.weight_decay,
                          micro_batch_size=config.micro_batch_size, max_grad_norm=config.max_grad_norm,
                          bf16_autocast=config.bf16_autocast)  # fmt: skip
     held_out_before = trainer.evaluate(held_out) if held_out else None
@@ -273,6 +283,9 @@ def run_sft(
             if on_step is not None:
                 on_step(row)
     held_out_after = trainer.evaluate(held_out) if held_out else None
+    if config.lora is not None:
+        model.save_pretrained(out / "adapter")
+        model = model.merge_and_unload()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     manifest = {
@@ -325,7 +338,8 @@ def tool_model_fingerprint(base_dir: Path) -> dict[str, Any]:
         "base": marker.read_text().strip() if marker.is_file() else str(base_dir),
         "data_sha256": file_sha256(config.data),
         "config": config.model_dump(
-            exclude={"output_dir", "data", "research_data", "research_traces", "research_system_prompt_file", "corpus"}
+            exclude={"output_dir", "data", "research_data", "research_traces", "research_system_prompt_file", "corpus",
+                     "lora"}
         ),  # fmt: skip
         "recipe_version": RECIPE_VERSION,
     }

@@ -1,5 +1,5 @@
-"""`agentic-rl`: the parser, logging, and the `train`, `sft`, `serve` and `view` commands (the `rollout` command is
-in `agentic_rl.cli.rollout`)."""
+"""`agentic-rl`: the parser, logging, and the `train`, `sft`, `merge`, `serve` and `view` commands (the `rollout`
+command is in `agentic_rl.cli.rollout`)."""
 
 from __future__ import annotations
 
@@ -130,6 +130,16 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
                     "with the config it recorded (config.json); instead of --config, and without --set")  # fmt: skip
     _config_command(sub, "sft", "supervised fine-tuning for tool use on synthesized traces, from a YAML config",
                     "SFTConfig", "examples/sft_tools.yaml", "--set steps=10 --set traces=64", required=False)  # fmt: skip
+    m = sub.add_parser("merge", help="fold a LoRA adapter into its base model: a plain model folder",
+                       formatter_class=fmt)  # fmt: skip
+    m.add_argument("--adapter", required=True, metavar="DIR",
+                   help="adapter folder (adapter_config.json + adapter_model.safetensors): a LoRA training "
+                        "checkpoint, an SFT run's adapter/, or a trainer's save_adapter")  # fmt: skip
+    m.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
+    m.add_argument("--base", default=None, help="base model (default: the adapter's base_model_name_or_path)")
+    m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="saved weights' dtype (auto: the base model's)")  # fmt: skip
+    m.add_argument("-v", "--verbose", action="store_true")
     _serve_parser(sub)
     v = sub.add_parser("view", help="write a self-contained HTML page to browse a run's trajectories",
                        formatter_class=fmt)  # fmt: skip
@@ -314,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
             return _run_train(args)
         if args.command == "sft":
             return _run_sft(args)
+        if args.command == "merge":
+            from agentic_rl.train.lora import merge_adapter
+
+            print(f"merged model written to {merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)}")
+            return 0
         if args.command == "view":
             from agentic_rl.viewer import build_view
 

@@ -8,16 +8,18 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import Field, field_validator
 
 from agentic_rl.config import Config
-from agentic_rl.errors import TrainingError
+from agentic_rl.errors import ConfigError, TrainingError
 from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.logprobs import SamplingDistribution
+from agentic_rl.train.lora import LoRAConfig, adapter_model, save_adapter, wrap_model
 from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
 from agentic_rl.train.off_policy import OffPolicyConfig, lag_sums
 from agentic_rl.train.optim import adamw, load_optimizer_state
@@ -67,6 +69,8 @@ class GRPOConfig(Config):
             apply to each row: a late turn's prompt holds the turns before it.
         gamma: discount of the step returns in `step` mode, in [0, 1] (1: each turn is credited with every reward
             from it to the end); not used in `trajectory` mode.
+        lora: train a LoRA adapter on the frozen model instead of every weight (`train.lora.LoRAConfig`); the KL
+            reference is then the same model with its adapter disabled. None (default): full fine-tuning.
     """
 
     lr: float = Field(default=1e-6, gt=0)
@@ -87,6 +91,7 @@ class GRPOConfig(Config):
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
     advantage: Literal["trajectory", "step"] = "trajectory"
     gamma: float = Field(default=1.0, ge=0, le=1)
+    lora: LoRAConfig | None = None
 
     @field_validator("gamma", mode="before")
     @classmethod
@@ -183,7 +188,8 @@ class GRPOTrainer:
         model: a `transformers` causal LM (fp32 recommended on the CPU), or a DDP wrapper of one.
         pad_token_id: padding id for packing.
         config: optimizer and loss settings.
-        reference: a frozen copy of the initial model for the KL term (built when `kl_coef > 0` and None).
+        reference: a frozen copy of the initial model for the KL term (built when `kl_coef > 0` and None; with
+            `config.lora`, the model itself with its adapter disabled, no copy).
         dist: the data-parallel context under torchrun: the loss is normalized by the response tokens (or
             sequences) of all its ranks and the gradients are averaged across them (`_accumulate_gradients`). A DDP
             wrapper's ranks need it too; without it the normalizers count this process's rows only.
@@ -191,6 +197,13 @@ class GRPOTrainer:
             records it (`VLLMEngineConfig.logprobs_mode="processed"`): the policy's and the reference's logprobs are
             then computed under it (`response_logprobs`), so the importance ratio compares like with like. None
             (default): the model's own softmax, for an engine recording raw logprobs.
+
+    With `config.lora` the model is wrapped in a fresh LoRA adapter (`train.lora.wrap_model`, B = 0: it starts as
+    the base model), `model` and `module` are then the `peft.PeftModel`, and the optimizer holds the adapter's
+    parameters only (the base weights are frozen and never change). A DDP wrapper cannot be given with it.
+
+    Raises:
+        ConfigError: with `config.lora`, for a DDP wrapper or target modules that fit no layer.
 
     Attributes:
         steps_done: `train_step` calls so far.
@@ -201,15 +214,20 @@ class GRPOTrainer:
     def __init__(self, model: torch.nn.Module, *, pad_token_id: int, config: GRPOConfig | None = None,
                  reference: torch.nn.Module | None = None, dist: DistContext | None = None,
                  sampling: SamplingDistribution | None = None) -> None:  # fmt: skip
+        self.config = config or GRPOConfig()
+        if self.config.lora is not None:
+            if hasattr(model, "no_sync"):
+                raise ConfigError("optimizer.lora cannot train a DDP wrapper: give the model itself (gradients are "
+                                  "averaged across ranks through `dist`)")  # fmt: skip
+            model = wrap_model(model, self.config.lora)
         self.model = model
         self.sampling = sampling
         self.dist = dist
         if dist is not None:
             dist.broadcast_params_(model)  # identical start on every rank
-        self.config = config or GRPOConfig()
         self.pad_token_id = pad_token_id
         self.optimizer = adamw(model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay)
-        if self.config.kl_coef > 0 and reference is None:
+        if self.config.kl_coef > 0 and reference is None and self.config.lora is None:
             import copy
 
             reference = copy.deepcopy(self.module).eval().requires_grad_(False)
@@ -240,8 +258,28 @@ class GRPOTrainer:
         self.consecutive_skips = int(state["consecutive_skips"])
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """`(name, tensor)` pairs to push into an engine (`VLLMEngine.update_weights`)."""
+        """`(name, tensor)` pairs to push into an engine (`VLLMEngine.update_weights`).
+
+        Raises:
+            TrainingError: with `config.lora` (push the adapter instead: `save_adapter`).
+        """
+        if self.config.lora is not None:
+            raise TrainingError("a LoRA trainer's weights reach an engine as an adapter: use save_adapter(folder) "
+                                "and the engine's update_adapter(folder)")  # fmt: skip
         return [(name, p.detach()) for name, p in self.module.named_parameters()]
+
+    def save_adapter(self, folder: str | Path) -> Path:
+        """Write the LoRA adapter into `folder` as peft's `save_pretrained` does (`adapter_model.safetensors` with
+        the fp32 A and B tensors, `adapter_config.json`): what `VLLMEngine.update_adapter(folder)` loads.
+
+        Returns:
+            `folder` as a `Path`.
+
+        Raises:
+            TrainingError: without `config.lora`.
+            OSError: from the file system.
+        """
+        return save_adapter(self.module, folder)
 
     def train_step(
         self, trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] | None = None,
@@ -292,8 +330,23 @@ class GRPOTrainer:
 
     @property
     def _with_kl(self) -> bool:
-        """Whether the loss has a KL term (a reference model and `kl_coef` > 0)."""
-        return self.reference is not None and self.config.kl_coef > 0
+        """Whether the loss has a KL term (`kl_coef` > 0 and a reference model, or a LoRA adapter to disable)."""
+        return self.config.kl_coef > 0 and (self.reference is not None or self.config.lora is not None)
+
+    @property
+    def _policy(self) -> torch.nn.Module:
+        """The module whose forward computes the policy's logits: with LoRA the `transformers` model inside peft's
+        wrapper (its adapter layers in place), whose forward takes `logits_to_keep` (`response_logprobs`)."""
+        return adapter_model(self.model) if self.config.lora is not None else self.model
+
+    def reference_logprobs(self, micro: PackedBatch) -> torch.Tensor:
+        """The KL reference's (b, r) float32 response logprobs of `micro`, without gradient: the frozen reference
+        model's, or with LoRA the policy's with its adapter disabled (the base weights, which never train)."""
+        with torch.no_grad():
+            if self.reference is not None or self.config.lora is None:
+                return response_logprobs(self.reference, micro, distribution=self.sampling)
+            with self.model.disable_adapter():
+                return response_logprobs(self._policy, micro, distribution=self.sampling)
 
     def _pack(self, trajectories: Sequence[Trajectory],
               group_ids: Sequence[int] | None) -> tuple[PackedBatch, tuple[torch.Tensor, torch.Tensor] | None]:  # fmt: skip
@@ -366,11 +419,8 @@ class GRPOTrainer:
             normalizer: the loss's divisor (`_StepRows.loss_normalizer`).
         """
         cfg = self.config
-        new = response_logprobs(self.model, micro, distribution=self.sampling)
-        ref = None
-        if self._with_kl:
-            with torch.no_grad():
-                ref = response_logprobs(self.reference, micro, distribution=self.sampling)
+        new = response_logprobs(self._policy, micro, distribution=self.sampling)
+        ref = self.reference_logprobs(micro) if self._with_kl else None
         out = grpo_loss(new, micro.old_logprobs, advantages, micro.response_mask,
                         clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
                         ref_logprobs=ref, kl_coef=cfg.kl_coef, loss_agg_mode=cfg.loss_agg_mode,

@@ -1,0 +1,130 @@
+"""How the training loop moves the trainer's weights into its engine, with full fine-tuning or a LoRA adapter.
+
+Full fine-tuning pushes every weight (`VLLMEngine.update_weights(trainer.named_weights())`). With `optimizer.lora`
+the engine serves the frozen base model with LoRA turned on (`max_lora_rank`, `max_loras`) and each sync writes the
+adapter into a fresh folder on tmpfs (`/dev/shm` where there is one) and loads it as the next weight version
+(`VLLMEngine.update_adapter(folder)`). A request in flight keeps the adapter it started with, so the folders of the
+newest `max_loras` versions are kept (the engine may reload one from disk) and older ones removed; `close` removes
+them all.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agentic_rl.loop_config import TrainConfig
+
+__all__ = ["WeightSync", "lora_engine_options", "restore_weights"]
+
+logger = logging.getLogger(__name__)
+
+#: Where adapter folders go: memory-backed, so a sync never waits on a disk.
+TMPFS = Path("/dev/shm")
+
+
+def lora_engine_options(config: TrainConfig, state: dict[str, Any] | None) -> dict[str, Any]:
+    """The engine options LoRA training adds (none without `optimizer.lora`): LoRA on for the adapter's rank, and
+    room for the adapters of every weight version a trained token may come from (`rollout.max_staleness + 1`).
+    Resuming, the engine starts one version before the checkpoint's: `WeightSync.at_start` loads the checkpoint's
+    adapter as that version."""
+    lora = config.optimizer.lora
+    if lora is None:
+        return {}
+    options: dict[str, Any] = {"max_lora_rank": _engine_rank(lora.rank), "max_loras": config.rollout.max_staleness + 1}
+    if state is not None:
+        options["weight_version"] = state["weight_version"] - 1
+    return options
+
+
+def _engine_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM takes (`engine.adapters.MAX_LORA_RANKS`) that serves an adapter of `rank`."""
+    try:
+        from agentic_rl.engine.adapters import MAX_LORA_RANKS
+    except ImportError:  # an engine without adapter serving: the rank as it is
+        return rank
+    return next((size for size in MAX_LORA_RANKS if size >= rank), rank)
+
+
+def restore_weights(trainer: Any, folder: Path, state: dict[str, Any]) -> None:
+    """Load a checkpoint's weights (the whole model, or with LoRA the adapter) and training state into `trainer`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.train.lora import load_adapter
+
+    if trainer.config.lora is not None:
+        load_adapter(trainer.module, folder)
+    else:
+        saved = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+        trainer.module.load_state_dict(saved.state_dict())  # copied onto the module's device
+    trainer.load_state_dict(state["trainer"])
+
+
+class WeightSync:
+    """Pushes a `GRPOTrainer`'s weights into a `TrainableEngine`: all of them, or its LoRA adapter (module docstring).
+
+    Args:
+        trainer: the run's `GRPOTrainer`.
+        engine: its colocated engine; with LoRA it must have `update_adapter` (and LoRA on: `lora_engine_options`).
+        keep: adapter folders kept on tmpfs (the engine's `max_loras`).
+    """
+
+    def __init__(self, trainer: Any, engine: Any, *, keep: int = 1) -> None:
+        self.trainer = trainer
+        self.engine = engine
+        self.keep = max(keep, 1)
+        self.lora = trainer.config.lora is not None
+        self._root: Path | None = None
+        self._folders: list[Path] = []
+
+    @classmethod
+    def of(cls, config: TrainConfig, trainer: Any, engine: Any) -> WeightSync:
+        """The sync of a training run's trainer and engine, keeping `rollout.max_staleness + 1` adapters."""
+        return cls(trainer, engine, keep=config.rollout.max_staleness + 1)
+
+    async def push(self) -> None:
+        """Move the trainer's current weights into the engine as its next weight version.
+
+        Raises:
+            ConfigError: with LoRA, if the engine cannot load an adapter.
+            EngineError / OSError: from the engine or the file system.
+        """
+        if not self.lora:
+            await self.engine.update_weights(self.trainer.named_weights())
+            return
+        if not hasattr(self.engine, "update_adapter"):
+            from agentic_rl.errors import ConfigError
+
+            raise ConfigError(f"optimizer.lora needs an engine that loads LoRA adapters (update_adapter), got "
+                              f"{type(self.engine).__name__}")  # fmt: skip
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="agentic-rl-lora-", dir=TMPFS if TMPFS.is_dir() else None))
+        folder = self._root / f"version_{self.engine.weight_version + 1}"
+        await anyio.to_thread.run_sync(self.trainer.save_adapter, folder)
+        self._folders.append(folder)
+        await self.engine.update_adapter(folder)
+        while len(self._folders) > self.keep:
+            shutil.rmtree(self._folders.pop(0), ignore_errors=True)
+
+    async def at_start(self, *, resumed: bool, world_size: int) -> None:
+        """Before the first step: a resumed LoRA run loads its checkpoint's adapter (restored into the trainer) into
+        the engine, which starts from the base model; a new run on several ranks gives every engine rank 0's
+        weights (with LoRA there is nothing to give: every engine serves the same base, the adapter's B is 0)."""
+        if (self.lora and resumed) or (not self.lora and not resumed and world_size > 1):
+            try:
+                await self.push()
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        """Remove the adapter folders (after the engine is closed, or when it no longer needs them)."""
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root, self._folders = None, []
