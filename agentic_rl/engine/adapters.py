@@ -24,6 +24,7 @@ import json
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,9 @@ class AdapterSlots:
     def __init__(self, max_loras: int, base_version: int) -> None:
         self.max_loras = max_loras
         self.latest = base_version
+        #: called with the new latest version after a load and before its caller is answered, so that whoever reads
+        #: the engine's weight version once `update_adapter` returns sees the new one (the engine thread sets it)
+        self.on_latest: Callable[[int], None] = lambda version: None
         self.loaded: dict[int, Any] = {}
         self.users: Counter[int] = Counter()
         self.parked: deque[LoadAdapter] = deque()
@@ -180,5 +184,6 @@ class AdapterSlots:
         self.loaded[version] = lora
         if self.users[previous] <= 0:
             self._retire(llm, previous)
+        self.on_latest(version)
         command.result.set_result((version, time.perf_counter() - t0))
         return True

@@ -126,6 +126,8 @@ class EngineThread:
         self.stale_cache = False
         self.scratch: ScratchPool = {}
         self.adapters = adapters
+        if adapters is not None:
+            adapters.on_latest = self._adapter_loaded
         self._held: list[AddRequest] = []  # taken while the cache was stale: added once a reset succeeds
         self._sampled: dict[str, _Sampled] = {}  # the tokens of each request submitted to vLLM
 
@@ -207,13 +209,15 @@ class EngineThread:
             if command.result.set_running_or_notify_cancel():
                 command.result.set_exception(EngineError("LoRA is off on this engine"))
             return
-        if self.adapters.request_load(llm, command, self.paused):
-            self.weight_version = self.adapters.latest
+        self.adapters.request_load(llm, command, self.paused)  # a load sets the weight version (`_adapter_loaded`)
+
+    def _adapter_loaded(self, version: int) -> None:
+        self.weight_version = version
 
     def _release(self, llm: Any, pinned: int | None) -> None:
         """A request pinned to an adapter version ended: let `adapters` drop what nothing uses any more."""
-        if pinned is not None and self.adapters is not None and self.adapters.release(llm, pinned):
-            self.weight_version = self.adapters.latest
+        if pinned is not None and self.adapters is not None:
+            self.adapters.release(llm, pinned)  # may run a parked load, which sets the weight version
 
     @staticmethod
     def _on_call(llm: Any, call: Call) -> None:
