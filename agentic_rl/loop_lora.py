@@ -44,10 +44,8 @@ def lora_engine_options(config: TrainConfig, state: dict[str, Any] | None) -> di
 
 def _engine_rank(rank: int) -> int:
     """The smallest `max_lora_rank` vLLM takes (`engine.adapters.MAX_LORA_RANKS`) that serves an adapter of `rank`."""
-    try:
-        from agentic_rl.engine.adapters import MAX_LORA_RANKS
-    except ImportError:  # an engine without adapter serving: the rank as it is
-        return rank
+    from agentic_rl.engine.adapters import MAX_LORA_RANKS
+
     return next((size for size in MAX_LORA_RANKS if size >= rank), rank)
 
 
