@@ -5,12 +5,13 @@ the engine serves the frozen base model with LoRA turned on (`max_lora_rank`, `m
 adapter into a fresh folder on tmpfs (`/dev/shm` where there is one) and loads it as the next weight version
 (`VLLMEngine.update_adapter(folder)`). A request in flight keeps the adapter it started with, so the folders of the
 newest `max_loras` versions are kept (the engine may reload one from disk) and older ones removed; `close` removes
-them all.
+them all, and the folders of a killed run are removed by the next LoRA run (`remove_orphaned_folders`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,12 +21,39 @@ import anyio
 
 from agentic_rl.loop_config import TrainConfig
 
-__all__ = ["WeightSync", "lora_engine_options", "restore_weights"]
+__all__ = ["WeightSync", "lora_engine_options", "remove_orphaned_folders", "restore_weights"]
 
 logger = logging.getLogger(__name__)
 
 #: Where adapter folders go: memory-backed, so a sync never waits on a disk.
 TMPFS = Path("/dev/shm")
+
+
+#: Adapter folders are `<parent>/agentic-rl-lora-<pid>-<random>`: a run that was killed cannot remove its own, so
+#: the next LoRA run on the machine removes those whose process is gone (`remove_orphaned_folders`).
+FOLDER_PREFIX = "agentic-rl-lora-"
+
+
+def remove_orphaned_folders(parent: Path) -> list[Path]:
+    """Remove the adapter folders under `parent` whose run's process no longer exists; the removed folders."""
+    removed = []
+    for folder in parent.glob(f"{FOLDER_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FOLDER_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def lora_engine_options(config: TrainConfig, state: dict[str, Any] | None) -> dict[str, Any]:
@@ -102,7 +130,9 @@ class WeightSync:
             raise ConfigError(f"optimizer.lora needs an engine that loads LoRA adapters (update_adapter), got "
                               f"{type(self.engine).__name__}")  # fmt: skip
         if self._root is None:
-            self._root = Path(tempfile.mkdtemp(prefix="agentic-rl-lora-", dir=TMPFS if TMPFS.is_dir() else None))
+            parent = TMPFS if TMPFS.is_dir() else Path(tempfile.gettempdir())
+            remove_orphaned_folders(parent)
+            self._root = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=parent))
         folder = self._root / f"version_{self.engine.weight_version + 1}"
         await anyio.to_thread.run_sync(self.trainer.save_adapter, folder)
         self._folders.append(folder)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 
 import pytest
@@ -230,3 +231,20 @@ def test_lora_training_resumed_from_a_checkpoint_ends_with_the_weights_of_an_uni
     assert (cut / "weights_rank0.sha256").read_text() == (reference / "weights_rank0.sha256").read_text()
     left = [p for p in TMPFS.glob("agentic-rl-lora-*") if p.stat().st_mtime >= started]
     assert not left  # each run removed its adapter folders
+
+
+def test_adapter_folders_of_a_run_whose_process_is_gone_are_removed_by_the_next_run(tmp_path):
+    import subprocess
+    import sys
+
+    from agentic_rl.loop_lora import FOLDER_PREFIX, remove_orphaned_folders
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+    orphan = tmp_path / f"{FOLDER_PREFIX}{gone}-abc"
+    live = tmp_path / f"{FOLDER_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "someone-elses-folder"
+    for folder in (orphan, live, other):
+        (folder / "version_3").mkdir(parents=True)
+    assert remove_orphaned_folders(tmp_path) == [orphan]
+    assert not orphan.exists() and live.is_dir() and other.is_dir()
