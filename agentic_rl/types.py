@@ -38,6 +38,7 @@ __all__ = [
     "TokenRun",
     "Trajectory",
     "default_metrics",
+    "is_finite_number",
     "per_token_versions",
     "trajectory_from_dict",
     "trajectory_to_dict",
@@ -66,6 +67,11 @@ class TerminationReason(StrEnum):
 
 INSERTED_VERSION = -1
 """`TokenRun.weight_versions` entry of a token the environment inserted (no weights sampled it)."""
+
+
+def is_finite_number(value: Any) -> bool:
+    """Whether `value` is a finite int or float (a reward): not a bool, a string, NaN or an infinity."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def per_token_versions(weight_version: int | Sequence[int], n: int) -> list[int]:
@@ -334,7 +340,7 @@ class Trajectory:
                     f"response_logprobs has {self.response_logprobs.numel()} entries, response_tokens has {n}"
                 )
         reward = self.trajectory_reward
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if not is_finite_number(reward):
             raise TrajectoryError(f"trajectory_reward must be a finite number, got {reward!r}")
         self.metrics = {**default_metrics(), **self.metrics}
         if self.runs:

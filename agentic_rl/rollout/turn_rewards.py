@@ -15,12 +15,11 @@ trajectory's turns get no tool-call or answer share (its `trajectory_reward` is 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentic_rl.errors import EnvStepError
-from agentic_rl.types import Step
+from agentic_rl.types import Step, is_finite_number
 
 __all__ = ["credit_turns", "environment_turn_reward"]
 
@@ -32,7 +31,7 @@ def environment_turn_reward(info: Mapping[str, Any], turn: int) -> float:
         EnvStepError: naming the turn, if the value is not a finite number (a bool, a string, NaN, Inf).
     """
     value = info.get("reward", 0.0)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite_number(value):
         raise EnvStepError(f"turn {turn}: step() returned info['reward']={value!r}; a per-turn reward must be a finite "
                            "number")  # fmt: skip
     return float(value)

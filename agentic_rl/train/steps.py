@@ -7,13 +7,12 @@ the returns within each task group per turn index.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.train.packing import default_group_ids, exclusion_reason
-from agentic_rl.types import Step, StepTrajectory, TokenRun, Trajectory
+from agentic_rl.types import Step, StepTrajectory, TokenRun, Trajectory, is_finite_number
 
 __all__ = ["StepUnits", "discounted_returns", "step_rows", "step_units"]
 
@@ -62,7 +61,7 @@ def step_rows(trajectory: StepTrajectory, *, gamma: float = 1.0,
     for k, (step, reward) in enumerate(zip(steps, rewards, strict=True)):
         if step.run is None:
             raise TrajectoryError(f"trajectory {trajectory.idx}, step {k}: no token run recorded")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if not is_finite_number(reward):
             raise TrajectoryError(f"trajectory {trajectory.idx}, step {k}: reward must be a finite number, "
                                   f"got {reward!r}")  # fmt: skip
     returns = discounted_returns(rewards, gamma)
