@@ -290,11 +290,12 @@ class ContinuousRollout:
 
     def _fill(self, due: list[Group], extra: list[Group]) -> list[Group]:
         """`due`, then groups of `extra` in order until `groups_per_step` of all are not constant."""
-        chosen = list(due)
+        chosen, useful = list(due), sum(not g.constant for g in due)
         for group in extra:
-            if sum(not g.constant for g in chosen) >= self.groups_per_step:
+            if useful >= self.groups_per_step:
                 break
             chosen.append(group)
+            useful += not group.constant
         return chosen
 
     def _quiet(self) -> bool:
