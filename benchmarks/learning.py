@@ -1,13 +1,15 @@
 """Does GRPO make the policy better? Held-out accuracy before and after a training run, for several seeds.
 
 Runs `agentic-rl train` (a subprocess per seed) on a config that evaluates a fixed held-out set greedily before the
-first step and at the end (`eval_data`), reads `heldout_accuracy` at step 0 and at the last step from
-`metrics.jsonl`, copies each run's `metrics.png` next to the results and writes `learning.json`. Goal per run: held-out
-accuracy up by at least `--min-gain` (absolute), or, if it starts above 0.5, its error rate at least halved, at an
-evaluation within `--max-wall-s` seconds of the run's start (`time_to_gain_s`; `wall_s` is the whole run).
+first step and at the end (`eval_data`), reads `heldout_accuracy` (or `--metric`, e.g. `heldout_hotpotqa_f1`) at
+step 0 and at the last step from `metrics.jsonl`, copies each run's `metrics.png` next to the results and writes
+`learning.json`. Goal per run: the metric up by at least `--min-gain` (absolute), or, if it starts above 0.5, its
+error rate at least halved, at an evaluation within `--max-wall-s` seconds of the run's start (`time_to_gain_s`;
+`wall_s` is the whole run).
 
     .venv/bin/python benchmarks/learning.py [--config examples/train_arithmetic.yaml] [--seeds 0 1]
-        [--set KEY=VALUE ...] [--min-gain 0.25] [--max-wall-s 1800] [--name learning] [--out FILE] [--read-only]
+        [--set KEY=VALUE ...] [--metric heldout_accuracy] [--min-gain 0.25] [--max-wall-s 1800] [--name learning]
+        [--out FILE] [--read-only]
 
 `--name` names the run folders (`runs/NAME-seedS`), the plots and the results file (`benchmarks/results/NAME.json`),
 so that another config's runs (e.g. `--config examples/train_gsm8k.yaml --name learning_gsm8k`) keep the arithmetic
@@ -35,7 +37,9 @@ def run_dir(runs_dir: Path, name: str, seed: int) -> Path:
     return runs_dir / f"{name}-seed{seed}"
 
 
-def run_seed(config: str, seed: int, overrides: list[str], runs_dir: Path, name: str) -> dict[str, Any]:
+def run_seed(
+    config: str, seed: int, overrides: list[str], runs_dir: Path, name: str, metric: str = "heldout_accuracy"
+) -> dict[str, Any]:
     """Train with `seed`, then `read_run`."""
     out = run_dir(runs_dir, name, seed)
     if out.exists():
@@ -45,11 +49,14 @@ def run_seed(config: str, seed: int, overrides: list[str], runs_dir: Path, name:
     t0 = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)
     wall = time.perf_counter() - t0
-    return read_run(out, seed, name, wall)
+    return read_run(out, seed, name, wall, metric)
 
 
-def read_run(out: Path, seed: int, name: str, wall: float | None = None) -> dict[str, Any]:
-    """The held-out accuracy before/after, steps, wall seconds, the curve and the run folder of a finished run.
+def read_run(
+    out: Path, seed: int, name: str, wall: float | None = None, metric: str = "heldout_accuracy"
+) -> dict[str, Any]:
+    """The held-out `metric` before/after (`{metric}_before`, `{metric}_after`), steps, wall seconds, the curve and
+    the run folder of a finished run.
 
     Each evaluation's `elapsed_s` is the time from the run's start (its `config.json`, written before the engine
     starts) to its records' write (`rollouts/eval_step_N.jsonl`); `wall` (the whole subprocess) defaults to the last
@@ -57,10 +64,10 @@ def read_run(out: Path, seed: int, name: str, wall: float | None = None) -> dict
     """
     start = (out / "config.json").stat().st_mtime
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evals = [r for r in rows if "heldout_accuracy" in r]
+    evals = [r for r in rows if metric in r]
     if len(evals) < 2:
         raise SystemExit(f"{out}/metrics.jsonl holds {len(evals)} held-out evaluations; the config needs eval_data")
-    curve = [{"step": r["step"], "heldout_accuracy": r["heldout_accuracy"],
+    curve = [{"step": r["step"], metric: r[metric], "heldout_accuracy": r.get("heldout_accuracy"),
               "heldout_tool_call_rate": r.get("heldout_tool_call_rate"), "heldout_mean_turns": r.get("heldout_mean_turns"),
               "elapsed_s": round((out / "rollouts" / f"eval_step_{r['step']}.jsonl").stat().st_mtime - start, 1)}
              for r in evals]  # fmt: skip
@@ -69,8 +76,8 @@ def read_run(out: Path, seed: int, name: str, wall: float | None = None) -> dict
     if (out / "metrics.png").is_file():
         shutil.copyfile(out / "metrics.png", plot)
     return {
-        "seed": seed, "heldout_accuracy_before": evals[0]["heldout_accuracy"],
-        "heldout_accuracy_after": evals[-1]["heldout_accuracy"], "steps": max(r["step"] for r in rows),
+        "seed": seed, f"{metric}_before": evals[0][metric], f"{metric}_after": evals[-1][metric],
+        "steps": max(r["step"] for r in rows),
         "wall_s": round(wall, 1), "curve": curve, "train_reward_mean": [r.get("reward_mean") for r in rows if r["step"]],
         "plot": str(plot.relative_to(ROOT)) if plot.is_file() else None, "run_dir": str(out),
     }  # fmt: skip
@@ -84,8 +91,8 @@ def improved(before: float, after: float, min_gain: float) -> float:
     return after - before
 
 
-def draw_curves(runs: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Held-out accuracy per evaluation, by step and by minutes from the run's start, one line per seed."""
+def draw_curves(runs: list[dict[str, Any]], path: Path, title: str, metric: str = "heldout_accuracy") -> None:
+    """Held-out `metric` per evaluation, by step and by minutes from the run's start, one line per seed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,12 +102,12 @@ def draw_curves(runs: list[dict[str, Any]], path: Path, title: str) -> None:
     for r in runs:
         steps = [c["step"] for c in r["curve"]]
         minutes = [c["elapsed_s"] / 60 for c in r["curve"]]
-        accuracy = [c["heldout_accuracy"] for c in r["curve"]]
+        accuracy = [c[metric] for c in r["curve"]]
         axes[0].plot(steps, accuracy, marker="o", label=f"seed {r['seed']}")
         axes[1].plot(minutes, accuracy, marker="o", label=f"seed {r['seed']}")
     for ax, xlabel in zip(axes, ("GRPO step", "minutes from the run's start"), strict=True):
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("held-out accuracy (greedy)")
+        ax.set_ylabel(f"{metric} (greedy)")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend()
@@ -115,6 +122,7 @@ def main() -> None:
     parser.add_argument("--config", default="examples/train_arithmetic.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    parser.add_argument("--metric", default="heldout_accuracy", help="the metrics.jsonl key of the goal")
     parser.add_argument("--min-gain", type=float, default=0.25)
     parser.add_argument("--max-wall-s", type=float, default=1800.0)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
@@ -123,27 +131,29 @@ def main() -> None:
     parser.add_argument("--read-only", action="store_true", help="summarize the runs already in --runs-dir")
     args = parser.parse_args()
     runs_dir = Path(args.runs_dir)
-    runs = [read_run(run_dir(runs_dir, args.name, seed), seed, args.name) if args.read_only
-            else run_seed(args.config, seed, args.set, runs_dir, args.name) for seed in args.seeds]  # fmt: skip
+    before, after = f"{args.metric}_before", f"{args.metric}_after"
+    runs = [read_run(run_dir(runs_dir, args.name, seed), seed, args.name, metric=args.metric) if args.read_only
+            else run_seed(args.config, seed, args.set, runs_dir, args.name, args.metric) for seed in args.seeds]  # fmt: skip
     for r in runs:
-        gains = [c["elapsed_s"] for c in r["curve"]
-                 if improved(r["heldout_accuracy_before"], c["heldout_accuracy"], args.min_gain) >= args.min_gain]
+        gains = [
+            c["elapsed_s"] for c in r["curve"] if improved(r[before], c[args.metric], args.min_gain) >= args.min_gain
+        ]
         r["time_to_gain_s"] = gains[0] if gains else None
     print(table(["seed", "before", "after", "steps", "gain reached at s", "wall s"],
-                [[r["seed"], r["heldout_accuracy_before"], r["heldout_accuracy_after"], r["steps"],
+                [[r["seed"], r[before], r[after], r["steps"],
                   r["time_to_gain_s"] if r["time_to_gain_s"] is not None else "never", r["wall_s"]] for r in runs]))  # fmt: skip
     goals = []
     for r in runs:
-        gain = improved(r["heldout_accuracy_before"], r["heldout_accuracy_after"], args.min_gain)
-        goals.append(Goal(f"seed {r['seed']} held-out gain", gain, ">=", args.min_gain))
+        gain = improved(r[before], r[after], args.min_gain)
+        goals.append(Goal(f"seed {r['seed']} {args.metric} gain", gain, ">=", args.min_gain))
         reached = r["time_to_gain_s"] if r["time_to_gain_s"] is not None else float("inf")
         goals.append(Goal(f"seed {r['seed']} gain reached at", reached, "<=", args.max_wall_s, unit=" s", digits=0))
     first = runs[0]
-    results = {"config": args.config, "overrides": args.set, **{k: first[k] for k in (
-        "heldout_accuracy_before", "heldout_accuracy_after", "steps", "wall_s", "seed", "time_to_gain_s")},
+    results = {"config": args.config, "overrides": args.set, "metric": args.metric, **{k: first[k] for k in (
+        before, after, "steps", "wall_s", "seed", "time_to_gain_s")},
         "runs": runs}  # fmt: skip
     curve = RESULTS / f"{args.name}_curve.png"
-    draw_curves(runs, curve, f"GRPO, {Path(args.config).stem}, 2-core CPU")
+    draw_curves(runs, curve, f"GRPO, {Path(args.config).stem}, 2-core CPU", args.metric)
     results["curve_plot"] = str(curve.relative_to(ROOT))
     save(args.name, results, out=args.out, goal=verdict(*goals))
 
