@@ -311,7 +311,8 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
     r = config.rollout
     harness = HarnessConfig(max_steps=r.max_steps, max_prompt_length=r.max_prompt_length,
                             max_response_length=r.max_response_length, sampling=r.sampling,
-                            toolcall_weight=r.toolcall_weight, reward_timeout_s=r.reward_timeout_s)  # fmt: skip
+                            toolcall_weight=r.toolcall_weight, milestone_weight=r.milestone_weight,
+                            reward_timeout_s=r.reward_timeout_s)  # fmt: skip
     renderer = ChatRenderer(tokenizer)
     check_reward(config)
     prompt = system_prompt(config)
@@ -396,6 +397,7 @@ def _feed(run: _Run, state: dict[str, Any] | None) -> Any:
         n_parallel_agents=r.n_parallel_agents, first_step=run.done, last_step=run.config.steps,
         pending=[PendingGroup(**p) for p in saved.get("pending", ())], next_batch_index=saved.get("next_batch"),
         whole_batches=run.rollout.whole_batches, dynamic_sampling=r.dynamic_sampling, max_extra_draws=r.max_extra_draws,
+        step_level=run.config.optimizer.advantage == "step",
     )  # fmt: skip
 
 

@@ -42,6 +42,12 @@ class RolloutSection(Config):
         default=0.1, ge=0, allow_inf_nan=False,
         description="reward per share of well-formed tool calls, added to the answer's reward (0: the answer only)",
     )  # fmt: skip
+    milestone_weight: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False,
+        description="process reward for tasks that list 'milestones' (e.g. the intermediate results of arithmetic "
+        "tasks): a turn whose tool results first show one gets milestone_weight / len(milestones) in its step "
+        "reward; only optimizer.advantage=step learns from it (trajectory_reward is unchanged)",
+    )  # fmt: skip
     reward_timeout_s: float = Field(
         default=60.0, gt=0, allow_inf_nan=False,
         description="most seconds a reward call may take; past it the trajectory fails with a reward error (not trained)",
@@ -194,6 +200,9 @@ class TrainConfig(Config):
         if self.reward == "llm_judge" and self.judge.timeout_s >= self.rollout.reward_timeout_s:
             raise ValueError(f"judge.timeout_s={self.judge.timeout_s:g} must be below rollout.reward_timeout_s="
                              f"{self.rollout.reward_timeout_s:g}: the harness abandons a reward past that bound")  # fmt: skip
+        if self.rollout.milestone_weight and self.optimizer.advantage != "step":
+            raise ValueError(f"rollout.milestone_weight={self.rollout.milestone_weight:g} is a per-turn reward: only "
+                             "optimizer.advantage: step learns from it")  # fmt: skip
         if self.rollout.max_staleness and self.engine.sleep_while_training:
             raise ValueError("engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
                              "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause")  # fmt: skip

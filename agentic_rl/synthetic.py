@@ -4,8 +4,10 @@ Numbers are large enough (3-4 digit sums, 2-3 digit products) that a 135M model 
 head, while one calculator call per step gets it right. A problem takes 1 or 2 steps. Splits are separated by seed
 range, so held-out problems are the same family and difficulty as the training ones but never the same problem.
 
-Tasks are `{"id", "question", "ground_truth", "steps"}` rows with an integer answer; any reward that reads the last
-number of the final answer (e.g. `gsm8k_reward`) scores them.
+Tasks are `{"id", "question", "ground_truth", "steps", "milestones"}` rows with an integer answer; any reward that
+reads the last number of the final answer (e.g. `gsm8k_reward`) scores them. `milestones` are the values a solution
+computes on its way, the intermediate result of a two-step problem and then the answer (`rollout.milestone_weight`
+turns them into a process reward).
 """
 
 from __future__ import annotations
@@ -23,39 +25,39 @@ _ITEMS = ("pencils", "apples", "marbles", "stickers", "books", "bottles", "coins
 _PLACES = ("store", "farm", "school", "library", "warehouse", "shop", "museum", "bakery")
 
 
-def _one_step(rng: random.Random) -> tuple[str, int]:
+def _one_step(rng: random.Random) -> tuple[str, int, list[int]]:
     item, place = rng.choice(_ITEMS), rng.choice(_PLACES)
     kind = rng.randrange(4)
     if kind == 0:
         a, b = rng.randint(1000, 9999), rng.randint(100, 999)
-        return f"A {place} has {a} {item}. It gets {b} more. How many {item} does it have now?", a + b
+        return f"A {place} has {a} {item}. It gets {b} more. How many {item} does it have now?", a + b, []
     if kind == 1:
         a, b = rng.randint(1000, 9999), rng.randint(100, 999)
-        return f"A {place} has {a} {item}. It gives away {b} of them. How many {item} are left?", a - b
+        return f"A {place} has {a} {item}. It gives away {b} of them. How many {item} are left?", a - b, []
     if kind == 2:
         a, b = rng.randint(12, 99), rng.randint(13, 99)
-        return f"Each box at the {place} holds {a} {item}. How many {item} are in {b} boxes?", a * b
+        return f"Each box at the {place} holds {a} {item}. How many {item} are in {b} boxes?", a * b, []
     q, b = rng.randint(12, 99), rng.randint(13, 49)
-    return f"A {place} shares {q * b} {item} equally among {b} classes. How many {item} does each class get?", q
+    return f"A {place} shares {q * b} {item} equally among {b} classes. How many {item} does each class get?", q, []
 
 
-def _two_step(rng: random.Random) -> tuple[str, int]:
+def _two_step(rng: random.Random) -> tuple[str, int, list[int]]:
     item, place = rng.choice(_ITEMS), rng.choice(_PLACES)
     kind = rng.randrange(3)
     if kind == 0:
         a, b, c = rng.randint(1000, 9999), rng.randint(12, 60), rng.randint(12, 60)
         text = f"A {place} has {a} {item}. It gets {b} boxes with {c} {item} in each. How many {item} does it have now?"
-        return text, a + b * c
+        return text, a + b * c, [b * c]
     if kind == 1:
         a, b, c = rng.randint(3000, 9999), rng.randint(100, 999), rng.randint(100, 999)
         text = f"A {place} has {a} {item}. It gives away {b} and then gets {c} more. How many {item} does it have now?"
-        return text, a - b + c
+        return text, a - b + c, [a - b]
     a, b, c = rng.randint(12, 60), rng.randint(12, 60), rng.randint(10, 99)
     text = f"A {place} has {a} crates with {b} {item} in each. It loses {c} {item}. How many {item} are left?"
-    return text, a * b - c
+    return text, a * b - c, [a * b]
 
 
-_BUILDERS: dict[int, Callable[[random.Random], tuple[str, int]]] = {1: _one_step, 2: _two_step}
+_BUILDERS: dict[int, Callable[[random.Random], tuple[str, int, list[int]]]] = {1: _one_step, 2: _two_step}
 
 
 def arithmetic_problem(seed: int, steps: int) -> dict[str, Any]:
@@ -66,8 +68,10 @@ def arithmetic_problem(seed: int, steps: int) -> dict[str, Any]:
     """
     if steps not in _BUILDERS:
         raise ValueError(f"steps must be 1 or 2, got {steps!r}")
-    question, answer = _BUILDERS[steps](random.Random(seed * 7 + steps))
-    return {"id": f"arith-{seed}-{steps}", "question": question, "ground_truth": str(answer), "steps": steps}
+    question, answer, intermediates = _BUILDERS[steps](random.Random(seed * 7 + steps))
+    milestones = [str(v) for v in (*intermediates, answer)]
+    return {"id": f"arith-{seed}-{steps}", "question": question, "ground_truth": str(answer), "steps": steps,
+            "milestones": milestones}  # fmt: skip
 
 
 def arithmetic_tasks(split: str, count: int, *, steps: tuple[int, ...] = (1, 2)) -> list[dict[str, Any]]:

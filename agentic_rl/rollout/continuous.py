@@ -79,6 +79,8 @@ class Group:
         finished_order: its rank among finished groups (0 = first to finish); -1 while running.
         draw: 0 for a group of the batch itself, d >= 1 for one of the batch's d-th extra draw (dynamic sampling;
             its position is then d * groups_per_step + its index in the draw).
+        step_level: its samples train turn by turn (`GRPOConfig.advantage = "step"`): `constant` compares their
+            per-turn rewards.
     """
 
     batch: int
@@ -88,6 +90,7 @@ class Group:
     admitted_at: int
     finished_order: int = -1
     draw: int = 0
+    step_level: bool = False
 
     @property
     def finished(self) -> bool:
@@ -102,9 +105,23 @@ class Group:
     def constant(self) -> bool:
         """Its valid samples (`exclusion_reason` None: not failed, refused or aborted) all have the same
         `trajectory_reward`, or it has fewer than two: every GRPO advantage of the group is 0 (`group_advantages`).
+        With `step_level`, the same per-turn rewards (`Step.reward` turn by turn, trailing zero rewards ignored):
+        then every step's return equals its siblings' at the same turn index, so every `turn_advantages` is 0.
         Judged on the finished rollout, before the trainer's own checks (`refuse_untrainable`)."""
-        rewards = [float(t.trajectory_reward) for t in self.trajectories if t is not None and exclusion_reason(t) is None]
+        valid = [t for t in self.trajectories if t is not None and exclusion_reason(t) is None]
+        rewards = [_turn_rewards(t) if self.step_level else float(t.trajectory_reward) for t in valid]
         return len(rewards) < 2 or all(r == rewards[0] for r in rewards)
+
+
+def _turn_rewards(trajectory: Trajectory) -> tuple[float, ...]:
+    """A trajectory's per-turn rewards without trailing zeros (its `trajectory_reward` alone if it has no steps)."""
+    steps = getattr(trajectory, "steps", None)
+    if not steps:
+        return (float(trajectory.trajectory_reward),)
+    rewards = [float(s.reward) for s in steps]
+    while rewards and rewards[-1] == 0.0:
+        rewards.pop()
+    return tuple(rewards)
 
 
 RunTrajectories = Callable[[Sequence[dict[str, Any]], SamplingConfig, Sequence[int]], Any]
@@ -138,6 +155,8 @@ class ContinuousRollout:
             `groups_per_step` non-constant ones (see the module's docstring); `next_step` then returns the step's
             non-constant groups and `constant` holds the ones it left out.
         max_extra_draws: with `dynamic_sampling`, the most extra draws (of `groups_per_step` tasks each) per step.
+        step_level: the trainer trains turn by turn: a group is constant when its samples' per-turn rewards are
+            (`Group.step_level`).
 
     Attributes:
         constant: the constant groups the last `next_step` left out (dynamic sampling; always empty without).
@@ -163,6 +182,7 @@ class ContinuousRollout:
     whole_batches: bool = False
     dynamic_sampling: bool = False
     max_extra_draws: int = 1
+    step_level: bool = False
     groups: list[Group] = field(default_factory=list, init=False)  # admitted, untrained
     constant: list[Group] = field(default_factory=list, init=False)
     step_counts: dict[str, int] = field(default_factory=dict, init=False)
@@ -212,7 +232,8 @@ class ContinuousRollout:
                 self.next_batch_index += 1
 
     def _admit(self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, dict[str, Any]]], draw: int = 0) -> None:
-        groups = [Group(batch, position, task, [None] * self.group_size, admitted_at=self.steps_done, draw=draw)
+        groups = [Group(batch, position, task, [None] * self.group_size, admitted_at=self.steps_done, draw=draw,
+                        step_level=self.step_level)
                   for position, task in tasks]  # fmt: skip
         self.groups.extend(groups)
         if self.whole_batches:

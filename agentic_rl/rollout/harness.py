@@ -34,7 +34,7 @@ from agentic_rl.errors import (
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import action_text, split_thought
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
-from agentic_rl.rollout.turn_rewards import credit_turns, environment_turn_reward
+from agentic_rl.rollout.turn_rewards import credit_turns, environment_turn_reward, milestone_reward, task_milestones
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
 __all__ = ["HarnessConfig", "RewardCallable", "RolloutSpec", "TerminationReason", "TrajectoryCheckpoint",
@@ -64,6 +64,7 @@ class _State:
     turn: int = 0  # the next turn to generate
     observation: Any = None  # what the model saw last
     elapsed_s: float = 0.0
+    milestones_reached: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -394,6 +395,10 @@ async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None
     result = StepResult.of(await spec.environment.step(state.sample))
     step.info["env_time_s"] = time.perf_counter() - t0
     step.reward = environment_turn_reward(result.info, turn)  # the environment's own reward for this turn
+    if spec.config.milestone_weight:  # a process reward: the task's milestones this turn's tool results first show
+        step.reward += milestone_reward(task_milestones(state.task), state.milestones_reached,
+                                        [str(m.get("content") or "") for m in result.observation],
+                                        spec.config.milestone_weight)  # fmt: skip
     state.metrics["env_time"] += step.info["env_time_s"]
     step.info.update(result.info)
     for key in ("tool_calls", "tool_errors", "well_formed_calls"):

@@ -64,6 +64,10 @@ class HarnessConfig(Config):
             `agentic_rl.engine.turns`).
         toolcall_weight: `toolcall_reward = toolcall_weight * well-formed calls / attempted calls` (0 without calls).
             Each turn's `Step.reward` gets the part of it that its own well-formed calls earn (`turn_rewards`).
+        milestone_weight: process reward for tasks that list `milestones` (strings such as an intermediate result):
+            a turn whose tool results first show a milestone gets `milestone_weight / len(milestones)` for it in its
+            `Step.reward` (`turn_rewards.milestone_reward`). Step rewards only: `trajectory_reward` is unchanged, so
+            only step-level training (`GRPOConfig.advantage = "step"`) learns from it. 0: off.
         check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
             `alignment_mismatches`, `retokenize_drift`).
         turn_timeout_s: most seconds one `engine.generate` call may take; past it the request is aborted and the
@@ -88,6 +92,7 @@ class HarnessConfig(Config):
     max_response_length: AtLeastOne = 8 * 1024
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     toolcall_weight: Annotated[float, Field(allow_inf_nan=False)] = 0.1
+    milestone_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     check_alignment: bool = True
     turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3600.0
     close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0

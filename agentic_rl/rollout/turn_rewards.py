@@ -5,23 +5,28 @@ A turn's reward is the sum of
 - its share of the tool-call reward: `toolcall_weight * well_formed_calls_k / tool_calls` with `well_formed_calls_k`
   the well-formed calls of turn k (its `info["well_formed_calls"]`) and `tool_calls` the trajectory's attempted
   calls, so that the shares add up to the trajectory's `toolcall_reward`;
+- its milestone reward: `milestone_weight / len(milestones)` for each of the task's `milestones` (strings: an
+  intermediate result, a supporting document's title) that first appears in this turn's tool results
+  (`milestone_reward`); a process reward for step-level training, which most tasks leave out;
 - on the last turn only, the final answer's reward (`reward_fn`).
 
 The sum of a trajectory's step rewards therefore equals its `trajectory_reward` (up to float rounding) whenever the
-environment gives no per-turn reward of its own; per-turn environment rewards are added to the steps only (they are
+environment gives no per-turn reward of its own and no milestone is set; per-turn environment and milestone rewards are
+added to the steps only (they are
 what step-level training, `GRPOConfig.advantage = "step"`, learns from), never to `trajectory_reward`. A failed
 trajectory's turns get no tool-call or answer share (its `trajectory_reward` is 0).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentic_rl.errors import EnvStepError
 from agentic_rl.types import Step, is_finite_number
 
-__all__ = ["credit_turns", "environment_turn_reward"]
+__all__ = ["credit_turns", "environment_turn_reward", "milestone_reward", "task_milestones"]
 
 
 def environment_turn_reward(info: Mapping[str, Any], turn: int) -> float:
@@ -35,6 +40,39 @@ def environment_turn_reward(info: Mapping[str, Any], turn: int) -> float:
         raise EnvStepError(f"turn {turn}: step() returned info['reward']={value!r}; a per-turn reward must be a finite "
                            "number")  # fmt: skip
     return float(value)
+
+
+def task_milestones(task: Mapping[str, Any]) -> list[str]:
+    """The task's `milestones`: a list of distinct non-empty strings, [] when the key is absent.
+
+    Raises:
+        EnvStepError: if `milestones` is not a list of non-empty strings (the trajectory fails, naming the key).
+    """
+    milestones = task.get("milestones")
+    if milestones is None:
+        return []
+    if not isinstance(milestones, list) or not all(isinstance(m, str) and m.strip() for m in milestones):
+        raise EnvStepError(f"a task's 'milestones' must be a list of non-empty strings, got {milestones!r}")
+    return list(dict.fromkeys(m.strip() for m in milestones))
+
+
+def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequence[str], weight: float) -> float:
+    """The milestone reward of one turn: `weight / len(milestones)` for each milestone that appears in `texts` (the
+    turn's tool results) and is not in `reached` yet; those are added to `reached` (in place).
+
+    A milestone appears when it occurs in a text as a whole word: not inside a longer run of letters, digits or
+    underscores, and for a number not as the start of a longer number either (milestone `193` is not reached by
+    `1930`, `-193` or `193.5`, but by `= 193` or `193 apples`).
+    """
+    if not milestones:
+        return 0.0
+    new = [m for m in milestones if m not in reached and any(_occurs(m, text) for text in texts)]
+    reached.update(new)
+    return weight * len(new) / len(milestones)
+
+
+def _occurs(milestone: str, text: str) -> bool:
+    return re.search(rf"(?<![\w.-]){re.escape(milestone)}(?![\w]|\.\d)", text) is not None
 
 
 def credit_turns(steps: Sequence[Step], *, answer_reward: float, toolcall_weight: float, tool_calls: int) -> None:

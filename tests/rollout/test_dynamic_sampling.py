@@ -20,7 +20,7 @@ import torch
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.continuous import ContinuousRollout, Group, PendingGroup
-from agentic_rl.types import Trajectory
+from agentic_rl.types import Step, StepTrajectory, Trajectory
 
 pytestmark = pytest.mark.anyio
 
@@ -181,3 +181,29 @@ def test_bad_draw_bounds_are_refused():
     for bad in (0, True, 1.5):
         with pytest.raises(ConfigError, match="max_extra_draws"):
             _feed(sim, k=0, steps=2, draws=bad)
+
+
+def _stepped(rewards: list[float], trajectory_reward: float) -> StepTrajectory:
+    t = StepTrajectory(torch.tensor([1]), torch.tensor([2]), torch.tensor([1]), steps=[Step(reward=r) for r in rewards])
+    t.trajectory_reward = trajectory_reward
+    return t
+
+
+@pytest.mark.parametrize(
+    ("samples", "trajectory_constant", "step_constant"),
+    [
+        # all answers wrong, but one sample reached a milestone on its first turn: a step-level signal only
+        ([([0.5, 0.0, 0.0], 0.0), ([0.0, 0.0, 0.0], 0.0)], True, False),
+        # the same per-turn rewards, trailing zero turns aside: every turn's return matches its siblings'
+        ([([0.5, 0.0, 1.0], 1.0), ([0.5, 0.0, 1.0, 0.0], 1.0)], True, True),
+        ([([0.0, 0.0, 0.0], 0.0), ([0.0], 0.0)], True, True),
+        # the same total reached on different turns: the returns of turn 0 differ under a discount
+        ([([0.5, 0.5], 1.0), ([1.0], 1.0)], True, False),
+        ([([0.0, 1.0], 1.0), ([0.0, 0.0], 0.0)], False, False),
+    ],
+)
+def test_a_step_level_group_is_constant_only_when_its_turn_rewards_are(samples, trajectory_constant, step_constant):
+    trajectories = [_stepped(rewards, total) for rewards, total in samples]
+    for step_level, expected in ((False, trajectory_constant), (True, step_constant)):
+        group = Group(0, 0, {"id": 0}, list(trajectories), admitted_at=0, step_level=step_level)
+        assert group.constant is expected
