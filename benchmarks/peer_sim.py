@@ -46,6 +46,7 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import anyio
@@ -116,7 +117,8 @@ def with_rates(result: dict[str, Any], agents: int, engine: BatchingEngine, args
     turn_tokens = len(engine.tokens) + 1
     ideal = math.ceil(result["tasks"] / agents) * args.max_turns * turn_tokens * engine.step_s
     turns, wall = max(result["turns"], 1), result["wall_s"]
-    return {**result, "turns_per_s": result["turns"] / wall, "ms_per_turn_at_agents": 1e3 * agents * wall / turns,
+    counts = Counter(result["turn_counts"])  # kept as {turns: trajectories}
+    return {**result, "turn_counts": {str(k): counts[k] for k in sorted(counts)}, "turns_per_s": result["turns"] / wall, "ms_per_turn_at_agents": 1e3 * agents * wall / turns,
             "harness_ms_per_turn": 1e3 * (wall - ideal) / turns, "engine_ideal_s": ideal,
             "engine_busy_s": engine.busy_s, "engine_requests": engine.requests}  # fmt: skip
 
@@ -198,7 +200,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, turn_tokens: in
               f"ours_http/verifiers {entry['ratio_ours_http']:.2f}, in-process/HTTP "
               f"{entry['ratio_in_process_over_http']:.2f}; harness ms/turn "
               + ", ".join(f"{s} {entry[s]['harness_ms_per_turn']:.3f}" for s in SIM_SIDES))  # fmt: skip
-    off_limit = sum(n != args.max_turns for r in rows for side in SIM_SIDES for n in r[side]["turn_counts"])
+    off_limit = sum(n for r in rows for side in SIM_SIDES for k, n in r[side]["turn_counts"].items()
+                    if int(k) != args.max_turns)  # fmt: skip
     inconsistent = sum(not r[side]["consistent"] for r in rows for side in SIM_SIDES)
     first = means[str(args.agents[0])]
     goals = [Goal(f"ours / verifiers turns/s at {args.agents[0]} agents (mean)", first["ratio_ours"], ">=", 1.5, "x", 2),
