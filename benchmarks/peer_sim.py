@@ -56,6 +56,8 @@ from sim_engine import BatchingEngine, tool_call_turn
 
 OURS_HTTP = HERE / "peer" / "ours_http.py"
 SIM_SIDES = ("ours", "ours_http", "verifiers")
+# The first run of many agents over HTTP was measured ~40% slower than the next ones after a warm-up of 2 agents.
+WARM_UP_AGENTS = 16
 
 
 def build(args: argparse.Namespace) -> tuple[Any, BatchingEngine]:
@@ -149,8 +151,9 @@ def measure(wrapper: Any, engine: BatchingEngine, args: argparse.Namespace) -> l
     from agentic_rl.data import load_tasks
 
     all_tasks = load_tasks(DATA, max(args.agents) * args.rounds)
-    for side in SIM_SIDES:  # warm up every path (imports, connections, first renders)
-        run_side(side, wrapper, engine, all_tasks[:2], args, 2)
+    warm = min(WARM_UP_AGENTS, *args.agents)
+    for side in SIM_SIDES:  # warm up every path (imports, the server's connections and worker threads, first renders)
+        run_side(side, wrapper, engine, all_tasks[:warm], args, warm)
     rows: list[dict[str, Any]] = []
     for agents in args.agents:
         tasks = all_tasks[: agents * args.rounds]
