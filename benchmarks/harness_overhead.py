@@ -18,53 +18,23 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import anyio
 from common import Goal, save, table, verdict
+from sim_engine import SimulatedEngine
 
 from agentic_rl import (
     ChatRenderer,
     Environment,
-    Generation,
     HarnessConfig,
     RolloutSpec,
     Sample,
-    SamplingConfig,
     StepResult,
     StepTrajectory,
     run_tasks,
     run_trajectory,
 )
-
-
-class SimulatedEngine:
-    """Deterministic engine: a turn of n tokens takes `n * (base_s + per_request_s * in_flight)` seconds."""
-
-    def __init__(self, tokens: list[int], eot: int, base_s: float = 0.0, per_request_s: float = 0.0) -> None:
-        self.tokens, self.eot, self.base_s, self.per_request_s = tokens, eot, base_s, per_request_s
-        self.in_flight = 0
-        self.weight_version = 0
-
-    @property
-    def max_model_len(self) -> int:
-        return 1 << 20
-
-    def token_latency(self, concurrency: int) -> float:
-        return self.base_s + self.per_request_s * concurrency
-
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingConfig) -> Generation:
-        n = min(len(self.tokens), sampling.max_tokens - 1)
-        ids = [*self.tokens[:n], self.eot]
-        self.in_flight += 1
-        try:
-            latency = len(ids) * self.token_latency(self.in_flight)
-            if latency:
-                await anyio.sleep_until(anyio.current_time() + latency)
-        finally:
-            self.in_flight -= 1
-        return Generation(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop")
 
 
 class FixedTurnsEnvironment(Environment):

@@ -34,6 +34,9 @@ sides' turns per trajectory are reported, and the run checks that all trajectori
     bash benchmarks/setup_peer.sh        # once: PEER_VENV (default /tmp/venv-verifiers-0.2.1)
     .venv/bin/python benchmarks/peer_verifiers.py [--quick] [--model NAME] [--tasks N] [--concurrency C] [--repeats R]
         [--max-turns T] [--max-tokens M] [--force-tool-calls | --no-force-tool-calls] [--out FILE]
+
+`--engine simulated` measures the harnesses instead, on a fast simulated batching engine that forces a tool call
+every turn, with our rollout also run over HTTP (`peer_sim.py`; results in `peer_verifiers_sim.json`).
 """
 
 from __future__ import annotations
@@ -64,6 +67,23 @@ PEER_VENV = Path(os.environ.get("PEER_VENV", "/tmp/venv-verifiers-0.2.1"))
 EXPRESSION_MAX_CHARS = 16
 
 
+def run_client(command: list[str], timeout_s: float, what: str) -> dict[str, Any]:
+    """Run a client subprocess (offline, no progress bars) and return the JSON of its last output line, with
+    `process_s` (its whole run, start-up included).
+
+    Raises:
+        RuntimeError: naming `what`, with the end of its stderr, if it exits with an error.
+    """
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_s"] = time.perf_counter() - t0
+    return result
+
+
 def run_peer(
     address: str, model: str, args: argparse.Namespace, system_prompt: str, tool: dict[str, Any]
 ) -> dict[str, Any]:
@@ -74,13 +94,7 @@ def run_peer(
                "--tool-schema", json.dumps(tool)]  # fmt: skip
     if args.force_tool_calls:
         command += ["--tool-choice", "required", "--no-parallel-tool-calls"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    t0 = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.peer_timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"verifiers peer failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["process_s"] = time.perf_counter() - t0
+    result = run_client(command, args.peer_timeout, "verifiers peer")
     result["tokens_per_s"] = result["generated_tokens"] / result["wall_s"]
     result["trajectories_per_s"] = result["tasks"] / result["wall_s"]
     result["turns_per_trajectory"] = result["turns"] / result["tasks"]
@@ -116,7 +130,13 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="also: tiny-random-smollm2 (fast engine)")
+    parser.add_argument("--model", default=None, help="default smollm2-135m-instruct; also: tiny-random-smollm2 "
+                        "(fast engine; the tokenizer of --engine simulated, its default)")
+    parser.add_argument("--engine", choices=("vllm", "simulated"), default="vllm",
+                        help="simulated: a fast batching engine that forces a tool call every turn (see peer_sim.py)")
+    parser.add_argument("--token-cost-us", type=float, default=20.0, help="simulated: microseconds per decode step")
+    parser.add_argument("--agents", default="64,256", help="simulated: agents in flight, comma-separated")
+    parser.add_argument("--rounds", type=int, default=None, help="simulated: trajectories per agent (default 2, quick 1)")
     parser.add_argument("--max-turns", type=int, default=None, help="default 8 with --force-tool-calls, else 3")
     parser.add_argument("--force-tool-calls", action=argparse.BooleanOptionalAction, default=None,
                         help="every turn is one calculator call, on both sides (default: on for tiny-random-smollm2)")
@@ -124,6 +144,11 @@ def main() -> None:
     parser.add_argument("--peer-timeout", type=float, default=3600.0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.engine == "simulated":
+        import peer_sim
+
+        return peer_sim.main(args)
+    args.model = args.model or "smollm2-135m-instruct"
     args.tasks = args.tasks or (16 if args.quick else 64)
     args.concurrency = args.concurrency or (16 if args.quick else 32)
     args.repeats = args.repeats or 2
