@@ -107,13 +107,16 @@ def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stderr or b"")[-2000:]
-        return {"variant": name, "failed": f"hung: no result after {args.timeout} s",
-                "stderr_tail": tail.decode(errors="replace") if isinstance(tail, bytes) else tail}
+        return {
+            "variant": name,
+            "failed": f"hung: no result after {args.timeout} s",
+            "stderr_tail": tail.decode(errors="replace") if isinstance(tail, bytes) else tail,
+        }
     wall_s = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
     if proc.returncode != 0 or not lines:
         return {"variant": name, "failed": f"exit status {proc.returncode}", "stderr_tail": proc.stderr[-2000:]}
-    return {"variant": name, "process_s": wall_s, **json.loads(lines[-1][len(MARK):])}
+    return {"variant": name, "process_s": wall_s, **json.loads(lines[-1][len(MARK) :])}
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -156,11 +159,13 @@ def main() -> None:
     cycles = args.cycles or (1 if args.quick else 3)
     missing = [lib for lib in (TCMALLOC, IOMP) if not os.path.exists(lib)]
     if missing:
-        raise SystemExit(f"cpu_preload: missing {', '.join(missing)} (apt-get install libtcmalloc-minimal4; pip intel-openmp)")
+        raise SystemExit(
+            f"cpu_preload: missing {', '.join(missing)} (apt-get install libtcmalloc-minimal4; pip intel-openmp)"
+        )
     names = list(VARIANTS)
     records = []
     for cycle in range(cycles):
-        for name in names[cycle % len(names):] + names[: cycle % len(names)]:
+        for name in names[cycle % len(names) :] + names[: cycle % len(names)]:
             record = run_variant(name, args) | {"cycle": cycle}
             records.append(record)
             shown = f"{record['tok_s']:.1f} tok/s" if "failed" not in record else f"FAILED ({record['failed']})"
