@@ -16,8 +16,11 @@ batch, `--runs` timed batches). The variants alternate: `--cycles` cycles of all
 next variant, so that drift on a shared machine spreads over all of them. A variant whose subprocess crashes or
 hangs (`--timeout`) is recorded as failed with its stderr tail. Reported per variant: the median tokens/s over its
 processes with min and max, and the ratio of medians against `none`; the goal is the best ratio >= 1.10.
+`--train-rows N` also times one training step per process (fp32 forward, backward, AdamW on N x `--train-len`
+tokens), since the same process trains with the same libraries in `agentic-rl train`.
 
     .venv/bin/python benchmarks/cpu_preload.py [--quick] [--model NAME] [--cycles R] [--sequences N] [--tokens T]
+                                               [--runs K] [--train-rows N --train-len L]
 """
 
 from __future__ import annotations
@@ -59,8 +62,30 @@ def _prompts(tokenizer: Any, n: int) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def worker(model_name: str, sequences: int, tokens: int, runs: int) -> dict[str, Any]:
-    """One variant's process: build the engine, warm it up, time `runs` batches of `sequences` x `tokens`."""
+def train_step_seconds(model: Path, rows: int, length: int) -> float:
+    """Seconds of one training step as the trainer computes it (fp32 weights, forward, backward, AdamW) on `rows` x
+    `length` random token ids, after one untimed step."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    net = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-6)
+    ids = torch.randint(0, net.config.vocab_size, (rows, length), generator=torch.Generator().manual_seed(0))
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        net(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return time.perf_counter() - t0
+
+    step()
+    return step()
+
+
+def worker(model_name: str, sequences: int, tokens: int, runs: int, train_shape: tuple[int, int]) -> dict[str, Any]:
+    """One variant's process: build the engine, warm it up, time `runs` batches of `sequences` x `tokens`; then,
+    with `train_shape` = (rows, length), rows > 0, one training step (`train_step_seconds`)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import anyio
@@ -88,9 +113,10 @@ def worker(model_name: str, sequences: int, tokens: int, runs: int) -> dict[str,
 
     start_s, seconds = anyio.run(run, backend_options={"use_uvloop": True})
     rates = [sequences * tokens / s for s in seconds]
+    train_s = train_step_seconds(model, *train_shape) if train_shape[0] else None
 
     return {"tok_s": statistics.median(rates), "run_tok_s": rates, "engine_start_s": start_s,
-            "peak_rss_mb": peak_rss_bytes() / 2**20, "dtype": config.dtype, "torch_threads": torch.get_num_threads(),
+            "train_step_s": train_s, "peak_rss_mb": peak_rss_bytes() / 2**20, "dtype": config.dtype, "torch_threads": torch.get_num_threads(),
             "ld_preload": STARTED_WITH, "libraries": _runtime_libraries()}  # fmt: skip
 
 
@@ -101,7 +127,8 @@ def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
         env["LD_PRELOAD"] = ":".join(VARIANTS[name])
     env["AGENTIC_RL_NO_PRELOAD"] = "1"  # the variant's own LD_PRELOAD, nothing added
     cmd = [sys.executable, __file__, "--worker", "--model", args.model, "--sequences", str(args.sequences),
-           "--tokens", str(args.tokens), "--runs", str(args.runs)]  # fmt: skip
+           "--tokens", str(args.tokens), "--runs", str(args.runs), "--train-rows", str(args.train_rows),
+           "--train-len", str(args.train_len)]  # fmt: skip
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -128,14 +155,38 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         row: dict[str, Any] = {"processes": len(mine), "failed": len(mine) - len(rates)}
         if rates:
             starts = [r["engine_start_s"] for r in mine if "failed" not in r]
+            trains = [r["train_step_s"] for r in mine if r.get("train_step_s") is not None]
             row |= {"tok_s": statistics.median(rates), "tok_s_min": min(rates), "tok_s_max": max(rates),
-                    "engine_start_s": statistics.median(starts)}  # fmt: skip
+                    "engine_start_s": statistics.median(starts),
+                    "train_step_s": statistics.median(trains) if trains else None}  # fmt: skip
         out[name] = row
     base = out["none"].get("tok_s")
     for row in out.values():
         if base and "tok_s" in row:
             row["ratio"] = row["tok_s"] / base
     return out
+
+
+def report(args: argparse.Namespace, cycles: int, records: list[dict[str, Any]]) -> None:
+    """Print the table and the goal, and save the results (`benchmarks/results/cpu_preload.json`)."""
+    summary = summarize(records)
+    print(f"CPU engine tokens/s by LD_PRELOAD: {args.model}, {args.sequences} sequences x {args.tokens} tokens, "
+          f"{cycles} alternating cycles, {os.cpu_count()} CPUs; training step {args.train_rows} x {args.train_len}")  # fmt: skip
+    headers = ["variant", "processes", "failed", "median tok/s", "min", "max", "ratio vs none", "engine start s",
+               "train step s"]  # fmt: skip
+    keys = ["tok_s", "tok_s_min", "tok_s_max", "ratio", "engine_start_s", "train_step_s"]
+    rows = [(n, s["processes"], s["failed"], *(s.get(k) if s.get(k) is not None else "-" for k in keys))
+            for n, s in summary.items()]  # fmt: skip
+    print(table(headers, rows))
+    ranked = [(s["ratio"], n) for n, s in summary.items() if n != "none" and "ratio" in s]
+    best_ratio, best = max(ranked) if ranked else (0.0, "none")
+    spread = ", ".join(f"{n} {s['ratio']:.3f}x" for n, s in summary.items() if "ratio" in s and n != "none")
+    goal = verdict(Goal(f"best preload ({best}) tokens/s vs none", best_ratio, ">=", 1.10, unit="x"), note=spread)
+    results = {"model": args.model, "sequences": args.sequences, "tokens": args.tokens, "cycles": cycles,
+               "runs_per_process": args.runs, "train_step_shape": [args.train_rows, args.train_len],
+               "libraries": {"tcmalloc": TCMALLOC, "iomp": IOMP}, "variants": summary, "best": best,
+               "records": records}  # fmt: skip
+    save("cpu_preload", results, args.out, args.quick, goal=goal)
 
 
 def main() -> None:
@@ -146,6 +197,8 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=None, help="requests in flight (default 64, quick 8)")
     parser.add_argument("--tokens", type=int, default=None, help="tokens each request samples (default 64, quick 16)")
     parser.add_argument("--runs", type=int, default=2, help="timed batches per process (its median is its tok/s)")
+    parser.add_argument("--train-rows", type=int, default=0, help="rows of a timed training step (default 0: none)")
+    parser.add_argument("--train-len", type=int, default=128, help="tokens per row of the timed training step")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a variant's process is a hang")
     parser.add_argument("--out", default=None)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -154,7 +207,8 @@ def main() -> None:
     args.sequences = args.sequences or (8 if args.quick else 64)
     args.tokens = args.tokens or (16 if args.quick else 64)
     if args.worker:
-        print(MARK + json.dumps(worker(args.model, args.sequences, args.tokens, args.runs)), flush=True)
+        result = worker(args.model, args.sequences, args.tokens, args.runs, (args.train_rows, args.train_len))
+        print(MARK + json.dumps(result), flush=True)
         return
     cycles = args.cycles or (1 if args.quick else 3)
     missing = [lib for lib in (TCMALLOC, IOMP) if not os.path.exists(lib)]
@@ -170,19 +224,7 @@ def main() -> None:
             records.append(record)
             shown = f"{record['tok_s']:.1f} tok/s" if "failed" not in record else f"FAILED ({record['failed']})"
             print(f"cycle {cycle} {name:>8}: {shown}", flush=True)
-    summary = summarize(records)
-    print(f"CPU engine tokens/s by LD_PRELOAD: {args.model}, {args.sequences} sequences x {args.tokens} tokens, "
-          f"{cycles} alternating cycles, {os.cpu_count()} CPUs")  # fmt: skip
-    print(table(["variant", "processes", "failed", "median tok/s", "min", "max", "ratio vs none", "engine start s"],
-                [(n, s["processes"], s["failed"], s.get("tok_s", "-"), s.get("tok_s_min", "-"), s.get("tok_s_max", "-"),
-                  s.get("ratio", "-"), s.get("engine_start_s", "-")) for n, s in summary.items()]))  # fmt: skip
-    ranked = [(s["ratio"], n) for n, s in summary.items() if n != "none" and "ratio" in s]
-    best_ratio, best = max(ranked) if ranked else (0.0, "none")
-    spread = ", ".join(f"{n} {s['ratio']:.3f}x" for n, s in summary.items() if "ratio" in s and n != "none")
-    goal = verdict(Goal(f"best preload ({best}) tokens/s vs none", best_ratio, ">=", 1.10, unit="x"), note=spread)
-    save("cpu_preload", {"model": args.model, "sequences": args.sequences, "tokens": args.tokens, "cycles": cycles,
-                         "runs_per_process": args.runs, "libraries": {"tcmalloc": TCMALLOC, "iomp": IOMP},
-                         "variants": summary, "best": best, "records": records}, args.out, args.quick, goal=goal)  # fmt: skip
+    report(args, cycles, records)
 
 
 if __name__ == "__main__":
