@@ -149,7 +149,7 @@ def run_variant(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def summarize(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per variant: median, min and max tokens/s over its processes, failures, and the ratio of medians vs `none`."""
     out: dict[str, dict[str, Any]] = {}
-    for name in VARIANTS:
+    for name in dict.fromkeys(r["variant"] for r in records):
         mine = [r for r in records if r["variant"] == name]
         rates = [r["tok_s"] for r in mine if "failed" not in r]
         row: dict[str, Any] = {"processes": len(mine), "failed": len(mine) - len(rates)}
@@ -196,6 +196,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=None, help="cycles of all four variants (default 3, quick 1)")
     parser.add_argument("--sequences", type=int, default=None, help="requests in flight (default 64, quick 8)")
     parser.add_argument("--tokens", type=int, default=None, help="tokens each request samples (default 64, quick 16)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; 'none' among them")
     parser.add_argument("--runs", type=int, default=2, help="timed batches per process (its median is its tok/s)")
     parser.add_argument("--train-rows", type=int, default=0, help="rows of a timed training step (default 0: none)")
     parser.add_argument("--train-len", type=int, default=128, help="tokens per row of the timed training step")
@@ -216,7 +217,10 @@ def main() -> None:
         raise SystemExit(
             f"cpu_preload: missing {', '.join(missing)} (apt-get install libtcmalloc-minimal4; pip intel-openmp)"
         )
-    names = list(VARIANTS)
+    names = args.variants.split(",")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or "none" not in names:
+        raise SystemExit(f"cpu_preload: --variants takes 'none' and any of {list(VARIANTS)}, got {args.variants!r}")
     records = []
     for cycle in range(cycles):
         for name in names[cycle % len(names) :] + names[: cycle % len(names)]:
