@@ -61,6 +61,31 @@ class CalculatorEveryTurn(Environment):
         )
 
 
+def fixed(n: int) -> dict[str, Any]:
+    """Sampling of exactly `n` tokens (`min_tokens` = `max_tokens`), greedy, with the sampled tokens' logprobs and no
+    detokenizing: the engine's work of one rollout turn of that length."""
+    return {"temperature": 0.0, "min_tokens": n, "max_tokens": n, "logprobs": 0, "detokenize": False}
+
+
+async def facade_seconds(engine: Any, prompts: list[list[int]], counts: list[int]) -> float:
+    """Seconds (wall clock) that `engine.generate` takes for all `prompts` in flight at once, request i sampling
+    exactly `counts[i]` tokens (`fixed`), after a prefix-cache reset. Raises AssertionError if a request returned
+    another number of tokens."""
+    await engine.call(lambda llm: llm.reset_prefix_cache())
+    lengths: list[int] = []
+
+    async def one(prompt: list[int], n: int) -> None:
+        lengths.append(len((await engine.generate(prompt, fixed(n))).token_ids))
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for prompt, n in zip(prompts, counts, strict=True):
+            tg.start_soon(one, prompt, n)
+    seconds = time.perf_counter() - t0
+    assert sorted(lengths) == sorted(counts), (sorted(lengths), sorted(counts))
+    return seconds
+
+
 async def measure(
     engine: Any, renderer: ChatRenderer, tasks: list[dict[str, Any]], turns: int, min_tokens: int, max_tokens: int
 ) -> dict[str, Any]:
@@ -84,15 +109,7 @@ async def measure(
     counts = [int(t.metrics["generated_tokens"]) for t in trajectories]
     inserted = sum(int((t.response_masks == 0).sum()) for t in trajectories)
 
-    def fixed(n: int) -> dict[str, Any]:  # the work of a rollout turn: sampled-token logprobs, no detokenizing
-        return {"temperature": 0.0, "min_tokens": n, "max_tokens": n, "logprobs": 0, "detokenize": False}
-
-    await engine.call(lambda llm: llm.reset_prefix_cache())
-    t0 = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for prompt, n in zip(prompts, counts, strict=False):
-            tg.start_soon(engine.generate, prompt, fixed(n))
-    facade_s = time.perf_counter() - t0
+    facade_s = await facade_seconds(engine, prompts, counts)
 
     def offline(llm: Any) -> float:
         llm.reset_prefix_cache()

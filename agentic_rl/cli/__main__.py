@@ -1,7 +1,6 @@
-"""`python -m agentic_rl.cli`: the `agentic-rl` command."""
+"""`python -m agentic_rl.cli`: the `agentic-rl` command (restarted once with tcmalloc preloaded for
+the engine commands, see `agentic_rl.cli.preload`)."""
 
-import sys
+from agentic_rl.cli.preload import entry
 
-from agentic_rl.cli.command import main
-
-sys.exit(main())
+entry()
