@@ -6,8 +6,9 @@ range, so held-out problems are the same family and difficulty as the training o
 
 Tasks are `{"id", "question", "ground_truth", "steps", "milestones"}` rows with an integer answer; any reward that
 reads the last number of the final answer (e.g. `gsm8k_reward`) scores them. `milestones` are the values a solution
-computes on its way, the intermediate result of a two-step problem and then the answer (`rollout.milestone_weight`
-turns them into a process reward).
+computes on its way to the answer: the intermediate result of a two-step problem, none for a one-step problem
+(`rollout.milestone_weight` turns them into a process reward). The answer is not one: a milestone for it would pay a
+call that computes it as much as stating it, and a policy learns to keep calling instead of answering.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def arithmetic_problem(seed: int, steps: int) -> dict[str, Any]:
     if steps not in _BUILDERS:
         raise ValueError(f"steps must be 1 or 2, got {steps!r}")
     question, answer, intermediates = _BUILDERS[steps](random.Random(seed * 7 + steps))
-    milestones = [str(v) for v in (*intermediates, answer)]
+    milestones = [str(v) for v in intermediates]
     return {"id": f"arith-{seed}-{steps}", "question": question, "ground_truth": str(answer), "steps": steps,
             "milestones": milestones}  # fmt: skip
 
