@@ -13,8 +13,7 @@ A turn's reward is the sum of
 The sum of a trajectory's step rewards therefore equals its `trajectory_reward` (up to float rounding) whenever the
 environment gives no per-turn reward of its own and no milestone is set; per-turn environment and milestone rewards
 are added to the steps only (they are what step-level training, `GRPOConfig.advantage = "step"`, learns from), never
-to `trajectory_reward`. A failed
-trajectory's turns get no tool-call or answer share (its `trajectory_reward` is 0).
+to `trajectory_reward`. A failed trajectory's turns get no tool-call or answer share (its `trajectory_reward` is 0).
 """
 
 from __future__ import annotations
