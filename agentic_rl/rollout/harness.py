@@ -64,6 +64,7 @@ class _State:
     turn: int = 0  # the next turn to generate
     observation: Any = None  # what the model saw last
     elapsed_s: float = 0.0
+    milestones: list[str] = field(default_factory=list)  # the task's, validated once when it starts
     milestones_reached: set[str] = field(default_factory=set)
 
 
@@ -196,6 +197,8 @@ async def run_trajectory(
 
 async def _reset(spec: RolloutSpec, state: _State) -> None:
     """`environment.reset`, then the memory of a new trajectory."""
+    if spec.config.milestone_weight:
+        state.milestones = task_milestones(state.task)  # a malformed list fails this trajectory before it starts
     t0 = time.perf_counter()
     state.sample = await spec.environment.reset({**state.task, "trajectory_id": f"{state.task.get('id', state.idx)}-{state.idx}"})
     if not isinstance(state.sample, Sample):
@@ -396,7 +399,7 @@ async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None
     step.info["env_time_s"] = time.perf_counter() - t0
     step.reward = environment_turn_reward(result.info, turn)  # the environment's own reward for this turn
     if spec.config.milestone_weight:  # a process reward: the task's milestones this turn's tool results first show
-        step.reward += milestone_reward(task_milestones(state.task), state.milestones_reached,
+        step.reward += milestone_reward(state.milestones, state.milestones_reached,
                                         [str(m.get("content") or "") for m in result.observation],
                                         spec.config.milestone_weight)  # fmt: skip
     state.metrics["env_time"] += step.info["env_time_s"]
