@@ -340,12 +340,14 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
 def _sampling(run: _Run, step: int | None) -> Any:
     """The sampling options of training step `step`'s rollout (0-based: the config's, with the seed
     `derive_seed(config.seed, rank, step)`, which the turn loop offsets per trajectory and turn, so a resumed run
-    samples what the uninterrupted one would have), or with `step=None` the held-out evaluation's (greedy,
-    unseeded)."""
+    samples what the uninterrupted one would have), or with `step=None` the held-out evaluation's (greedy and
+    unseeded; or at `config.eval_temperature` with the base seed, the same at every evaluation)."""
     from agentic_rl.engine.sampling import derive_seed
 
     if step is None:
-        update: dict[str, Any] = {"temperature": 0.0, "seed": None}
+        temperature = run.config.eval_temperature
+        update: dict[str, Any] = {"temperature": temperature,
+                                  "seed": derive_seed(run.config.seed, rank=run.dist.rank) if temperature else None}
     else:
         update = {"seed": derive_seed(run.config.seed, rank=run.dist.rank, step=step)}
     return run.config.rollout.sampling.model_copy(update=update)

@@ -166,10 +166,17 @@ class TrainConfig(Config):
         default=2, ge=0, description="step checkpoints kept, the newest (0: all); the final one is always kept"
     )
     eval_data: str | None = Field(
-        default=None, description="held-out tasks (a data spec as for data, e.g. 'arithmetic:heldout:64'), rolled out greedily"
+        default=None,
+        description="held-out tasks (a data spec as for data, e.g. 'arithmetic:heldout:64'), rolled out greedily "
+        "unless eval_temperature > 0",
     )
     eval_limit: int | None = Field(default=None, ge=1, description="evaluate the first N held-out tasks (None: all)")
     eval_every: int = Field(default=0, ge=0, description="evaluate every K steps (0: before the first and after the last)")
+    eval_temperature: float = Field(
+        default=0.0, ge=0.0, le=2.0,
+        description="0: greedy evaluation; > 0: sampled at this temperature with the same seeds at every evaluation, "
+        "so each one draws alike (for policies that loop when greedy, e.g. repeating a search)",
+    )
     loggers: list[LoggerName] = Field(
         default_factory=lambda: ["jsonl"],
         description="metric sinks: jsonl (metrics.jsonl), tensorboard (tensorboard/), wandb (offline, wandb/)",

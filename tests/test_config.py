@@ -124,3 +124,21 @@ def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
         value = getattr(config, field, None)
         if value and ":" not in value:  # a file, not a generated family such as arithmetic:heldout:64
             assert Path(value).exists(), f"{name}: {field}={value} does not exist"
+
+
+def test_evaluation_is_greedy_by_default_and_otherwise_sampled_with_the_same_seed_every_time():
+    from types import SimpleNamespace
+
+    from agentic_rl.loop import _sampling
+
+    def run(**overrides):
+        return SimpleNamespace(config=TrainConfig(data="arithmetic:train:4", **overrides), dist=SimpleNamespace(rank=1))
+
+    greedy = _sampling(run(), None)
+    assert (greedy.temperature, greedy.seed) == (0.0, None)
+    sampled = _sampling(run(eval_temperature=0.7, seed=3), None)
+    assert sampled.temperature == 0.7 and sampled.seed is not None
+    assert _sampling(run(eval_temperature=0.7, seed=3), None).seed == sampled.seed  # every evaluation draws alike
+    assert _sampling(run(eval_temperature=0.7, seed=4), None).seed != sampled.seed
+    with pytest.raises(ConfigError, match="eval_temperature"):
+        TrainConfig(data="arithmetic:train:4", eval_temperature=-0.1)
