@@ -11,7 +11,7 @@ from typing import Any
 
 from ascend.platform import npu_available
 
-__all__ = ["Platform", "cpu_flags", "current_platform"]
+__all__ = ["Platform", "cpu_flags", "current_platform", "native_cpu_bf16"]
 
 _VISIBLE = {"cpu": None, "cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 _BACKEND = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}
@@ -81,7 +81,7 @@ class Platform:
         emulated: a SmolLM2-135M rollout on an AVX2-only 2-core x86 VM ran 2.9x slower in bf16 than in fp32."""
         if self.is_accelerator:
             return "bfloat16"
-        return "bfloat16" if cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"} else "float32"
+        return "bfloat16" if native_cpu_bf16() else "float32"
 
     def engine_kwargs(self) -> dict[str, Any]:
         """vLLM arguments for this platform. On Ascend, vllm-ascend registers itself as a vLLM platform plugin, so
@@ -89,6 +89,11 @@ class Platform:
         if self.kind == "npu":
             return {"enforce_eager": True}  # graph mode on Ascend needs per-model tuning; eager is the safe default
         return {}
+
+
+def native_cpu_bf16() -> bool:
+    """Whether the CPU multiplies bf16 natively: `avx512_bf16` or `amx_bf16` on x86, `bf16` on Arm."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def cpu_flags() -> frozenset[str]:

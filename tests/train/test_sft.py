@@ -224,3 +224,18 @@ async def test_traces_are_synthesized_from_inside_an_event_loop(tokenizer):
 
     kept, counts = synthesize_traces(SFTConfig(traces=3), tokenizer)
     assert len(kept) == counts["kept"] == 3 and counts["alignment_mismatches"] == 0
+
+
+def test_bf16_autocast_auto_follows_the_cpus_native_bf16_and_the_fingerprint_records_the_choice(monkeypatch, tmp_path):
+    from agentic_rl.sft import SFTConfig, tool_model_fingerprint
+    from ascend import device
+
+    for flags, expected in (({"avx2", "fma"}, False), ({"avx512f", "avx512_bf16"}, True), ({"amx_bf16"}, True),
+                            ({"asimd", "bf16"}, True)):  # fmt: skip
+        monkeypatch.setattr(device, "cpu_flags", lambda flags=flags: frozenset(flags))
+        assert SFTConfig().bf16_autocast is expected, flags
+        assert SFTConfig(bf16_autocast="auto").bf16_autocast is expected
+        assert SFTConfig(bf16_autocast=not expected).bf16_autocast is (not expected)  # an explicit choice wins
+        assert tool_model_fingerprint(tmp_path)["config"]["bf16_autocast"] is expected  # each build names its own
+    with pytest.raises(ConfigError, match="bf16_autocast"):
+        SFTConfig(bf16_autocast="sometimes")
