@@ -16,8 +16,9 @@ Any spec may end with a row range `[START:END]` (Python slice bounds, either may
 the ids they have in the whole file (a JSON Lines row without an id: its line number minus one).
 
 Each row becomes a task dict: the row's own columns, plus `question`, `ground_truth`, `id` (and `system_prompt`
-when the prompt holds a system message), taken from the columns `DataColumns` names or, by default, from the first
-column present among `DEFAULT_COLUMNS` (which covers GSM8K rows and verl's layout).
+when the prompt holds a system message, `milestones` when a column holds them), taken from the columns
+`DataColumns` names or, by default, from the first column present among `DEFAULT_COLUMNS` (which covers GSM8K rows
+and verl's layout).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ DEFAULT_COLUMNS: dict[str, tuple[str, ...]] = {
     "ground_truth": ("ground_truth", "answer", "reward_model.ground_truth"),
     "id": ("id", "extra_info.index"),
     "system_prompt": ("system_prompt",),
+    "milestones": ("milestones",),
 }
 
 _ROW_RANGE = re.compile(r"^(?P<spec>.+)\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
@@ -69,6 +71,9 @@ class DataColumns(Config):
         ground_truth: the reference answer the reward reads.
         id: the task id (groups and records carry it).
         system_prompt: a per-task system prompt (used instead of the environment's own).
+        milestones: a list of strings the turns' tool results may show (`rollout.milestone_weight`), e.g.
+            `supporting_doc_ids` of the shared HotpotQA file: a search or visit that shows a supporting document's id
+            earns the turn its share.
 
     Raises:
         ConfigError: for an unknown field, a field named twice, or a text form without `FIELD=COLUMN` pairs.
@@ -78,6 +83,7 @@ class DataColumns(Config):
     ground_truth: str | None = None
     id: str | None = None
     system_prompt: str | None = None
+    milestones: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -198,7 +204,7 @@ def _to_task(row: dict[str, Any], columns: dict[str, str | None], number: int, w
             values["system_prompt"] = system
     if "question" in values:
         task["question"] = question
-    for field in ("ground_truth", "system_prompt"):
+    for field in ("ground_truth", "system_prompt", "milestones"):
         if field in values:
             task[field] = values[field]
     task["id"] = values["id"] if values.get("id") is not None else number

@@ -170,3 +170,27 @@ def test_train_config_takes_a_column_mapping_from_yaml_and_overrides(tmp_path):
     assert TrainConfig().data_columns == DataColumns()
     with pytest.raises(ConfigError, match="TrainConfig.data_columns.bogus is not a known field"):
         TrainConfig.from_yaml(path, ["data_columns.bogus=x"])
+
+
+def test_a_milestones_column_becomes_the_tasks_milestones_that_a_real_search_can_reach():
+    from agentic_rl.data import SHARED_DATA
+    from agentic_rl.rollout.turn_rewards import milestone_reward, task_milestones
+    from agentic_rl.tools.search import LocalSearchTool
+
+    data = SHARED_DATA / "hotpotqa_dev_distractor_500.jsonl"
+    if not data.is_file():
+        pytest.skip(f"shared data not found at {data}")
+    plain = load_tasks(f"{data}[:8]")
+    assert all("milestones" not in t for t in plain)  # nothing is invented without the mapping
+    tasks = load_tasks(f"{data}[:8]", columns=DataColumns.model_validate("milestones=supporting_doc_ids"))
+    assert [t["milestones"] for t in tasks] == [t["supporting_doc_ids"] for t in plain]
+    assert all(task_milestones(t) for t in tasks)
+    search = LocalSearchTool(top_k=3, max_chars=1500)
+    rewards = []
+    for task in tasks:  # the local search of the question itself shows a supporting document for some questions
+        result = search.execute({"query": task["question"]})
+        reached: set[str] = set()
+        rewards.append(milestone_reward(task_milestones(task), reached, [str(result)], 1.0))
+        assert reached <= set(task["milestones"]) and rewards[-1] == len(reached) / len(task["milestones"])
+        assert not {m for m in task["milestones"] if m not in str(result)} & reached  # only ids the results show
+    assert any(r > 0 for r in rewards)
