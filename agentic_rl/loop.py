@@ -341,13 +341,14 @@ def _sampling(run: _Run, step: int | None) -> Any:
     """The sampling options of training step `step`'s rollout (0-based: the config's, with the seed
     `derive_seed(config.seed, rank, step)`, which the turn loop offsets per trajectory and turn, so a resumed run
     samples what the uninterrupted one would have), or with `step=None` the held-out evaluation's (greedy and
-    unseeded; or at `config.eval_temperature` with the base seed, the same at every evaluation)."""
+    unseeded; or at `config.eval_temperature` with a seed of its own (`step=-1`: no training step's), the same at
+    every evaluation)."""
     from agentic_rl.engine.sampling import derive_seed
 
     if step is None:
         temperature = run.config.eval_temperature
-        update: dict[str, Any] = {"temperature": temperature,
-                                  "seed": derive_seed(run.config.seed, rank=run.dist.rank) if temperature else None}
+        seed = derive_seed(run.config.seed, rank=run.dist.rank, step=-1) if temperature else None  # no step's seed
+        update: dict[str, Any] = {"temperature": temperature, "seed": seed}
     else:
         update = {"seed": derive_seed(run.config.seed, rank=run.dist.rank, step=step)}
     return run.config.rollout.sampling.model_copy(update=update)
@@ -515,7 +516,7 @@ def _write_trajectories(path: Path, trajectories: list[Any], task_ids: Sequence[
 
 
 async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
-    """Greedy rollout of the held-out tasks through the same rollout path (this rank's shard; ranks gathered), its
+    """Greedy (or `eval_temperature`) rollout of the held-out tasks through the same rollout path (this rank's shard; ranks gathered), its
     trajectories written (rank 0's) to `records`.
 
     Returns:

@@ -15,7 +15,7 @@ from pydantic import Field, StrictInt, model_validator
 from agentic_rl.config import Config
 from agentic_rl.data import DataColumns, load_tasks
 from agentic_rl.engine.sampling import SamplingConfig
-from agentic_rl.errors import ConfigError
+from agentic_rl.errors import ConfigError, EnvStepError
 from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents
 from agentic_rl.plugins import PluginRef
 from agentic_rl.train.loggers import LoggerName
@@ -210,6 +210,9 @@ class TrainConfig(Config):
         if self.rollout.milestone_weight and self.optimizer.advantage != "step":
             raise ValueError(f"rollout.milestone_weight={self.rollout.milestone_weight:g} is a per-turn reward: only "
                              "optimizer.advantage: step learns from it")  # fmt: skip
+        if self.data_columns.milestones is not None and not self.rollout.milestone_weight:
+            raise ValueError(f"data_columns.milestones={self.data_columns.milestones!r} reads milestones that only "
+                             "rollout.milestone_weight > 0 rewards: set it (with optimizer.advantage: step)")  # fmt: skip
         if self.rollout.max_staleness and self.engine.sleep_while_training:
             raise ValueError("engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
                              "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause")  # fmt: skip
@@ -261,8 +264,11 @@ def config_tasks(config: TrainConfig, field: str, limit: int | None = None) -> l
     """The tasks of `config.<field>` (`data` or `eval_data`), read before any engine starts.
 
     Raises:
-        ConfigError: naming the field and its value, for a spec or file that gives no tasks.
+        ConfigError: naming the field and its value, for a spec or file that gives no tasks, or, with
+            `rollout.milestone_weight`, naming the task whose `milestones` is not a list of non-empty strings.
     """
+    from agentic_rl.rollout.turn_rewards import task_milestones
+
     spec = getattr(config, field)
     try:
         tasks = load_tasks(spec, limit=limit, columns=config.data_columns)
@@ -270,6 +276,11 @@ def config_tasks(config: TrainConfig, field: str, limit: int | None = None) -> l
         raise ConfigError(f"TrainConfig.{field}={spec!r}: {exc}") from exc
     if not tasks:
         raise ConfigError(f"TrainConfig.{field}={spec!r} holds no tasks")
+    for task in tasks if config.rollout.milestone_weight else ():
+        try:
+            task_milestones(task)
+        except EnvStepError as exc:  # every trajectory of the task would fail: refuse the run before it starts
+            raise ConfigError(f"TrainConfig.{field}={spec!r}: task {task.get('id')!r}: {exc}") from None
     return tasks
 
 

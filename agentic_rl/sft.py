@@ -113,6 +113,11 @@ class SFTConfig(Config):
     output_dir: str = "runs/sft"
     lora: LoRAConfig | None = None
 
+    @field_validator("bf16_autocast", mode="before")
+    @classmethod
+    def _auto_in_any_case(cls, value: Any) -> Any:
+        return "auto" if isinstance(value, str) and value.strip().lower() == "auto" else value
+
     @field_validator("bf16_autocast")
     @classmethod
     def _native_bf16(cls, value: bool | str) -> bool:

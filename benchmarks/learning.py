@@ -107,7 +107,7 @@ def draw_curves(runs: list[dict[str, Any]], path: Path, title: str, metric: str 
         axes[1].plot(minutes, accuracy, marker="o", label=f"seed {r['seed']}")
     for ax, xlabel in zip(axes, ("GRPO step", "minutes from the run's start"), strict=True):
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(f"{metric} (greedy)")
+        ax.set_ylabel(f"held-out {metric.removeprefix('heldout_')}")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend()

@@ -140,5 +140,6 @@ def test_evaluation_is_greedy_by_default_and_otherwise_sampled_with_the_same_see
     assert sampled.temperature == 0.7 and sampled.seed is not None
     assert _sampling(run(eval_temperature=0.7, seed=3), None).seed == sampled.seed  # every evaluation draws alike
     assert _sampling(run(eval_temperature=0.7, seed=4), None).seed != sampled.seed
+    assert sampled.seed not in {_sampling(run(eval_temperature=0.7, seed=3), step).seed for step in range(100)}
     with pytest.raises(ConfigError, match="eval_temperature"):
         TrainConfig(data="arithmetic:train:4", eval_temperature=-0.1)

@@ -194,3 +194,20 @@ def test_a_milestones_column_becomes_the_tasks_milestones_that_a_real_search_can
         assert reached <= set(task["milestones"]) and rewards[-1] == len(reached) / len(task["milestones"])
         assert not {m for m in task["milestones"] if m not in str(result)} & reached  # only ids the results show
     assert any(r > 0 for r in rewards)
+
+
+def test_a_training_config_refuses_milestones_it_would_not_use_or_could_not_read(tmp_path):
+    from agentic_rl.loop import TrainConfig
+    from agentic_rl.loop_config import config_tasks
+
+    rows = [{"question": "q1", "answer": "1", "docs": ["a", "b"]}, {"question": "q2", "answer": "2", "docs": [3, 4]}]
+    data = tmp_path / "tasks.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ConfigError, match="data_columns.milestones='docs'.*milestone_weight"):
+        TrainConfig(data=str(data), data_columns={"milestones": "docs"})  # mapped, but nothing would reward them
+    config = TrainConfig(data=str(data), data_columns={"milestones": "docs"},
+                         rollout={"milestone_weight": 0.5}, optimizer={"advantage": "step"})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"TrainConfig.data=.*task 1: .*'milestones' must be a list of non-empty"):
+        config_tasks(config, "data")  # the numbers of row 1 are refused before any engine starts
+    data.write_text(json.dumps(rows[0]) + "\n")
+    assert config_tasks(config, "data")[0]["milestones"] == ["a", "b"]

@@ -92,8 +92,8 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
              "save_to_disk folder, json:FILES / csv:FILES / parquet:FILES (datasets' loaders), or "
              "arithmetic:SPLIT:COUNT[:STEPS]")  # fmt: skip
     add("--data-columns", default=None, metavar="FIELD=COLUMN,...",
-        help="which column holds each task field (question, answer or ground_truth, id, system_prompt, "
-             "milestones), e.g. question=problem,answer=solution; default: GSM8K and verl column names")  # fmt: skip
+        help="which column holds each task field (question, answer or ground_truth, id, system_prompt), e.g. "
+             "question=problem,answer=solution; default: GSM8K and verl column names")  # fmt: skip
     add("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
     add("--n-parallel", type=_bounded(int, *bounds(NParallelAgents)), default=16, help="trajectories in flight")
     add("--max-steps", type=_bounded(int, *bounds(MaxSteps)), default=3, help="assistant turns per trajectory")

@@ -239,3 +239,4 @@ def test_bf16_autocast_auto_follows_the_cpus_native_bf16_and_the_fingerprint_rec
         assert tool_model_fingerprint(tmp_path)["config"]["bf16_autocast"] is expected  # each build names its own
     with pytest.raises(ConfigError, match="bf16_autocast"):
         SFTConfig(bf16_autocast="sometimes")
+    assert SFTConfig(bf16_autocast=" Auto").bf16_autocast is SFTConfig().bf16_autocast  # any case
