@@ -516,8 +516,8 @@ def _write_trajectories(path: Path, trajectories: list[Any], task_ids: Sequence[
 
 
 async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
-    """Greedy (or `eval_temperature`) rollout of the held-out tasks through the same rollout path (this rank's shard; ranks gathered), its
-    trajectories written (rank 0's) to `records`.
+    """Greedy (or `eval_temperature`) rollout of the held-out tasks through the same rollout path (this rank's
+    shard; ranks gathered), its trajectories written (rank 0's) to `records`.
 
     Returns:
         `heldout_accuracy` (share with a positive task reward: with the LLM judge, the judge's accuracy),

@@ -84,7 +84,7 @@ class SFTConfig(Config):
         bf16_autocast: compute in bfloat16 (weights stay fp32): `true`, `false`, or `"auto"` (the default), which
             becomes `true` where the CPU multiplies bf16 natively (`avx512_bf16`, `amx_bf16`, Arm `bf16`) and `false`
             elsewhere, when the config is built. Measured on 2-core x86 VMs with SmolLM2-135M: with AMX bf16 the
-            tool-model recipe took 190 s instead of 262 s in fp32, to the same held-out NLL (0.813 vs 0.807) and
+            tool-model recipe took 116-134 s instead of 262 s in fp32, to the same held-out NLL (0.813 vs 0.807) and
             rollout (tool-call rate 1.0, 0 alignment mismatches); without native bf16 a forward under autocast ran
             4-14x slower than in fp32.
         seed: seeds trace selection, batch order and torch.
