@@ -227,7 +227,8 @@ def test_research_judge_config_trains_two_steps_on_the_tiny_model_with_the_in_pr
     calls = rows[0]["heldout_judge_calls"]
     for row in rows[1:]:
         records = [json.loads(line) for line in (out / "rollouts" / f"step_{row['step']}.jsonl").read_text().splitlines()]
-        assert len(records) == 2
+        assert len(records) == 2 * row["groups_drawn"]  # the config's dynamic sampling records every drawn group
+        assert 1 <= row["groups_drawn"] <= 3  # one task a step, at most 2 extra draws
         for r in records:
             assert not r["failed"] or "reward_error" not in r["metrics"], r["error"]  # judge failures never fail one
             if not r["failed"]:  # the judge ran for every finished trajectory with an answer, F1 for all
