@@ -115,17 +115,13 @@ class SFTConfig(Config):
 
     @field_validator("bf16_autocast", mode="before")
     @classmethod
-    def _auto_in_any_case(cls, value: Any) -> Any:
-        return "auto" if isinstance(value, str) and value.strip().lower() == "auto" else value
+    def _auto_is_native_bf16(cls, value: Any) -> Any:
+        """`"auto"` (any case) becomes whether the CPU has native bf16; anything else is validated as a bool."""
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            from ascend.device import native_cpu_bf16
 
-    @field_validator("bf16_autocast")
-    @classmethod
-    def _native_bf16(cls, value: bool | str) -> bool:
-        if value != "auto":
-            return bool(value)
-        from ascend.device import native_cpu_bf16
-
-        return native_cpu_bf16()
+            return native_cpu_bf16()
+        return value
 
     @model_validator(mode="after")
     def _weights_per_call_count(self) -> SFTConfig:

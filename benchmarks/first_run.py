@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -37,8 +38,6 @@ def timed(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, st
 
 
 def main() -> None:
-    import os
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", default=None, help="clone into this folder and keep it (default: a temporary one)")
     parser.add_argument("--out", default=None)
