@@ -27,7 +27,7 @@ from agentic_rl.errors import (
 from agentic_rl.models import DEFAULT_MODEL, resolve_model
 from agentic_rl.parser import ToolCall, ToolCallError, parse_tool_calls
 from agentic_rl.rollout.harness import TrajectoryCheckpoint, run_trajectory
-from agentic_rl.rollout.rewards import gsm8k_reward
+from agentic_rl.rollout.rewards import final_answer_text, gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.session import Rollout, RolloutResult, SuspendedRollout
 from agentic_rl.rollout.spec import HarnessConfig, RolloutSpec
@@ -84,6 +84,7 @@ __all__ = [
     "TrajectoryCheckpoint",
     "TrajectoryError",
     "check_alignment",
+    "final_answer_text",
     "gsm8k_reward",
     "parse_tool_calls",
     "resolve_model",

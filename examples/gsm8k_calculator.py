@@ -14,13 +14,14 @@ import logging
 import anyio
 from transformers import AutoTokenizer
 
-from agentic_rl import CalculatorTool, ToolAgentEngineWrapper, gsm8k_reward, resolve_model
+from agentic_rl import CalculatorTool, ToolAgentEngineWrapper, final_answer_text, gsm8k_reward, resolve_model
 
 
 def reward_with_format(task, messages):
     """GSM8K correctness, plus a small bonus for ending on a line that is just the number."""
     correct = gsm8k_reward(task, messages)
-    last_line = messages[-1]["content"].strip().splitlines()[-1] if messages[-1]["content"].strip() else ""
+    answer = final_answer_text(messages).strip()  # "" when the trajectory ended on a tool call or its result
+    last_line = answer.splitlines()[-1] if answer else ""
     return correct + (0.1 if last_line.replace(",", "").replace(".", "", 1).isdigit() else 0.0)
 
 

@@ -55,14 +55,23 @@ def extract_gsm8k_answer(answer: str) -> str:
     return answer.rsplit("####", 1)[1].strip().replace(",", "")
 
 
-def final_answer_text(messages: Sequence[dict[str, str]]) -> str:
-    """The last assistant message, without its `<think>` block (all of it: see `marked_answer` for where the
-    final answer stands in it)."""
-    from agentic_rl.parser import split_thought
+def final_answer_text(messages: Sequence[dict[str, Any]]) -> str:
+    """The final answer: the last assistant message without its `<think>` block (all of it: see `marked_answer` for
+    where the answer stands in it), or "" when there is none.
+
+    A message that calls a tool (OpenAI `tool_calls`, or a `<tool_call>` block as `parser.find_tool_calls` reads
+    it, well-formed or not) is an action, not an answer: when the last assistant message is one (the trajectory
+    was cut while it still called tools: termination `max_steps` or `context_limit`), there is no final answer,
+    and every reward built on this function scores it as an empty answer. So a call's arguments never earn answer
+    reward: an expression whose last number is the result, a search query that names the answer."""
+    from agentic_rl.parser import find_tool_calls, split_thought
 
     for message in reversed(messages):
         if message.get("role") == "assistant":
-            return split_thought(message.get("content", ""))[1]
+            content = message.get("content") or ""
+            if message.get("tool_calls") or find_tool_calls(content)[0] >= 0:
+                return ""
+            return split_thought(content)[1]
     return ""
 
 

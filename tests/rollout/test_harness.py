@@ -13,7 +13,7 @@ from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import EnvStepError
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
-from agentic_rl.rollout.rewards import gsm8k_reward
+from agentic_rl.rollout.rewards import final_answer_text, gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.base import Tool
@@ -228,11 +228,19 @@ async def test_tool_choice_required_constraint_makes_every_turn_one_call_until_m
     outputs = tool_choice_outputs([calculator.schema], "required", parallel_tool_calls=False)
     config = _config(max_steps=3, max_response_length=1024,
                      sampling={"temperature": 1.0, "max_tokens": 160, "seed": 3, "structured_outputs": outputs})  # fmt: skip
-    traj = await _run(engine, tokenizer, make_task(), tools=[calculator], config=config)
+    graded = []
+
+    def any_answer(task, messages):  # 1 for any final answer at all: a cut trajectory has none
+        graded.append(final_answer_text(messages))
+        return float(bool(graded[-1]))
+
+    traj = await _run(engine, tokenizer, make_task(), tools=[calculator], config=config, reward_fn=any_answer)
 
     assert not traj.failed, traj.error
     assert traj.termination_reason == TerminationReason.MAX_STEPS
     assert traj.metrics["steps"] == 3 and traj.metrics["tool_calls"] == 3
+    assert graded == [""] and traj.metrics["res_reward"] == 0.0  # no answer given: only the tool-call reward
+    assert traj.trajectory_reward == pytest.approx(traj.metrics["toolcall_reward"])
     for step in traj.steps:
         assert step.model_response.startswith('<tool_call>\n{"name": "calculator", "arguments": ')
         assert step.model_response.count("<tool_call>") == 1

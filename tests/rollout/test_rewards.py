@@ -154,3 +154,39 @@ def test_math_reward_finds_the_marked_answer_wherever_it_stands(text, gold, expe
 def test_short_answers_are_found_before_a_long_explanation():
     task = {"ground_truth": "Arthur's Magazine"}
     assert hotpotqa_em_reward(task, _chat("<answer>Arthur's Magazine</answer>" + EXPLANATION)) == 1.0
+
+
+_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2304-2288"}}\n</tool_call>'
+_SEARCH = '<tool_call>\n{"name": "search", "arguments": {"query": "Arthur\'s Magazine"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("reward", "truth", "last_turn", "answer"),
+    [
+        (gsm8k_reward, "2288", _CALL, "The answer is 2288."),
+        (math_reward, "2288", _CALL, "\\boxed{2288}"),
+        (resolve_reward("has_number"), "2288", _CALL, "2288"),
+        (hotpotqa_f1_reward, "Arthur's Magazine", _SEARCH, "Arthur's Magazine"),
+        (hotpotqa_em_reward, "Arthur's Magazine", _SEARCH, "Arthur's Magazine"),
+        (hotpotqa_f1_reward, "Arthur's Magazine", "Arthur's Magazine " + _SEARCH, "Arthur's Magazine"),
+        (gsm8k_reward, "2288", "<tool_call>{broken 2288</tool_call>", "2288"),
+    ],
+)
+def test_a_trajectory_cut_while_calling_a_tool_has_no_answer_to_grade(reward, truth, last_turn, answer):
+    """A call's arguments are never graded as the answer: the same text earns the reward only as a final answer."""
+    task = {"ground_truth": truth}
+    cut = [{"role": "user", "content": "q"}, {"role": "assistant", "content": _CALL},
+           {"role": "tool", "content": "16"}, {"role": "assistant", "content": last_turn}]  # fmt: skip
+    assert final_answer_text(cut) == ""
+    assert reward(task, cut) == 0.0
+    answered = [*cut, {"role": "tool", "content": "2288"}, {"role": "assistant", "content": answer}]
+    assert final_answer_text(answered) == answer
+    assert reward(task, answered) == 1.0
+
+
+def test_an_openai_tool_call_message_is_not_an_answer():
+    calls = [{"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "7"}'}}]
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "7", "tool_calls": calls}]
+    assert final_answer_text(messages) == ""
+    assert gsm8k_reward({"ground_truth": "7"}, messages) == 0.0
+    assert final_answer_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": None}]) == ""
