@@ -15,7 +15,6 @@ chat template renders it, tool schemas included, once the harness hands the memo
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,6 +24,7 @@ from agentic_rl.config import Config
 from agentic_rl.engine.chat_client import ChatClient
 from agentic_rl.errors import ConfigError
 from agentic_rl.limits import MaxPromptLength
+from agentic_rl.parser import strip_thoughts
 
 __all__ = [
     "DEFAULT_SUMMARY_PROMPT",
@@ -44,7 +44,6 @@ PromptIds = Callable[[Sequence[dict[str, str]], Sequence[dict[str, Any]] | None]
 """`(messages, tools) -> prompt token ids`, e.g. `ChatRenderer.prompt_ids`: the prompt as the template renders it."""
 
 ROLES = ("system", "user", "assistant", "tool", "summary")
-_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)\s*", re.DOTALL)
 
 DEFAULT_SUMMARY_PROMPT = (
     "You compress the middle of an agent's conversation so the agent can continue its task. Write a faithful, "
@@ -331,7 +330,7 @@ class MemorySimple:
         start, stop = self._raw_bounds(messages)
         out = list(messages)
         for i in range(start, stop):
-            stripped = _THINK_BLOCK.sub("", out[i]["content"]).strip()
+            stripped = strip_thoughts(out[i]["content"])
             out[i] = {"role": out[i]["role"], "content": stripped or "(thinking omitted)"}
         return out
 

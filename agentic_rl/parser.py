@@ -68,6 +68,7 @@ __all__ = [
     "json_nesting_exceeds",
     "parse_tool_calls",
     "split_thought",
+    "strip_thoughts",
     "tool_call_format",
 ]
 
@@ -104,6 +105,7 @@ _NESTING_TOKENS = re.compile(r'[^"\[\]{}]+|"(?:[^"\\]+|\\.)*+"?|[\[\]{}]', re.DO
 # can stop. Keeps the scan of a tool call in prose short.
 _NOT_JSON = re.compile(r"[^ \t\n\r0-9+\-.eE,:truefalsn]")
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+_THINK_BLOCK = re.compile(r"<think>.*?(?:</think>|$)\s*", re.DOTALL)
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 _NOT_CONVERTED = object()
@@ -494,6 +496,12 @@ def split_thought(text: str) -> tuple[str, str]:
     if match is None:
         return "", text
     return match.group(1).strip(), (text[: match.start()] + text[match.end() :]).strip()
+
+
+def strip_thoughts(text: str) -> str:
+    """`text` without any reasoning: the remainder of `split_thought`, with every further `<think>` block (an
+    unclosed one runs to the end) removed too; stripped."""
+    return _THINK_BLOCK.sub("", split_thought(text)[1]).strip()
 
 
 def action_text(content: str) -> str:

@@ -401,7 +401,7 @@ async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None
     if spec.config.milestone_weight:  # a process reward: the task's milestones this turn's tool results first show
         step.reward += milestone_reward(state.milestones, state.milestones_reached,
                                         [str(m.get("content") or "") for m in result.observation],
-                                        spec.config.milestone_weight)  # fmt: skip
+                                        spec.config.milestone_weight, action=step.action or "")  # fmt: skip
     state.metrics["env_time"] += step.info["env_time_s"]
     step.info.update(result.info)
     for key in ("tool_calls", "tool_errors", "well_formed_calls"):

@@ -56,22 +56,26 @@ def extract_gsm8k_answer(answer: str) -> str:
 
 
 def final_answer_text(messages: Sequence[dict[str, Any]]) -> str:
-    """The final answer: the last assistant message without its `<think>` block (all of it: see `marked_answer` for
-    where the answer stands in it), or "" when there is none.
+    """The final answer: the last assistant message without its reasoning (`<think>` blocks; see `marked_answer`
+    for where the answer stands in the rest), or "" when there is none. Content given as OpenAI text parts is
+    joined.
 
     A message that calls a tool (OpenAI `tool_calls`, or a `<tool_call>` block as `parser.find_tool_calls` reads
     it, well-formed or not) is an action, not an answer: when the last assistant message is one (the trajectory
     was cut while it still called tools: termination `max_steps` or `context_limit`), there is no final answer,
     and every reward built on this function scores it as an empty answer. So a call's arguments never earn answer
-    reward: an expression whose last number is the result, a search query that names the answer."""
-    from agentic_rl.parser import find_tool_calls, split_thought
+    reward: an expression whose last number is the result, a search query that names the answer. An environment
+    whose episode ends on a tool call (a `submit` tool) needs a reward of its own that reads that call."""
+    from agentic_rl.parser import find_tool_calls, strip_thoughts
 
     for message in reversed(messages):
         if message.get("role") == "assistant":
             content = message.get("content") or ""
+            if isinstance(content, list):  # OpenAI content parts
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             if message.get("tool_calls") or find_tool_calls(content)[0] >= 0:
                 return ""
-            return split_thought(content)[1]
+            return strip_thoughts(content)
     return ""
 
 

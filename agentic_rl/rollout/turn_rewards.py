@@ -6,8 +6,8 @@ A turn's reward is the sum of
   the well-formed calls of turn k (its `info["well_formed_calls"]`) and `tool_calls` the trajectory's attempted
   calls, so that the shares add up to the trajectory's `toolcall_reward`;
 - its milestone reward: `milestone_weight / len(milestones)` for each of the task's `milestones` (strings: an
-  intermediate result, a supporting document's title) that first appears in this turn's tool results
-  (`milestone_reward`); a process reward for step-level training, which most tasks leave out;
+  intermediate result, a supporting document's title) that first appears in this turn's tool results and not in
+  its own tool calls (`milestone_reward`); a process reward for step-level training, which most tasks leave out;
 - on the last turn only, the final answer's reward (`reward_fn`).
 
 The sum of a trajectory's step rewards therefore equals its `trajectory_reward` (up to float rounding) whenever the
@@ -55,17 +55,23 @@ def task_milestones(task: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(m.strip() for m in milestones))
 
 
-def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequence[str], weight: float) -> float:
+def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequence[str], weight: float, *,
+                     action: str = "") -> float:  # fmt: skip
     """The milestone reward of one turn: `weight / len(milestones)` for each milestone that appears in `texts` (the
-    turn's tool results) and is not in `reached` yet; those are added to `reached` (in place).
+    turn's tool results), not in `action`, and is not in `reached` yet; those are added to `reached` (in place).
 
     A milestone appears when it occurs in a text as a whole word: not inside a longer run of letters, digits or
     underscores, and for a number not as the start of a longer number either (milestone `193` is not reached by
     `1930`, `-193` or `193.5`, but by `= 193` or `193 apples`).
+
+    `action` is the turn's own tool-call text (`Step.action`): a milestone the policy wrote into its call is not
+    reached by the call's result, since tools echo their arguments (a calculator given the value returns it, a
+    search repeats its query, an error quotes the bad expression). It stays open for a later turn.
     """
     if not milestones:
         return 0.0
-    new = [m for m in milestones if m not in reached and any(_occurs(m, text) for text in texts)]
+    new = [m for m in milestones
+           if m not in reached and not _occurs(m, action) and any(_occurs(m, text) for text in texts)]  # fmt: skip
     reached.update(new)
     return weight * len(new) / len(milestones)
 

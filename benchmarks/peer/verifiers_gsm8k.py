@@ -58,7 +58,8 @@ def _last_number(text: str) -> str | None:
 
 
 def correct(completion, answer: str) -> float:
-    """1.0 when the last number of the final assistant message equals the GSM8K answer (after '####')."""
+    """1.0 when the last number of the final assistant message equals the GSM8K answer (after '####'); 0.0 when
+    that message calls a tool."""
     final = [
         m
         for m in completion
@@ -66,7 +67,10 @@ def correct(completion, answer: str) -> float:
     ]
     if not final:
         return 0.0
-    content = final[-1]["content"] if isinstance(final[-1], dict) else final[-1].content
+    last = final[-1]
+    if last.get("tool_calls") if isinstance(last, dict) else getattr(last, "tool_calls", None):
+        return 0.0  # cut while still calling tools: no answer (as our rewards grade it)
+    content = last["content"] if isinstance(last, dict) else last.content
     got, want = _last_number(content if isinstance(content, str) else ""), _last_number(answer.split("####")[-1])
     try:
         return float(got is not None and want is not None and float(got) == float(want))

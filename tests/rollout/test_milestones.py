@@ -37,6 +37,9 @@ def test_a_milestone_counts_once_as_a_whole_word():
         assert milestone_reward(["193"], set(), [text], 1.0) == 1.0, text
     assert milestone_reward(["Paris"], set(), ["Title: Paris (city)"], 0.2) == pytest.approx(0.2)
     assert milestone_reward([], set(), ["anything"], 1.0) == 0.0
+    echoed = '<tool_call>{"name": "search", "arguments": {"query": "hp00001"}}</tool_call>'
+    assert milestone_reward(["hp00001"], reached := set(), ['Results for "hp00001": none'], 1.0, action=echoed) == 0
+    assert reached == set() and milestone_reward(["hp00001"], reached, ["hp00001: Paris"], 1.0, action="") == 1.0
 
 
 def test_milestones_must_be_a_list_of_non_empty_strings():
@@ -49,17 +52,8 @@ def test_milestones_must_be_a_list_of_non_empty_strings():
 async def test_each_turn_earns_the_milestones_its_tool_results_first_show(engine, tokenizer):
     """Turn 0 computes 6*7 = 42 and turn 1 42+1 = 43 (the real engine samples them under a regex); the tasks' milestones
     say which of those results count."""
-    calls = {0: _call("6*7"), 1: _call("42+1")}
-    steered = SteeredEngine(engine, tokenizer, lambda turn: {"regex": calls[turn]} if turn in calls else {})
-    renderer = ChatRenderer(tokenizer)
-    environment = ToolEnvironment([CalculatorTool()], tools_in_system_prompt=not renderer.supports_tools)
-    config = HarnessConfig(max_steps=3, max_prompt_length=1024, max_response_length=512, toolcall_weight=0.0,
-                           milestone_weight=WEIGHT, sampling={"temperature": 1.0, "max_tokens": 48, "seed": 3})  # fmt: skip
-    spec = RolloutSpec(steered, environment, renderer, config, reward_fn=gsm8k_reward)
     milestones = {0: ["42", "43", "99"], 1: ["43"], 2: ["42", "42.0"], 3: ["4", "7"], 4: "43"}
-    tasks = [{"id": i, "question": "What is 6 * 7 plus 1?", "ground_truth": "43", "milestones": m}
-             for i, m in milestones.items()]  # fmt: skip
-    trajectories = {t.idx: t for t in (await Rollout(spec, n_parallel_agents=5).run(tasks)).trajectories}
+    trajectories = await _steered_rollout(engine, tokenizer, ["6*7", "42+1"], milestones)
     answer = {i: t.metrics["res_reward"] for i, t in trajectories.items() if not t.failed}
     expected = {0: [WEIGHT / 3, WEIGHT / 3, answer.get(0)], 1: [0.0, WEIGHT, answer.get(1)],
                 2: [WEIGHT / 2, 0.0, answer.get(2)], 3: [0.0, 0.0, answer.get(3)]}  # fmt: skip
@@ -71,6 +65,29 @@ async def test_each_turn_earns_the_milestones_its_tool_results_first_show(engine
         assert t.trajectory_reward == t.metrics["res_reward"]  # milestones are step rewards only
     bad = trajectories[4]
     assert bad.failed and "'milestones' must be a list of non-empty strings" in bad.error
+
+
+async def test_a_milestone_the_call_itself_writes_is_not_reached_by_its_echo(engine, tokenizer):
+    """A calculator given the value returns it: turn 0 writes `43` and is not paid; turn 1 computes 42+1 and is."""
+    trajectories = await _steered_rollout(engine, tokenizer, ["43", "42+1"], {0: ["43"]})
+    t = trajectories[0]
+    assert not t.failed and [m["content"] for m in t.chat_completions if m["role"] == "tool"] == ["43", "43"], t.error
+    assert [s.reward for s in t.steps] == pytest.approx([0.0, WEIGHT, t.metrics["res_reward"]], abs=1e-12)
+
+
+async def _steered_rollout(engine, tokenizer, expressions: list[str], milestones: dict[int, object]) -> dict:
+    """Tasks "What is 6 * 7 plus 1?" with the given milestones, rolled out for 3 turns on the real engine, turn k
+    sampled under a regex that writes a calculator call of `expressions[k]`; trajectories by task index."""
+    calls = {k: _call(expression) for k, expression in enumerate(expressions)}
+    steered = SteeredEngine(engine, tokenizer, lambda turn: {"regex": calls[turn]} if turn in calls else {})
+    renderer = ChatRenderer(tokenizer)
+    environment = ToolEnvironment([CalculatorTool()], tools_in_system_prompt=not renderer.supports_tools)
+    config = HarnessConfig(max_steps=3, max_prompt_length=1024, max_response_length=512, toolcall_weight=0.0,
+                           milestone_weight=WEIGHT, sampling={"temperature": 1.0, "max_tokens": 48, "seed": 3})  # fmt: skip
+    spec = RolloutSpec(steered, environment, renderer, config, reward_fn=gsm8k_reward)
+    tasks = [{"id": i, "question": "What is 6 * 7 plus 1?", "ground_truth": "43", "milestones": m}
+             for i, m in milestones.items()]  # fmt: skip
+    return {t.idx: t for t in (await Rollout(spec, n_parallel_agents=len(tasks)).run(tasks)).trajectories}
 
 
 def test_the_training_config_refuses_milestones_without_step_level_advantages():

@@ -190,3 +190,11 @@ def test_an_openai_tool_call_message_is_not_an_answer():
     assert final_answer_text(messages) == ""
     assert gsm8k_reward({"ground_truth": "7"}, messages) == 0.0
     assert final_answer_text([{"role": "user", "content": "q"}, {"role": "assistant", "content": None}]) == ""
+
+
+def test_no_reasoning_block_is_graded_and_content_parts_are_joined():
+    chat = _chat("<think>plan</think>I am not sure. <think>maybe 2288</think>")
+    assert final_answer_text(chat) == "I am not sure." and gsm8k_reward({"ground_truth": "2288"}, chat) == 0.0
+    assert final_answer_text(_chat("maybe 2288</think>So 12. <think>or 2288")) == "So 12."  # opened by the prompt
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": "The answer "}, {"type": "text", "text": "is 7"}]}]
+    assert final_answer_text(parts) == "The answer is 7" and gsm8k_reward({"ground_truth": "7"}, parts) == 1.0
