@@ -80,7 +80,47 @@ def read_run(
         "steps": max(r["step"] for r in rows),
         "wall_s": round(wall, 1), "curve": curve, "train_reward_mean": [r.get("reward_mean") for r in rows if r["step"]],
         "plot": str(plot.relative_to(ROOT)) if plot.is_file() else None, "run_dir": str(out),
+        "process_metrics_heldout": process_metrics(out),
     }  # fmt: skip
+
+
+def process_metrics(out: Path) -> dict[str, dict[str, float]] | None:
+    """What each held-out evaluation of an arithmetic run did, by step: the share of trajectories whose tool results
+    show an intermediate value (`intermediate`) and the answer (`answer_computed`), each from a call that did not
+    write it itself (`milestone_reward`'s rule), that give a final answer at all (`answered`, `final_answer_text`),
+    and that answer right (`right`: answer reward 1). None when `eval_data` is not an `arithmetic:` spec."""
+    from agentic_rl.rollout.rewards import final_answer_text
+    from agentic_rl.rollout.turn_rewards import milestone_reward
+    from agentic_rl.synthetic import parse_arithmetic_spec
+
+    tasks = parse_arithmetic_spec(json.loads((out / "config.json").read_text()).get("eval_data") or "")
+    if tasks is None:
+        return None
+    by_id = {t["id"]: t for t in tasks}
+    metrics = {}
+    for path in sorted((out / "rollouts").glob("eval_step_*.jsonl"), key=lambda p: int(p.stem.rsplit("_", 1)[1])):
+        counts = {"intermediate": 0, "answer_computed": 0, "answered": 0, "right": 0}
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for record in records:
+            task, chat = by_id[record["task_id"]], record["chat_completions"]
+            shown = {"intermediate": set(), "answer_computed": set()}
+            for k, message in enumerate(chat):
+                if message["role"] != "assistant":
+                    continue
+                results = [m.get("content") or "" for m in chat[k + 1 :][: _tool_run(chat[k + 1 :])]]
+                for key, milestones in (("intermediate", task["milestones"]), ("answer_computed", [task["ground_truth"]])):
+                    milestone_reward(milestones, shown[key], results, 1.0, action=message.get("content") or "")
+            counts["intermediate"] += bool(shown["intermediate"])
+            counts["answer_computed"] += bool(shown["answer_computed"])
+            counts["answered"] += bool(final_answer_text(chat))
+            counts["right"] += record["metrics"].get("res_reward", 0.0) >= 1.0
+        metrics[path.stem.rsplit("_", 1)[1]] = {k: round(v / len(records), 3) for k, v in counts.items()}
+    return metrics
+
+
+def _tool_run(messages: list[dict[str, Any]]) -> int:
+    """How many messages at the start of `messages` are tool results."""
+    return next((i for i, m in enumerate(messages) if m["role"] != "tool"), len(messages))
 
 
 def improved(before: float, after: float, min_gain: float) -> float:
