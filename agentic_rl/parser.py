@@ -499,9 +499,13 @@ def split_thought(text: str) -> tuple[str, str]:
 
 
 def strip_thoughts(text: str) -> str:
-    """`text` without any reasoning: the remainder of `split_thought`, with every further `<think>` block (an
-    unclosed one runs to the end) removed too; stripped."""
-    return _THINK_BLOCK.sub("", split_thought(text)[1]).strip()
+    """`text` without any reasoning: the text before a `</think>` that comes before any `<think>` (reasoning the
+    generation prompt opened) and every `<think>` block (an unclosed one runs to the end) removed, each block
+    replaced by a space (so `12<think>..</think>34` does not read `1234`); stripped."""
+    close = text.find(THINK_CLOSE)
+    if close >= 0 and text.find(THINK_OPEN, 0, close) < 0:
+        text = text[close + len(THINK_CLOSE) :]
+    return _THINK_BLOCK.sub(" ", text).strip()
 
 
 def action_text(content: str) -> str:

@@ -57,10 +57,10 @@ def extract_gsm8k_answer(answer: str) -> str:
 
 def final_answer_text(messages: Sequence[dict[str, Any]]) -> str:
     """The final answer: the last assistant message without its reasoning (`<think>` blocks; see `marked_answer`
-    for where the answer stands in the rest), or "" when there is none. Content given as OpenAI text parts is
-    joined.
+    for where the answer stands in the rest), or "" when there is none. Content given as OpenAI content parts is
+    read from its text parts, one per line (a reasoning part is not the answer).
 
-    A message that calls a tool (OpenAI `tool_calls`, or a `<tool_call>` block as `parser.find_tool_calls` reads
+    A message that calls a tool (OpenAI `tool_calls` or `function_call`, or a `<tool_call>` block as `parser.find_tool_calls` reads
     it, well-formed or not) is an action, not an answer: when the last assistant message is one (the trajectory
     was cut while it still called tools: termination `max_steps` or `context_limit`), there is no final answer,
     and every reward built on this function scores it as an empty answer. So a call's arguments never earn answer
@@ -70,12 +70,22 @@ def final_answer_text(messages: Sequence[dict[str, Any]]) -> str:
 
     for message in reversed(messages):
         if message.get("role") == "assistant":
-            content = message.get("content") or ""
-            if isinstance(content, list):  # OpenAI content parts
-                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            if message.get("tool_calls") or find_tool_calls(content)[0] >= 0:
+            content = _message_text(message.get("content"))
+            if message.get("tool_calls") or message.get("function_call") or find_tool_calls(content)[0] >= 0:
                 return ""
             return strip_thoughts(content)
+    return ""
+
+
+def _message_text(content: Any) -> str:
+    """A message's text: a string as it is; OpenAI content parts, the `text` of each text part (or plain string),
+    one per line; "" for anything else (None, a number)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [p if isinstance(p, str) else p.get("text") for p in content
+                 if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text")]  # fmt: skip
+        return "\n".join(t for t in texts if isinstance(t, str))
     return ""
 
 

@@ -18,6 +18,7 @@ to `trajectory_reward`. A failed trajectory's turns get no tool-call or answer s
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -61,23 +62,47 @@ def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequen
     turn's tool results), not in `action`, and is not in `reached` yet; those are added to `reached` (in place).
 
     A milestone appears when it occurs in a text as a whole word: not inside a longer run of letters, digits or
-    underscores, and for a number not as the start of a longer number either (milestone `193` is not reached by
-    `1930`, `-193` or `193.5`, but by `= 193` or `193 apples`).
+    underscores, and for a number not as part of a longer number either (milestone `193` is not reached by `1930`,
+    `-193`, `193.5`, `1,193` or `193,000`, but by `= 193` or `193 apples`).
 
     `action` is the turn's own tool-call text (`Step.action`): a milestone the policy wrote into its call is not
     reached by the call's result, since tools echo their arguments (a calculator given the value returns it, a
-    search repeats its query, an error quotes the bad expression). It stays open for a later turn.
+    search repeats its query, an error quotes the bad expression). It stays open for a later turn. Written means:
+    for a number, any number of the action with the same value, however spelled (`193.0`, `193e0`, `1,93`, `1_93`);
+    for text, the milestone anywhere in the action, in any case.
     """
     if not milestones:
         return 0.0
     new = [m for m in milestones
-           if m not in reached and not _occurs(m, action) and any(_occurs(m, text) for text in texts)]  # fmt: skip
+           if m not in reached and not _written(m, action) and any(_occurs(m, text) for text in texts)]  # fmt: skip
     reached.update(new)
     return weight * len(new) / len(milestones)
 
 
+_ACTION_NUMBER = re.compile(r"\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+")
+
+
+def _written(milestone: str, action: str) -> bool:
+    """Whether `action` writes `milestone` itself (see `milestone_reward`)."""
+    if not action:
+        return False
+    value = _number(milestone)
+    if value is None:
+        return milestone.lower() in action.lower()
+    joined = re.sub(r"(?<=[\d.])[,_'](?=\d)", "", action)  # 1,93 / 1_93 / 1'93 -> 193
+    return any(_number(n) == abs(value) for n in _ACTION_NUMBER.findall(joined))  # unsigned: `-193` writes 193
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
 def _occurs(milestone: str, text: str) -> bool:
-    return re.search(rf"(?<![\w.-]){re.escape(milestone)}(?![\w]|\.\d)", text) is not None
+    return re.search(rf"(?<![\w.-])(?<!\d,){re.escape(milestone)}(?![\w]|[.,]\d)", text) is not None
 
 
 def credit_turns(steps: Sequence[Step], *, answer_reward: float, toolcall_weight: float, tool_calls: int) -> None:

@@ -31,7 +31,7 @@ def test_a_milestone_counts_once_as_a_whole_word():
     assert milestone_reward(["193", "1620"], reached, ["193"], 1.0) == 0.5 and reached == {"193"}
     assert milestone_reward(["193", "1620"], reached, ["193", "so 1620 in all"], 1.0) == 0.5  # 193 counted already
     assert milestone_reward(["193", "1620"], reached, ["1620"], 1.0) == 0.0
-    for text in ("1930", "-193", "193.5", "0.193", "x193"):
+    for text in ("1930", "-193", "193.5", "0.193", "x193", "1,193", "193,000"):
         assert milestone_reward(["193"], set(), [text], 1.0) == 0.0, text
     for text in ("= 193", "193 apples", "193.", "(193)"):
         assert milestone_reward(["193"], set(), [text], 1.0) == 1.0, text
@@ -40,6 +40,10 @@ def test_a_milestone_counts_once_as_a_whole_word():
     echoed = '<tool_call>{"name": "search", "arguments": {"query": "hp00001"}}</tool_call>'
     assert milestone_reward(["hp00001"], reached := set(), ['Results for "hp00001": none'], 1.0, action=echoed) == 0
     assert reached == set() and milestone_reward(["hp00001"], reached, ["hp00001: Paris"], 1.0, action="") == 1.0
+    for spelling in ("193", "193.0", "193e0", "1,93", "1_93", "+193", "(193)", "-193"):  # the value, however written
+        assert milestone_reward(["193"], set(), ["193"], 1.0, action=f'{{"expression": "{spelling}"}}') == 0, spelling
+    assert milestone_reward(["193"], set(), ["193"], 1.0, action='{"expression": "200-7"}') == 1.0  # computed
+    assert milestone_reward(["Paris"], set(), ["Paris (city)"], 1.0, action='{"query": "paris"}') == 0  # any case
 
 
 def test_milestones_must_be_a_list_of_non_empty_strings():

@@ -196,5 +196,11 @@ def test_no_reasoning_block_is_graded_and_content_parts_are_joined():
     chat = _chat("<think>plan</think>I am not sure. <think>maybe 2288</think>")
     assert final_answer_text(chat) == "I am not sure." and gsm8k_reward({"ground_truth": "2288"}, chat) == 0.0
     assert final_answer_text(_chat("maybe 2288</think>So 12. <think>or 2288")) == "So 12."  # opened by the prompt
-    parts = [{"role": "assistant", "content": [{"type": "text", "text": "The answer "}, {"type": "text", "text": "is 7"}]}]
-    assert final_answer_text(parts) == "The answer is 7" and gsm8k_reward({"ground_truth": "7"}, parts) == 1.0
+    assert final_answer_text(_chat("Total 12<think>x</think>34")) == "Total 12 34"  # no number fused across a block
+    parts = [{"role": "assistant", "content": [{"type": "reasoning", "text": "maybe 7"}, {"type": "text", "text": "Total:"},
+                                               {"type": "text", "text": "12"}, "3 apples", {"type": "text", "text": None}]}]
+    assert final_answer_text(parts) == "Total:\n12\n3 apples" and gsm8k_reward({"ground_truth": "3"}, parts) == 1.0
+    for content in ({"text": "42"}, 42):
+        assert final_answer_text([{"role": "assistant", "content": content}]) == ""
+    legacy = {"role": "assistant", "content": "I'll compute 42", "function_call": {"name": "calculator", "arguments": "{}"}}
+    assert final_answer_text([legacy]) == ""
