@@ -60,8 +60,8 @@ def final_answer_text(messages: Sequence[dict[str, Any]]) -> str:
     for where the answer stands in the rest), or "" when there is none. Content given as OpenAI content parts is
     read from its text parts, one per line (a reasoning part is not the answer).
 
-    A message that calls a tool (OpenAI `tool_calls` or `function_call`, or a `<tool_call>` block as `parser.find_tool_calls` reads
-    it, well-formed or not) is an action, not an answer: when the last assistant message is one (the trajectory
+    A message that calls a tool (OpenAI `tool_calls` or `function_call`, or a `<tool_call>` block as
+    `parser.find_tool_calls` reads it, well-formed or not) is an action, not an answer: when the last assistant message is one (the trajectory
     was cut while it still called tools: termination `max_steps` or `context_limit`), there is no final answer,
     and every reward built on this function scores it as an empty answer. So a call's arguments never earn answer
     reward: an expression whose last number is the result, a search query that names the answer. An environment

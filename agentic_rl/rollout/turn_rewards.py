@@ -65,16 +65,18 @@ def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequen
     underscores, and for a number not as part of a longer number either (milestone `193` is not reached by `1930`,
     `-193`, `193.5`, `1,193` or `193,000`, but by `= 193` or `193 apples`).
 
-    `action` is the turn's own tool-call text (`Step.action`): a milestone the policy wrote into its call is not
-    reached by the call's result, since tools echo their arguments (a calculator given the value returns it, a
-    search repeats its query, an error quotes the bad expression). It stays open for a later turn. Written means:
-    for a number, any number of the action with the same value, however spelled (`193.0`, `193e0`, `1,93`, `1_93`);
-    for text, the milestone anywhere in the action, in any case.
+    `action` is the turn's own tool-call text (`Step.action`): tools echo their arguments (a calculator given the
+    value returns it, a search repeats its query, an error quotes the bad expression), so what the policy wrote is
+    not what it found. A number milestone is not reached when any number of the action has its value, however
+    spelled (`193.0`, `193e0`, `1,93`, `1_93`); a text milestone is looked for in the results with every string the
+    calls pass as an argument (and a malformed call's whole text) cut out, so a search for "Paris population" may
+    reach "Paris" through a result's title but not through the echoed query. Either stays open for a later turn.
     """
     if not milestones:
         return 0.0
-    new = [m for m in milestones
-           if m not in reached and not _written(m, action) and any(_occurs(m, text) for text in texts)]  # fmt: skip
+    found = _echo_free(texts, action) if action else list(texts)
+    new = [m for m in milestones if m not in reached and not _number_written(m, action)
+           and any(_occurs(m, text) for text in (texts if _number(m) is not None else found))]  # fmt: skip
     reached.update(new)
     return weight * len(new) / len(milestones)
 
@@ -82,15 +84,41 @@ def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequen
 _ACTION_NUMBER = re.compile(r"\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+")
 
 
-def _written(milestone: str, action: str) -> bool:
-    """Whether `action` writes `milestone` itself (see `milestone_reward`)."""
-    if not action:
-        return False
+def _number_written(milestone: str, action: str) -> bool:
+    """Whether `milestone` is a number whose value `action` writes (see `milestone_reward`)."""
     value = _number(milestone)
-    if value is None:
-        return milestone.lower() in action.lower()
+    if value is None or not action:
+        return False
     joined = re.sub(r"(?<=[\d.])[,_'](?=\d)", "", action)  # 1,93 / 1_93 / 1'93 -> 193
     return any(_number(n) == abs(value) for n in _ACTION_NUMBER.findall(joined))  # unsigned: `-193` writes 193
+
+
+def _echo_free(texts: Sequence[str], action: str) -> list[str]:
+    """`texts` with every argument string of the calls in `action` (and each malformed call's text) cut out."""
+    from agentic_rl.parser import ToolCall, parse_tool_calls
+
+    written: list[str] = []
+    for call in parse_tool_calls(action):
+        _strings(call.arguments if isinstance(call, ToolCall) else call.raw, written)
+    cuts = sorted({w.strip() for w in written if w.strip()}, key=len, reverse=True)
+    out = []
+    for text in texts:
+        for cut in cuts:
+            text = text.replace(cut, " ")
+        out.append(text)
+    return out
+
+
+def _strings(value: Any, into: list[str]) -> None:
+    """Every string inside `value` (nested lists and dicts), appended to `into`."""
+    if isinstance(value, str):
+        into.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, into)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, into)
 
 
 def _number(text: str) -> float | None:

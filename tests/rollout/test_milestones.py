@@ -43,7 +43,12 @@ def test_a_milestone_counts_once_as_a_whole_word():
     for spelling in ("193", "193.0", "193e0", "1,93", "1_93", "+193", "(193)", "-193"):  # the value, however written
         assert milestone_reward(["193"], set(), ["193"], 1.0, action=f'{{"expression": "{spelling}"}}') == 0, spelling
     assert milestone_reward(["193"], set(), ["193"], 1.0, action='{"expression": "200-7"}') == 1.0  # computed
-    assert milestone_reward(["Paris"], set(), ["Paris (city)"], 1.0, action='{"query": "paris"}') == 0  # any case
+    query = '<tool_call>{"name": "search", "arguments": {"query": "Paris population"}}</tool_call>'
+    assert milestone_reward(["Paris"], set(), ['Results for "Paris population": no match'], 1.0, action=query) == 0
+    assert milestone_reward(["Paris"], set(), ['Results for "Paris population":\n1. Paris (city)'], 1.0,
+                            action=query) == 1.0  # found through a result, not the echoed query  # fmt: skip
+    broken = "<tool_call>{not json: Paris</tool_call>"
+    assert milestone_reward(["Paris"], set(), ["Error: {not json: Paris"], 1.0, action=broken) == 0
 
 
 def test_milestones_must_be_a_list_of_non_empty_strings():
