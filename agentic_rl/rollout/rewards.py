@@ -94,7 +94,7 @@ def _message_text(content: Any) -> str:
 # ---- where the final answer stands -------------------------------------------------------------------------------
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_HASHES = re.compile(r"####")
+_HASHES = re.compile(r"####(?=[ \t]*[-+\u2212$\\\d.])")  # GSM8K's marker, before a value; not a markdown heading
 _ANSWER_IS = re.compile(r"\banswer\b[*_]*\s*(?:is\b|:|=)[*_:]*", re.IGNORECASE)
 _NUMBER = re.compile(
     r"(?<![\w.)\]}])(?P<sign>[+\-\u2212])?(?:\\?\$\s*)?(?P<digits>\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)(?P<decimals>\.\d+)?"
@@ -120,15 +120,23 @@ def _last_boxed(text: str) -> str | None:
 
 def _last_after(text: str, marker: re.Pattern[str]) -> str | None:
     """What follows the last match of `marker` in `text` that is followed by anything: up to the end of its sentence
-    or line (the next line when the marker ends its line; a sentence ends at a period followed by white space)."""
+    or line (the next line when the marker ends its line; a sentence ends at a period followed by white space), or
+    a whole display-math block (`$$ ... $$`, `\\[ ... \\]`) that opens there."""
     for match in reversed(list(marker.finditer(text))):
         rest = text[match.end() : match.end() + MAX_ANSWER_CHARS].lstrip(" \t*_:")
         if rest.startswith("\n"):
             rest = rest.lstrip()
+        opener = rest.split("\n", 1)[0].strip()
+        if opener in _DISPLAY_MATH:  # "Answer:\n$$\n\\frac{14}{3}\n$$": the whole display block
+            end = rest.find(_DISPLAY_MATH[opener], rest.find(opener) + len(opener))
+            return rest[: end + len(_DISPLAY_MATH[opener])].strip() if end >= 0 else rest.strip()
         span = _SENTENCE_END.split(rest.split("\n", 1)[0], maxsplit=1)[0].strip()
         if span:
             return span
     return None
+
+
+_DISPLAY_MATH = {"$$": "$$", "\\[": "\\]"}
 
 
 def _last_tagged(text: str) -> str | None:
@@ -286,7 +294,6 @@ def has_number_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) 
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_SHORT_ANSWER_IS = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(.+)", re.IGNORECASE)
 
 
 def normalize_answer(text: str) -> str:
@@ -296,14 +303,19 @@ def normalize_answer(text: str) -> str:
 
 
 def extract_short_answer(text: str) -> str:
-    """The short answer in a final message: `<answer>...</answer>`, else after the last "answer is"/"answer:",
-    else the last non-empty line."""
-    tagged = _last_tagged(text)
-    if tagged is not None:
-        return tagged
-    stated = _SHORT_ANSWER_IS.findall(text)
-    if stated:
-        return stated[-1].strip().splitlines()[0].strip()
+    """The short answer in a final message: `<answer>...</answer>`, else the last `\\boxed{}`, else the rest of the
+    line after the last "answer is" / "answer:" (markdown emphasis dropped; the next line when the marker ends its
+    line), else the last non-empty line."""
+    for marked in (_last_tagged(text), _last_boxed(text)):
+        if marked is not None:
+            return marked
+    for match in reversed(list(_ANSWER_IS.finditer(text))):
+        rest = text[match.end() :].lstrip(" \t*_:")
+        if rest.startswith("\n"):
+            rest = rest.lstrip()
+        stated = rest.split("\n", 1)[0].strip().strip("*_").strip()
+        if stated:
+            return stated
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
 

@@ -204,3 +204,23 @@ def test_no_reasoning_block_is_graded_and_content_parts_are_joined():
         assert final_answer_text([{"role": "assistant", "content": content}]) == ""
     legacy = {"role": "assistant", "content": "I'll compute 42", "function_call": {"name": "calculator", "arguments": "{}"}}
     assert final_answer_text([legacy]) == ""
+
+
+@pytest.mark.parametrize(
+    ("reward", "text", "gold"),
+    [
+        (gsm8k_reward, "#### Step 1: add\n5 + 7 = 12\n#### Step 2: double\n12 * 2 = 24\n\nThe answer is 24.", "24"),
+        (math_reward, "#### Final Answer\n$\\frac{14}{3}$", "\\frac{14}{3}"),
+        (math_reward, "#### Step 2: simplify\n$\\frac{28}{6} = \\frac{14}{3}$\nThe answer is $\\frac{14}{3}$",
+         "\\frac{14}{3}"),
+        (math_reward, "**Final Answer:**\n\n$$\n\\frac{14}{3}\n$$", "\\frac{14}{3}"),
+        (math_reward, "The final answer is:\n\\[\n\\frac{14}{3}\n\\]", "\\frac{14}{3}"),
+        (hotpotqa_em_reward, "The answer is:\nParis", "Paris"),
+        (hotpotqa_em_reward, "The final answer is:\n\n**Paris**", "Paris"),
+        (hotpotqa_em_reward, "Final answer: \\boxed{Paris}", "Paris"),
+        (gsm8k_reward, "She sells 9 * 2 = 18\n#### 1,600", "1600"),
+    ],
+)
+def test_markdown_headings_and_display_math_do_not_hide_the_answer(reward, text, gold):
+    """A `####` heading is not GSM8K's answer marker; an answer marker may end its line before display math."""
+    assert reward({"ground_truth": gold}, _chat(text)) == 1.0
