@@ -326,6 +326,25 @@ def test_n_streamed_choices_each_send_their_own_tool_call_ids(base_url):
     assert len(set(heads[0] + heads[1])) == 4
 
 
+def test_a_last_turn_cut_while_writing_a_call_is_recorded_as_a_call_not_an_answer(base_url, tokenizer):
+    """The client gets the text before the cut call; the record keeps the call's start, so no reward grades the
+    text before it as the final answer."""
+    from agentic_rl.rollout.rewards import final_answer_text, gsm8k_reward
+
+    tid = f"t-{uuid.uuid4().hex}"
+    long_call = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "(1 \+ ){300}1"\}\}'
+    first = _chat(base_url, tid, [{"role": "user", "content": "What is 2 + 2?"}], max_tokens=40, temperature=0.0,
+                  structured_outputs={"regex": "It is 4. " + long_call})  # fmt: skip
+    choice = first["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] == "It is 4."
+    record = httpx.get(f"{base_url}/v1/trajectories/{tid}").json()
+    assert_captured_exactly(record, tokenizer, calls=1)
+    reply = record["chat_completions"][-1]
+    assert reply["content"].startswith("It is 4. <tool_call>")
+    assert final_answer_text(record["chat_completions"]) == ""
+    assert gsm8k_reward({"ground_truth": "4"}, record["chat_completions"]) == 0.0
+
+
 def test_a_turn_cut_inside_a_call_continues_from_the_calls_it_returned(base_url, tokenizer):
     """The reply holds the complete calls only; the agent answers them and the run goes on after every sampled id."""
     tid = f"t-{uuid.uuid4().hex}"
