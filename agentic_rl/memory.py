@@ -56,7 +56,8 @@ class MemoryConfig(Config):
     """Memory settings (validated again on every assignment).
 
     Attributes:
-        simplify_thinking: drop `<think>...</think>` content from messages between the raw head and tail.
+        simplify_thinking: drop the reasoning (`parser.strip_thoughts`) of assistant messages between the raw head
+            and tail.
         use_summary: summarize the middle of the history when the prompt exceeds `max_prompt_length`.
         max_summary_length: target length of a summary in tokens, in [1, max_prompt_length].
         max_prompt_length: prompt budget in tokens, in [1, 131072], measured on the rendered prompt.
@@ -330,6 +331,8 @@ class MemorySimple:
         start, stop = self._raw_bounds(messages)
         out = list(messages)
         for i in range(start, stop):
+            if out[i]["role"] != "assistant":  # only the model reasons; a tool result may quote a tag
+                continue
             stripped = strip_thoughts(out[i]["content"])
             out[i] = {"role": out[i]["role"], "content": stripped or "(thinking omitted)"}
         return out

@@ -505,7 +505,7 @@ def strip_thoughts(text: str) -> str:
     close = text.find(THINK_CLOSE)
     if close >= 0 and text.find(THINK_OPEN, 0, close) < 0:
         text = text[close + len(THINK_CLOSE) :]
-    return _THINK_BLOCK.sub(" ", text).strip()
+    return _THINK_BLOCK.sub(" ", text).replace(THINK_CLOSE, " ").strip()  # and a stray closing tag
 
 
 def action_text(content: str) -> str:

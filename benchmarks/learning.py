@@ -87,8 +87,9 @@ def read_run(
 def process_metrics(out: Path) -> dict[str, dict[str, float]] | None:
     """What each held-out evaluation of an arithmetic run did, by step: the share of trajectories whose tool results
     show an intermediate value (`intermediate`) and the answer (`answer_computed`), each from a call that did not
-    write it itself (`milestone_reward`'s rule), that give a final answer at all (`answered`, `final_answer_text`),
+    write it itself (`milestone_reward`'s rule, with the turn's `action_text` as the harness passes it), that give a final answer at all (`answered`, `final_answer_text`),
     and that answer right (`right`: answer reward 1). None when `eval_data` is not an `arithmetic:` spec."""
+    from agentic_rl.parser import action_text
     from agentic_rl.rollout.rewards import final_answer_text
     from agentic_rl.rollout.turn_rewards import milestone_reward
     from agentic_rl.synthetic import parse_arithmetic_spec
@@ -109,12 +110,12 @@ def process_metrics(out: Path) -> dict[str, dict[str, float]] | None:
                     continue
                 results = [m.get("content") or "" for m in chat[k + 1 :][: _tool_run(chat[k + 1 :])]]
                 for key, milestones in (("intermediate", task["milestones"]), ("answer_computed", [task["ground_truth"]])):
-                    milestone_reward(milestones, shown[key], results, 1.0, action=message.get("content") or "")
+                    milestone_reward(milestones, shown[key], results, 1.0, action=action_text(message.get("content") or ""))
             counts["intermediate"] += bool(shown["intermediate"])
             counts["answer_computed"] += bool(shown["answer_computed"])
             counts["answered"] += bool(final_answer_text(chat))
             counts["right"] += record["metrics"].get("res_reward", 0.0) >= 1.0
-        metrics[path.stem.rsplit("_", 1)[1]] = {k: round(v / len(records), 3) for k, v in counts.items()}
+        metrics[path.stem.rsplit("_", 1)[1]] = {k: round(v / max(len(records), 1), 3) for k, v in counts.items()}
     return metrics
 
 

@@ -95,7 +95,9 @@ def _message_text(content: Any) -> str:
 # ---- where the final answer stands -------------------------------------------------------------------------------
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_HASHES = re.compile(r"####(?=[ \t]*[-+\u2212$\\\d.])")  # GSM8K's marker, before a value; not a markdown heading
+# GSM8K's marker: `####` before a value (on its line or the next, markdown emphasis allowed), not a markdown heading
+# such as `#### Step 2` or `#### 2. Double it`.
+_HASHES = re.compile(r"####(?=[\s*_]*[-+\u2212$\\]*\.?\d)(?![ \t*_]*\d+\.[ \t]+[A-Za-z])")
 _ANSWER_IS = re.compile(r"\banswer\b[*_]*\s*(?:is\b|:|=)[*_:]*", re.IGNORECASE)
 _NUMBER = re.compile(
     r"(?<![\w.)\]}])(?P<sign>[+\-\u2212])?(?:\\?\$\s*)?(?P<digits>\d{1,3}(?:,\d{3})+(?!\d|,\d)|\d+)(?P<decimals>\.\d+)?"
@@ -152,8 +154,10 @@ def _last_tagged(text: str) -> str | None:
 
 def marked_answer(text: str) -> str | None:
     """The explicitly marked final answer of `text`: the content of the last `\\boxed{}`, else of the last
-    `<answer>...</answer>`, else the sentence after the last `####`, else the sentence after the last "answer is" /
-    "answer:" (any case, e.g. "The final answer is", "**Answer:**"). None when nothing marks an answer.
+    `<answer>...</answer>`, else the sentence after the last `####` that precedes a value (a markdown heading such
+    as `#### Step 2` is no marker), else the sentence after the last "answer is" / "answer:" (any case, e.g. "The
+    final answer is", "**Answer:**"); a display-math block (`$$...$$`, `\\[...\\]`) that opens right after a
+    marker is taken whole. None when nothing marks an answer.
 
     A marker is looked for anywhere in the text, so an answer followed by a long explanation is found."""
     for find in (_last_boxed, _last_tagged, lambda t: _last_after(t, _HASHES), lambda t: _last_after(t, _ANSWER_IS)):
@@ -190,14 +194,15 @@ def extract_number_answer(text: str) -> str | None:
     """The final numeric answer of `text` as a plain decimal string (see `_numbers` for how it is read).
 
     The rule: the first number of the explicitly marked answer (`marked_answer`: a `\\boxed{}`, `<answer>`,
-    `####` or "answer is", wherever it stands); when no marked answer holds a number, the last number of the
-    text. "The answer is +12. (Checking: 3 * 4 = 12, and 15 - 3 = 12 ...)" reads 12, however long the check.
+    `####` or "answer is", wherever it stands), after its last `=` when it has one ("The answer is 48/2 = 24"
+    reads 24); when no marked answer holds a number, the last number of the text. "The answer is +12. (Checking:
+    3 * 4 = 12, and 15 - 3 = 12 ...)" reads 12, however long the check.
 
     Returns:
         e.g. `"12"`, `"-3.5"`, `"1600"`; None when the text holds no number.
     """
     marked = marked_answer(text)
-    numbers = _numbers(marked) if marked is not None else []
+    numbers = _numbers(marked.rsplit("=", 1)[-1]) or _numbers(marked) if marked is not None else []
     if numbers:
         return numbers[0]
     numbers = _numbers(text)

@@ -6,8 +6,8 @@ A turn's reward is the sum of
   the well-formed calls of turn k (its `info["well_formed_calls"]`) and `tool_calls` the trajectory's attempted
   calls, so that the shares add up to the trajectory's `toolcall_reward`;
 - its milestone reward: `milestone_weight / len(milestones)` for each of the task's `milestones` (strings: an
-  intermediate result, a supporting document's title) that first appears in this turn's tool results and not in
-  its own tool calls (`milestone_reward`); a process reward for step-level training, which most tasks leave out;
+  intermediate result, a supporting document's title) that this turn's tool results first show, other than as an
+  echo of what its own calls wrote (`milestone_reward`); a process reward for step-level training, which most tasks leave out;
 - on the last turn only, the final answer's reward (`reward_fn`).
 
 The sum of a trajectory's step rewards therefore equals its `trajectory_reward` (up to float rounding) whenever the
@@ -58,67 +58,82 @@ def task_milestones(task: Mapping[str, Any]) -> list[str]:
 
 def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequence[str], weight: float, *,
                      action: str = "") -> float:  # fmt: skip
-    """The milestone reward of one turn: `weight / len(milestones)` for each milestone that appears in `texts` (the
-    turn's tool results), not in `action`, and is not in `reached` yet; those are added to `reached` (in place).
+    """The milestone reward of one turn: `weight / len(milestones)` for each milestone that `texts` (the turn's tool
+    results) show and `action` did not write, and that is not in `reached` yet; those are added to `reached` (in
+    place).
 
-    A milestone appears when it occurs in a text as a whole word: not inside a longer run of letters, digits or
+    A milestone shows when it occurs in a text as a whole word: not inside a longer run of letters, digits or
     underscores, and for a number not as part of a longer number either (milestone `193` is not reached by `1930`,
     `-193`, `193.5`, `1,193` or `193,000`, but by `= 193` or `193 apples`).
 
-    `action` is the turn's own tool-call text (`Step.action`): tools echo their arguments (a calculator given the
+    `action` is the turn's own tool-call text (`Step.action`). Tools echo their arguments (a calculator given the
     value returns it, a search repeats its query, an error quotes the bad expression), so what the policy wrote is
-    not what it found. A number milestone is not reached when any number of the action has its value, however
-    spelled (`193.0`, `193e0`, `1,93`, `1_93`); a text milestone is looked for in the results with every string the
-    calls pass as an argument (and a malformed call's whole text) cut out, so a search for "Paris population" may
-    reach "Paris" through a result's title but not through the echoed query. Either stays open for a later turn.
+    not what it found. A number milestone is not reached when an argument of the calls holds a number of its
+    absolute value, however spelled (`193.0`, `193e0`, `1,93`, `1_93`, `-(-193)`; not inside a word: `step2`). A
+    text milestone is reached only by an occurrence outside every copy of an argument string in the results (a
+    search for "Paris population" reaches "Paris" through a result's title, not through the echoed query; a visit
+    by id does not reach that id). A malformed call's whole text counts as its argument. Either stays open for a
+    later turn.
     """
     if not milestones:
         return 0.0
-    found = _echo_free(texts, action) if action else list(texts)
-    new = [m for m in milestones if m not in reached and not _number_written(m, action)
-           and any(_occurs(m, text) for text in (texts if _number(m) is not None else found))]  # fmt: skip
+    written = _arguments(action)
+    new = [m for m in milestones
+           if m not in reached and not _number_written(m, written) and any(_shows(m, t, written) for t in texts)]  # fmt: skip
     reached.update(new)
     return weight * len(new) / len(milestones)
 
 
-_ACTION_NUMBER = re.compile(r"\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+")
+_ACTION_NUMBER = re.compile(r"(?<![^\W\d])(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")  # not inside a word: `step2`
 
 
-def _number_written(milestone: str, action: str) -> bool:
-    """Whether `milestone` is a number whose value `action` writes (see `milestone_reward`)."""
-    value = _number(milestone)
-    if value is None or not action:
-        return False
-    joined = re.sub(r"(?<=[\d.])[,_'](?=\d)", "", action)  # 1,93 / 1_93 / 1'93 -> 193
-    return any(_number(n) == abs(value) for n in _ACTION_NUMBER.findall(joined))  # unsigned: `-193` writes 193
-
-
-def _echo_free(texts: Sequence[str], action: str) -> list[str]:
-    """`texts` with every argument string of the calls in `action` (and each malformed call's text) cut out."""
+def _arguments(action: str) -> list[str]:
+    """What the calls in `action` pass: every string or number among their arguments (nested lists and dicts), a
+    malformed call's text as written, and `action` itself when it holds no `<tool_call>`."""
     from agentic_rl.parser import ToolCall, parse_tool_calls
 
+    if not action:
+        return []
+    calls = parse_tool_calls(action)
     written: list[str] = []
-    for call in parse_tool_calls(action):
-        _strings(call.arguments if isinstance(call, ToolCall) else call.raw, written)
-    cuts = sorted({w.strip() for w in written if w.strip()}, key=len, reverse=True)
-    out = []
-    for text in texts:
-        for cut in cuts:
-            text = text.replace(cut, " ")
-        out.append(text)
-    return out
+    for call in calls:
+        _values(call.arguments if isinstance(call, ToolCall) else call.raw, written)
+    return [w for w in written if w.strip()] if calls else [action]
 
 
-def _strings(value: Any, into: list[str]) -> None:
-    """Every string inside `value` (nested lists and dicts), appended to `into`."""
+def _values(value: Any, into: list[str]) -> None:
+    """Every string and number inside `value` (nested lists and dicts), as text, appended to `into`."""
     if isinstance(value, str):
         into.append(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        into.append(str(value))
     elif isinstance(value, dict):
         for item in value.values():
-            _strings(item, into)
+            _values(item, into)
     elif isinstance(value, list):
         for item in value:
-            _strings(item, into)
+            _values(item, into)
+
+
+def _number_written(milestone: str, written: Sequence[str]) -> bool:
+    """Whether `milestone` is a number whose value one of the `written` arguments holds (see `milestone_reward`)."""
+    value = _number(milestone)
+    if value is None:
+        return False
+    for text in written:
+        joined = re.sub(r"(?<=\d)[,_'](?=\d)", "", text)  # 1,93 / 1_93 / 1'93 -> 193
+        if any(_number(n) == abs(value) for n in _ACTION_NUMBER.findall(joined)):  # either sign: `-(-193)` is 193
+            return True
+    return False
+
+
+def _shows(milestone: str, text: str, written: Sequence[str]) -> bool:
+    """Whether `text` shows `milestone` as a whole word (`_occurrences`); for a text milestone, at a place outside every
+    copy of a `written` argument (a number milestone is judged by `_number_written` instead)."""
+    copies = [] if _number(milestone) is not None else [
+        (m.start(), m.end()) for w in {w.strip() for w in written} for m in re.finditer(re.escape(w), text)
+    ]  # fmt: skip
+    return any(not any(a <= m.start() and m.end() <= b for a, b in copies) for m in _occurrences(milestone, text))
 
 
 def _number(text: str) -> float | None:
@@ -129,8 +144,9 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _occurs(milestone: str, text: str) -> bool:
-    return re.search(rf"(?<![\w.-])(?<!\d,){re.escape(milestone)}(?![\w]|[.,]\d)", text) is not None
+def _occurrences(milestone: str, text: str) -> list[re.Match[str]]:
+    """Where `milestone` occurs in `text` as a whole word (see `milestone_reward`)."""
+    return list(re.finditer(rf"(?<![\w.-])(?<!\d,){re.escape(milestone)}(?![\w]|[.,]\d)", text))
 
 
 def credit_turns(steps: Sequence[Step], *, answer_reward: float, toolcall_weight: float, tool_calls: int) -> None:

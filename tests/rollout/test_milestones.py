@@ -40,13 +40,19 @@ def test_a_milestone_counts_once_as_a_whole_word():
     echoed = '<tool_call>{"name": "search", "arguments": {"query": "hp00001"}}</tool_call>'
     assert milestone_reward(["hp00001"], reached := set(), ['Results for "hp00001": none'], 1.0, action=echoed) == 0
     assert reached == set() and milestone_reward(["hp00001"], reached, ["hp00001: Paris"], 1.0, action="") == 1.0
-    for spelling in ("193", "193.0", "193e0", "1,93", "1_93", "+193", "(193)", "-193"):  # the value, however written
+    for spelling in ("193", "193.0", "193e0", "1,93", "1_93", "+193", "(193)", "-193", "-(-193)"):  # the value, however written
         assert milestone_reward(["193"], set(), ["193"], 1.0, action=f'{{"expression": "{spelling}"}}') == 0, spelling
     assert milestone_reward(["193"], set(), ["193"], 1.0, action='{"expression": "200-7"}') == 1.0  # computed
     query = '<tool_call>{"name": "search", "arguments": {"query": "Paris population"}}</tool_call>'
     assert milestone_reward(["Paris"], set(), ['Results for "Paris population": no match'], 1.0, action=query) == 0
     assert milestone_reward(["Paris"], set(), ['Results for "Paris population":\n1. Paris (city)'], 1.0,
                             action=query) == 1.0  # found through a result, not the echoed query  # fmt: skip
+    found = '<tool_call>{"name": "search", "arguments": {"query": "Magazine"}}</tool_call>'  # part of the title
+    assert milestone_reward(["Arthur's Magazine"], set(), ["1. Arthur's Magazine (1844)"], 1.0, action=found) == 1.0
+    visit = '<tool_call>{"name": "visit", "arguments": {"id": "hp00042"}}</tool_call>'
+    assert milestone_reward(["hp00042"], set(), ["[hp00042] Paris"], 1.0, action=visit) == 0  # the id it wrote
+    calc = '<tool_call>{"name": "calculator", "arguments": {"expression": "max(12, 7)", "note": "step2"}}</tool_call>'
+    assert milestone_reward(["2"], set(), ["2"], 1.0, action=calc) == 1.0  # only whole argument numbers count
     broken = "<tool_call>{not json: Paris</tool_call>"
     assert milestone_reward(["Paris"], set(), ["Error: {not json: Paris"], 1.0, action=broken) == 0
 

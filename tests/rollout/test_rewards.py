@@ -218,7 +218,11 @@ def test_no_reasoning_block_is_graded_and_content_parts_are_joined():
         (hotpotqa_em_reward, "The answer is:\nParis", "Paris"),
         (hotpotqa_em_reward, "The final answer is:\n\n**Paris**", "Paris"),
         (hotpotqa_em_reward, "Final answer: \\boxed{Paris}", "Paris"),
-        (gsm8k_reward, "She sells 9 * 2 = 18\n#### 1,600", "1600"),
+        (gsm8k_reward, "#### 2. Double it\n12 * 2 = 24\n\nThe answer is 24.", "24"),
+        (gsm8k_reward, "####\n24\nCheck: 6 * 4", "24"),
+        (gsm8k_reward, "#### **24**\nChecked with 3 cases.", "24"),
+        (gsm8k_reward, "**Final Answer:**\n$$\n48 \\times 48 - 16 = 2288\n$$", "2288"),
+        (gsm8k_reward, "The answer is 48/2 = 24.", "24"),
     ],
 )
 def test_markdown_headings_and_display_math_do_not_hide_the_answer(reward, text, gold):
