@@ -87,8 +87,8 @@ def read_run(
 def process_metrics(out: Path) -> dict[str, dict[str, float]] | None:
     """What each held-out evaluation of an arithmetic run did, by step: the share of trajectories whose tool results
     show an intermediate value (`intermediate`) and the answer (`answer_computed`), each from a call that did not
-    write it itself (`milestone_reward`'s rule, with the turn's `action_text` as the harness passes it), that give a final answer at all (`answered`, `final_answer_text`),
-    and that answer right (`right`: answer reward 1). None when `eval_data` is not an `arithmetic:` spec."""
+    write it itself (`milestone_reward`'s rule, with the turn's `action_text` as the harness passes it), that give
+    a final answer at all (`answered`, `final_answer_text`), and that answer right (`right`: answer reward 1). None when `eval_data` is not an `arithmetic:` spec."""
     from agentic_rl.parser import action_text
     from agentic_rl.rollout.rewards import final_answer_text
     from agentic_rl.rollout.turn_rewards import milestone_reward

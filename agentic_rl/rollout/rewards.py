@@ -126,9 +126,7 @@ def _last_after(text: str, marker: re.Pattern[str]) -> str | None:
     or line (the next line when the marker ends its line; a sentence ends at a period followed by white space), or
     a whole display-math block (`$$ ... $$`, `\\[ ... \\]`) that opens there."""
     for match in reversed(list(marker.finditer(text))):
-        rest = text[match.end() : match.end() + MAX_ANSWER_CHARS].lstrip(" \t*_:")
-        if rest.startswith("\n"):
-            rest = rest.lstrip()
+        rest = _rest_after(text, match, MAX_ANSWER_CHARS)
         opener = rest.split("\n", 1)[0].strip()
         if opener in _DISPLAY_MATH:  # "Answer:\n$$\n\\frac{14}{3}\n$$": the whole display block
             end = rest.find(_DISPLAY_MATH[opener], rest.find(opener) + len(opener))
@@ -140,6 +138,13 @@ def _last_after(text: str, marker: re.Pattern[str]) -> str | None:
 
 
 _DISPLAY_MATH = {"$$": "$$", "\\[": "\\]"}
+
+
+def _rest_after(text: str, match: re.Match[str], limit: int | None = None) -> str:
+    """The text after a marker's `match` (at most `limit` characters): blanks, emphasis and colons after it
+    dropped, and from the next line on when the marker ends its line."""
+    rest = text[match.end() : None if limit is None else match.end() + limit].lstrip(" \t*_:")
+    return rest.lstrip() if rest.startswith("\n") else rest
 
 
 def _last_tagged(text: str) -> str | None:
@@ -316,10 +321,7 @@ def extract_short_answer(text: str) -> str:
         if marked is not None:
             return marked
     for match in reversed(list(_ANSWER_IS.finditer(text))):
-        rest = text[match.end() :].lstrip(" \t*_:")
-        if rest.startswith("\n"):
-            rest = rest.lstrip()
-        stated = rest.split("\n", 1)[0].strip().strip("*_").strip()
+        stated = _rest_after(text, match).split("\n", 1)[0].strip().strip("*_").strip()
         if stated:
             return stated
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]

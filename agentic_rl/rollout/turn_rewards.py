@@ -7,7 +7,8 @@ A turn's reward is the sum of
   calls, so that the shares add up to the trajectory's `toolcall_reward`;
 - its milestone reward: `milestone_weight / len(milestones)` for each of the task's `milestones` (strings: an
   intermediate result, a supporting document's title) that this turn's tool results first show, other than as an
-  echo of what its own calls wrote (`milestone_reward`); a process reward for step-level training, which most tasks leave out;
+  echo of what its own calls wrote (`milestone_reward`); a process reward for step-level training, which most
+  tasks leave out;
 - on the last turn only, the final answer's reward (`reward_fn`).
 
 The sum of a trajectory's step rewards therefore equals its `trajectory_reward` (up to float rounding) whenever the
@@ -128,8 +129,8 @@ def _number_written(milestone: str, written: Sequence[str]) -> bool:
 
 
 def _shows(milestone: str, text: str, written: Sequence[str]) -> bool:
-    """Whether `text` shows `milestone` as a whole word (`_occurrences`); for a text milestone, at a place outside every
-    copy of a `written` argument (a number milestone is judged by `_number_written` instead)."""
+    """Whether `text` shows `milestone` as a whole word (`_occurrences`); for a text milestone, at a place outside
+    every copy of a `written` argument (a number milestone is judged by `_number_written` instead)."""
     copies = [] if _number(milestone) is not None else [
         (m.start(), m.end()) for w in {w.strip() for w in written} for m in re.finditer(re.escape(w), text)
     ]  # fmt: skip

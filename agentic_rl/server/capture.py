@@ -286,29 +286,26 @@ class TrajectoryRecorder:
         if steps:
             steps[-1].done = True
         last = turns[-1]
-        if last.response_message is None:
-            chat = list(last.messages or [])
-        else:  # the text it sampled: a whole (not streamed) chat response records none
-            ids = runs[last.run].response_ids[last.span[0] : last.span[1]]
-            sampled = last.text or self.renderer.tokenizer.decode(ids, skip_special_tokens=False)
-            chat = [*(last.messages or []), _recorded_reply(last, sampled)]
+        reply = [self._recorded_reply(last, runs[last.run])] if last.response_message else []
+        chat = [*(last.messages or []), *reply]
         return StepTrajectory.from_runs(
             runs, idx=idx, chat_completions=template_messages(chat, None, call_format),
             metrics={"steps": len(turns), "generated_tokens": sum(run.num_sampled for run in runs)},
             termination_reason=TerminationReason.CAPTURED, task={"trajectory_id": trajectory_id}, steps=steps,
         )  # fmt: skip
 
-
-def _recorded_reply(turn: CapturedTurn, sampled: str) -> dict[str, Any]:
-    """The last call's reply as the record keeps it: as returned, except a chat reply cut by `max_tokens` while it
-    wrote a tool call, which the client got as the text before the call; the record keeps `sampled`, all it
-    sampled (the call's start included), so that a reward reads it as a turn that was calling a tool, not as a
-    final answer."""
-    reply = turn.response_message
-    assert reply is not None
-    if turn.finish_reason == "length" and not reply.get("tool_calls") and find_tool_calls(sampled)[0] >= 0:
-        return {**reply, "content": sampled}
-    return reply
+    def _recorded_reply(self, turn: CapturedTurn, run: TokenRun) -> dict[str, Any]:
+        """The last call's reply as the record keeps it: as returned, except a chat reply cut by `max_tokens` while
+        it wrote a tool call, which the client got as the text before the call; the record keeps all it sampled
+        (the call's start included, decoded from `run` when the call recorded no text), so that a reward reads it
+        as a turn that was calling a tool, not as a final answer."""
+        reply = turn.response_message
+        assert reply is not None
+        if turn.finish_reason != "length" or reply.get("tool_calls"):
+            return reply
+        ids = run.response_ids[turn.span[0] : turn.span[1]]
+        sampled = turn.text or self.renderer.tokenizer.decode(ids, skip_special_tokens=False)
+        return {**reply, "content": sampled} if find_tool_calls(sampled)[0] >= 0 else reply
 
 
 def _written(turn: CapturedTurn, call_format: str) -> str:
