@@ -312,7 +312,7 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
     harness = HarnessConfig(max_steps=r.max_steps, max_prompt_length=r.max_prompt_length,
                             max_response_length=r.max_response_length, sampling=r.sampling,
                             toolcall_weight=r.toolcall_weight, milestone_weight=r.milestone_weight,
-                            reward_timeout_s=r.reward_timeout_s)  # fmt: skip
+                            unfinished_penalty=r.unfinished_penalty, reward_timeout_s=r.reward_timeout_s)  # fmt: skip
     renderer = ChatRenderer(tokenizer)
     check_reward(config)
     prompt = system_prompt(config)

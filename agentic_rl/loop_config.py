@@ -48,6 +48,12 @@ class RolloutSection(Config):
         "tasks): a turn whose tool results first show one gets milestone_weight / len(milestones) in its step "
         "reward; only optimizer.advantage=step learns from it (trajectory_reward is unchanged)",
     )  # fmt: skip
+    unfinished_penalty: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False,
+        description="subtracted from the reward of a trajectory a limit cut before it ended (max_steps, "
+        "context_limit, truncated: e.g. still calling tools at its last turn), so that running out of turns scores "
+        "below a wrong answer (0: off)",
+    )  # fmt: skip
     reward_timeout_s: float = Field(
         default=60.0, gt=0, allow_inf_nan=False,
         description="most seconds a reward call may take; past it the trajectory fails with a reward error (not trained)",

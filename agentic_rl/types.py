@@ -64,6 +64,12 @@ class TerminationReason(StrEnum):
         """True for the reasons whose last engine request was aborted before it finished (`aborted`, `timeout`)."""
         return self in (TerminationReason.ABORTED, TerminationReason.TIMEOUT)
 
+    @property
+    def cut_by_limit(self) -> bool:
+        """True for the reasons where a limit ended a trajectory the environment had not ended (`max_steps`,
+        `truncated`, `context_limit`)."""
+        return self in (TerminationReason.MAX_STEPS, TerminationReason.TRUNCATED, TerminationReason.CONTEXT_LIMIT)
+
 
 INSERTED_VERSION = -1
 """`TokenRun.weight_versions` entry of a token the environment inserted (no weights sampled it)."""

@@ -33,7 +33,7 @@ from agentic_rl.train.loss import grpo_loss
 @pytest.mark.parametrize(
     ("field", "value"),
     [("max_steps", 0), ("max_steps", 2.5), ("max_steps", True), ("max_prompt_length", -1),
-     ("max_response_length", "8"), ("sampling", None), ("toolcall_weight", math.nan), ("turn_timeout_s", 0),
+     ("max_response_length", "8"), ("sampling", None), ("toolcall_weight", math.nan), ("unfinished_penalty", -0.5), ("turn_timeout_s", 0),
      ("turn_timeout_s", math.inf), ("close_timeout_s", -1.0), ("check_alignment", "yes")],
 )  # fmt: skip
 def test_harness_config_rejects_each_bad_field_by_name(field, value):

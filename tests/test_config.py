@@ -110,6 +110,14 @@ def test_a_training_run_sets_the_weight_of_the_tool_call_reward():
             TrainConfig.model_validate({"rollout": {"toolcall_weight": bad}})
 
 
+def test_a_training_run_passes_the_unfinished_penalty_to_the_harness_and_refuses_a_negative_one():
+    assert TrainConfig().rollout.unfinished_penalty == 0.0
+    assert TrainConfig.model_validate({"rollout": {"unfinished_penalty": 0.5}}).rollout.unfinished_penalty == 0.5
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ConfigError, match=r"TrainConfig\.rollout\.unfinished_penalty"):
+            TrainConfig.model_validate({"rollout": {"unfinished_penalty": bad}})
+
+
 @pytest.mark.parametrize("name", ["train_arithmetic.yaml", "train_gsm8k.yaml", "sft_tools.yaml", "sft_research.yaml"])
 def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
     from agentic_rl.data import SHARED_DATA

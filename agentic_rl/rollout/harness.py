@@ -281,13 +281,17 @@ def _finish(
     """The finished trajectory: rewards, the alignment check, and the record (a failed one if it is invalid).
 
     `trajectory_reward` is the answer's reward plus the tool-call reward (`toolcall_weight` times the share of
-    well-formed calls). Each `Step.reward` gets the environment's reward for its turn, that turn's part of the
-    tool-call reward, and on the last step the answer's reward (`turn_rewards.credit_turns`): without per-turn
-    environment rewards the step rewards add up to `trajectory_reward`."""
+    well-formed calls), less `unfinished_penalty` when a limit cut the trajectory. Each `Step.reward` gets the
+    environment's reward for its turn, that turn's part of the tool-call reward, and on the last step the answer's
+    reward less that penalty (`turn_rewards.credit_turns`): without per-turn environment rewards the step rewards add
+    up to `trajectory_reward`."""
     metrics, config = state.metrics, spec.config
     attempted = metrics["tool_calls"]
     failed = error is not None
     toolcall_reward = config.toolcall_weight * metrics["well_formed_calls"] / attempted if attempted and not failed else 0.0
+    penalty = config.unfinished_penalty if not failed and reason.cut_by_limit else 0.0
+    if penalty:
+        metrics["unfinished_penalty"] = penalty
     if not failed and config.check_alignment and state.recorder.runs:
         _check_alignment(spec, state)
     metrics.update(steps=len(state.steps), res_reward=reward, toolcall_reward=toolcall_reward, total_time=total_s,
@@ -299,9 +303,9 @@ def _finish(
     task = _rewarded_task(state)
     common = {"idx": state.idx, "chat_completions": messages, "metrics": metrics, "task": task, "steps": state.steps}
     try:
-        trajectory = StepTrajectory.from_runs(runs, trajectory_reward=reward + toolcall_reward,
+        trajectory = StepTrajectory.from_runs(runs, trajectory_reward=reward + toolcall_reward - penalty,
                                               termination_reason=reason, failed=failed, error=error, **common)  # fmt: skip
-        credit_turns(state.steps, answer_reward=reward, toolcall_weight=0.0 if failed else config.toolcall_weight,
+        credit_turns(state.steps, answer_reward=reward - penalty, toolcall_weight=0.0 if failed else config.toolcall_weight,
                      tool_calls=attempted)  # fmt: skip
         return trajectory
     except TrajectoryError as exc:  # e.g. the engine reported a NaN logprob: this trajectory fails, not the batch

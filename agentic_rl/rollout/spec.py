@@ -68,6 +68,11 @@ class HarnessConfig(Config):
             a turn whose tool results first show a milestone gets `milestone_weight / len(milestones)` for it in its
             `Step.reward` (`turn_rewards.milestone_reward`). Step rewards only: `trajectory_reward` is unchanged, so
             only step-level training (`GRPOConfig.advantage = "step"`) learns from it. 0: off.
+        unfinished_penalty: subtracted from the reward of a trajectory that a limit cut before the environment
+            ended it (termination `max_steps`, `context_limit` or `truncated`: e.g. still calling tools at its last
+            turn): from `trajectory_reward` and from its last `Step.reward`. A positive value makes running out of
+            turns score below a wrong answer, which otherwise ties with it at 0. Not applied to a failed trajectory.
+            0: off.
         check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
             `alignment_mismatches`, `retokenize_drift`).
         turn_timeout_s: most seconds one `engine.generate` call may take; past it the request is aborted and the
@@ -93,6 +98,7 @@ class HarnessConfig(Config):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     toolcall_weight: Annotated[float, Field(allow_inf_nan=False)] = 0.1
     milestone_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    unfinished_penalty: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
     check_alignment: bool = True
     turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3600.0
     close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0

@@ -9,7 +9,8 @@ A turn's reward is the sum of
   intermediate result, a supporting document's title) that this turn's tool results first show, other than as an
   echo of what its own calls wrote (`milestone_reward`); a process reward for step-level training, which most
   tasks leave out;
-- on the last turn only, the final answer's reward (`reward_fn`).
+- on the last turn only, the final answer's reward (`reward_fn`), less `unfinished_penalty` when a limit cut the
+  trajectory (`HarnessConfig.unfinished_penalty`; subtracted from `trajectory_reward` too).
 
 The sum of a trajectory's step rewards therefore equals its `trajectory_reward` (up to float rounding) whenever the
 environment gives no per-turn reward of its own and no milestone is set; per-turn environment and milestone rewards

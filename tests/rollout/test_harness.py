@@ -6,7 +6,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support.engines import CALL_REGEX, ForcedCallEngine, RecordingEngine
+from support.engines import CALL_REGEX, ForcedCallEngine, RecordingEngine, SteeredEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult
@@ -213,6 +213,26 @@ async def test_max_steps_stops_a_model_that_keeps_calling_tools(engine, tokenize
     assert "observation_not_shown" in traj.steps[-1].info
     assert traj.chat_completions[-1]["role"] == "assistant"  # the unseen observation is not part of the record
     assert traj.metrics["alignment_mismatches"] == 0
+
+
+async def test_unfinished_penalty_lowers_a_cut_trajectory_below_an_answered_one(engine, tokenizer, make_task):
+    """`unfinished_penalty` comes off the reward of a trajectory cut at `max_steps` (trajectory and last step alike),
+    and never off one that answered; the step rewards still add up to `trajectory_reward`."""
+    config = _config(max_steps=2, unfinished_penalty=0.5, toolcall_weight=0.1)
+    calling = ForcedCallEngine(engine, tokenizer, forced_turns=10)
+    cut = await _run(calling, tokenizer, make_task(), config=config)
+    answering = SteeredEngine(engine, tokenizer, lambda turn: {"regex": r"The answer is 4\."})
+    answered = await _run(answering, tokenizer, make_task(), config=config)
+
+    assert not cut.failed and cut.termination_reason == TerminationReason.MAX_STEPS
+    assert cut.metrics["res_reward"] == 0.0 and cut.metrics["unfinished_penalty"] == 0.5
+    assert cut.trajectory_reward == pytest.approx(cut.metrics["toolcall_reward"] - 0.5)
+    assert cut.steps[-1].reward == pytest.approx(0.1 * cut.steps[-1].info["well_formed_calls"] / 2 - 0.5)
+    assert sum(step.reward for step in cut.steps) == pytest.approx(cut.trajectory_reward)
+    assert not answered.failed and answered.termination_reason == TerminationReason.ENV_DONE
+    assert "unfinished_penalty" not in answered.metrics
+    assert answered.trajectory_reward == answered.metrics["res_reward"] >= 0.0
+    assert answered.trajectory_reward > cut.trajectory_reward  # a wrong answer (0) too scores above running out
 
 
 async def test_tool_choice_required_constraint_makes_every_turn_one_call_until_max_steps(engine, tokenizer, make_task):
