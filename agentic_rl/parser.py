@@ -480,6 +480,13 @@ def parse_tool_calls(text: str, tools: Sequence[Mapping[str, Any]] | None = None
     return find_tool_calls(text, tools)[1]
 
 
+def _prompt_opened_close(text: str) -> int:
+    """Where the `</think>` that closes reasoning the generation prompt opened starts: the first `</think>`, when no
+    `<think>` comes before it; -1 if there is none."""
+    close = text.find(THINK_CLOSE)
+    return close if close >= 0 and text.find(THINK_OPEN, 0, close) < 0 else -1
+
+
 def split_thought(text: str) -> tuple[str, str]:
     """Split reasoning from the rest of an assistant message.
 
@@ -489,8 +496,8 @@ def split_thought(text: str) -> tuple[str, str]:
     Returns:
         (thought, remainder): the reasoning, stripped ("" if none), and the text outside it.
     """
-    close = text.find(THINK_CLOSE)
-    if close >= 0 and text.find(THINK_OPEN, 0, close) < 0:
+    close = _prompt_opened_close(text)
+    if close >= 0:
         return text[:close].strip(), text[close + len(THINK_CLOSE) :].strip()
     match = _THINK.search(text)
     if match is None:
@@ -502,8 +509,8 @@ def strip_thoughts(text: str) -> str:
     """`text` without any reasoning: the text before a `</think>` that comes before any `<think>` (reasoning the
     generation prompt opened) and every `<think>` block (an unclosed one runs to the end) removed, each block
     replaced by a space (so `12<think>..</think>34` does not read `1234`); stripped."""
-    close = text.find(THINK_CLOSE)
-    if close >= 0 and text.find(THINK_OPEN, 0, close) < 0:
+    close = _prompt_opened_close(text)
+    if close >= 0:
         text = text[close + len(THINK_CLOSE) :]
     return _THINK_BLOCK.sub(" ", text).replace(THINK_CLOSE, " ").strip()  # and a stray closing tag
 
