@@ -204,6 +204,11 @@ class TrainConfig(Config):
             if clashing:
                 raise ValueError(f"agent {self.agent.path!r} brings its own environment, tools and reward: remove "
                                  f"{', '.join(clashing)} (pass settings to the agent with agent.kwargs)")  # fmt: skip
+            shaping = [f"rollout.{name}" for name in ("toolcall_weight", "milestone_weight", "unfinished_penalty")
+                       if name in self.rollout.model_fields_set]  # fmt: skip
+            if shaping:
+                raise ValueError(f"agent {self.agent.path!r} computes its own rewards: remove {', '.join(shaping)} "
+                                 "(pass reward settings to the agent with agent.kwargs)")  # fmt: skip
         elif self.environment is not None and "tools" not in given:
             self.tools = []
         if self.environment is not None and self.system_prompt_file is not None:
@@ -219,6 +224,10 @@ class TrainConfig(Config):
         if self.data_columns.milestones is not None and not self.rollout.milestone_weight:
             raise ValueError(f"data_columns.milestones={self.data_columns.milestones!r} reads milestones that only "
                              "rollout.milestone_weight > 0 rewards: set it (with optimizer.advantage: step)")  # fmt: skip
+        if self.rollout.unfinished_penalty and self.optimizer.overlong_filter:
+            raise ValueError("rollout.unfinished_penalty and optimizer.overlong_filter pull against each other: the "
+                             "filter keeps truncated and context_limit samples out of the loss but in their group's "
+                             "mean, so a penalty on them only raises their siblings' advantages; use one of them")  # fmt: skip
         if self.rollout.max_staleness and self.engine.sleep_while_training:
             raise ValueError("engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
                              "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause")  # fmt: skip

@@ -412,7 +412,8 @@ class Step:
             environment), tool-call counts and errors.
         reward: this turn's reward. The harness sets it on every turn: the environment's own reward for the turn
             (`info["reward"]` of its `step()`), the turn's share of the tool-call reward, and on the last turn the
-            answer's reward, so that without environment rewards the steps' rewards add up to `trajectory_reward`
+            answer's reward (less `HarnessConfig.unfinished_penalty` when a limit cut the trajectory), so that
+            without environment rewards the steps' rewards add up to `trajectory_reward`
             (`rollout.turn_rewards`). Step-level training (`GRPOConfig.advantage = "step"`) learns from it.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).
@@ -455,10 +456,20 @@ class Step:
 
 @dataclass
 class StepTrajectory(Trajectory):
-    """A `Trajectory` that also keeps its task and per-turn `Step` records."""
+    """A `Trajectory` that also keeps its task and per-turn `Step` records.
+
+    Attributes:
+        task: the task as the environment read it.
+        steps: one `Step` per assistant turn.
+        credited: True when the harness wrote each turn's reward into `Step.reward` (`rollout.turn_rewards`): the
+            step rewards are then used as they are, even when they are all 0 (e.g. a milestone and the
+            `unfinished_penalty` cancel). False for steps built elsewhere (captured by the server, an agent of
+            your own): if they all carry 0, step-level training puts `trajectory_reward` on the last step.
+    """
 
     task: Any = None
     steps: list[Step] = field(default_factory=list)
+    credited: bool = False
 
 
 _RUN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions")

@@ -116,9 +116,20 @@ def test_a_training_run_passes_the_unfinished_penalty_to_the_harness_and_refuses
     for bad in (-0.5, float("nan")):
         with pytest.raises(ConfigError, match=r"TrainConfig\.rollout\.unfinished_penalty"):
             TrainConfig.model_validate({"rollout": {"unfinished_penalty": bad}})
+    with pytest.raises(ConfigError, match="unfinished_penalty and optimizer.overlong_filter"):
+        TrainConfig.model_validate({"rollout": {"unfinished_penalty": 0.5}, "optimizer": {"overlong_filter": True}})
 
 
-@pytest.mark.parametrize("name", ["train_arithmetic.yaml", "train_gsm8k.yaml", "sft_tools.yaml", "sft_research.yaml"])
+@pytest.mark.parametrize("field", ["toolcall_weight", "milestone_weight", "unfinished_penalty"])
+def test_an_agent_of_your_own_refuses_the_built_in_reward_shaping_it_would_ignore(field):
+    with pytest.raises(ConfigError, match=f"computes its own rewards: remove rollout.{field}"):
+        TrainConfig.model_validate({"agent": "examples.custom_agent:ReflectingAgent", "rollout": {field: 0.5}})
+    assert TrainConfig.model_validate({"agent": "examples.custom_agent:ReflectingAgent"}).rollout.toolcall_weight == 0.1
+
+
+@pytest.mark.parametrize(
+    "name", ["train_arithmetic.yaml", "train_arithmetic_2step.yaml", "train_gsm8k.yaml", "sft_tools.yaml", "sft_research.yaml"]
+)
 def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
     from agentic_rl.data import SHARED_DATA
     from agentic_rl.sft import SFTConfig

@@ -346,6 +346,8 @@ def test_every_termination_reason_is_produced_somewhere_in_the_package():
     assert unused == []
     assert TerminationReason.TIMEOUT.aborts_a_turn and TerminationReason.ABORTED.aborts_a_turn
     assert not TerminationReason.ERROR.aborts_a_turn and TerminationReason.ENV_DONE == "env_done"
+    cut = {TerminationReason.MAX_STEPS, TerminationReason.TRUNCATED, TerminationReason.CONTEXT_LIMIT}
+    assert {m for m in TerminationReason if m.cut_by_limit} == cut
 
 
 def test_a_token_run_takes_one_weight_version_for_all_sampled_ids_or_one_per_id():

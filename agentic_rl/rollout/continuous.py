@@ -46,6 +46,7 @@ from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.runner import check_n_parallel_agents
 from agentic_rl.train.packing import exclusion_reason
+from agentic_rl.train.steps import step_rewards
 from agentic_rl.types import Trajectory
 
 __all__ = ["ContinuousRollout", "Group", "PendingGroup", "drop_stale_groups"]
@@ -114,11 +115,11 @@ class Group:
 
 
 def _turn_rewards(trajectory: Trajectory) -> tuple[float, ...]:
-    """A trajectory's per-turn rewards without trailing zeros (its `trajectory_reward` alone if it has no steps)."""
-    steps = getattr(trajectory, "steps", None)
-    if not steps:
+    """A trajectory's per-turn rewards as step-level training reads them (`step_rewards`), without trailing zeros
+    (its `trajectory_reward` alone if it has no steps)."""
+    if not getattr(trajectory, "steps", None):
         return (float(trajectory.trajectory_reward),)
-    rewards = [float(s.reward) for s in steps]
+    rewards = [float(r) for r in step_rewards(trajectory)]  # type: ignore[arg-type]
     while rewards and rewards[-1] == 0.0:
         rewards.pop()
     return tuple(rewards)

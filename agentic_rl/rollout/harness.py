@@ -290,8 +290,6 @@ def _finish(
     failed = error is not None
     toolcall_reward = config.toolcall_weight * metrics["well_formed_calls"] / attempted if attempted and not failed else 0.0
     penalty = config.unfinished_penalty if not failed and reason.cut_by_limit else 0.0
-    if penalty:
-        metrics["unfinished_penalty"] = penalty
     if not failed and config.check_alignment and state.recorder.runs:
         _check_alignment(spec, state)
     metrics.update(steps=len(state.steps), res_reward=reward, toolcall_reward=toolcall_reward, total_time=total_s,
@@ -307,6 +305,9 @@ def _finish(
                                               termination_reason=reason, failed=failed, error=error, **common)  # fmt: skip
         credit_turns(state.steps, answer_reward=reward - penalty, toolcall_weight=0.0 if failed else config.toolcall_weight,
                      tool_calls=attempted)  # fmt: skip
+        trajectory.credited = True
+        if penalty:
+            metrics["unfinished_penalty"] = penalty
         return trajectory
     except TrajectoryError as exc:  # e.g. the engine reported a NaN logprob: this trajectory fails, not the batch
         logger.error("trajectory %s (task %r) failed: invalid record: %s", state.idx, state.task.get("id"), exc)

@@ -156,7 +156,8 @@ def credit_turns(steps: Sequence[Step], *, answer_reward: float, toolcall_weight
 
     Args:
         steps: the trajectory's steps, each `reward` holding the environment's own reward for that turn.
-        answer_reward: the final answer's reward (0 for a failed trajectory).
+        answer_reward: the final answer's reward, less the unfinished penalty when a limit cut the trajectory (0 for
+            a failed trajectory).
         toolcall_weight: the tool-call reward's scale (`HarnessConfig.toolcall_weight`; 0 for a failed trajectory).
         tool_calls: the tool calls the trajectory attempted (0: no tool-call share).
     """

@@ -86,11 +86,12 @@ def _covers_its_tokens(trajectory: Trajectory) -> bool:
     return in_steps == sum(run.num_sampled for run in runs)
 
 
-def _step_rewards(trajectory: StepTrajectory) -> list[float]:
-    """The steps' rewards; for steps that carry none (every `Step.reward` 0, as in a record built outside the
-    harness, e.g. captured by the server) while the trajectory has a reward: that reward on the last step."""
+def step_rewards(trajectory: StepTrajectory) -> list[float]:
+    """The steps' rewards, which step-level training learns from; for steps the harness did not credit
+    (`StepTrajectory.credited` False: built outside it, e.g. captured by the server) that all carry 0 while the
+    trajectory has a reward: that reward on the last step."""
     rewards = [step.reward for step in trajectory.steps]
-    if trajectory.trajectory_reward != 0 and all(r == 0 for r in rewards):
+    if not trajectory.credited and trajectory.trajectory_reward != 0 and all(r == 0 for r in rewards):
         rewards[-1] = trajectory.trajectory_reward
     return rewards
 
@@ -148,7 +149,7 @@ def step_units(trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] |
     for i, (t, group) in enumerate(zip(trajectories, groups, strict=True)):
         valid = exclusion_reason(t) is None
         by_step = valid and _covers_its_tokens(t)
-        rows = step_rows(t, gamma=gamma, rewards=_step_rewards(t)) if by_step else [t]  # type: ignore[arg-type]
+        rows = step_rows(t, gamma=gamma, rewards=step_rewards(t)) if by_step else [t]  # type: ignore[arg-type]
         out.units.extend(rows)
         out.group_ids.extend([group] * len(rows))
         out.turns.extend(range(len(rows)))

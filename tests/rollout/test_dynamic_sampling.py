@@ -183,8 +183,9 @@ def test_bad_draw_bounds_are_refused():
             _feed(sim, k=0, steps=2, draws=bad)
 
 
-def _stepped(rewards: list[float], trajectory_reward: float) -> StepTrajectory:
-    t = StepTrajectory(torch.tensor([1]), torch.tensor([2]), torch.tensor([1]), steps=[Step(reward=r) for r in rewards])
+def _stepped(rewards: list[float], trajectory_reward: float, credited: bool = False) -> StepTrajectory:
+    t = StepTrajectory(torch.tensor([1]), torch.tensor([2]), torch.tensor([1]), steps=[Step(reward=r) for r in rewards],
+                       credited=credited)  # fmt: skip
     t.trajectory_reward = trajectory_reward
     return t
 
@@ -200,10 +201,14 @@ def _stepped(rewards: list[float], trajectory_reward: float) -> StepTrajectory:
         # the same total reached on different turns: the returns of turn 0 differ under a discount
         ([([0.5, 0.5], 1.0), ([1.0], 1.0)], True, False),
         ([([0.0, 1.0], 1.0), ([0.0, 0.0], 0.0)], False, False),
+        # steps built outside the harness (captured): step-level training puts the trajectory's reward on the last
+        ([([0.0, 0.0], 1.0), ([0.0, 0.0], 0.0)], False, False),
+        # credited by the harness: a last-turn milestone and the unfinished penalty cancel, as the trainer reads it
+        ([([0.0, 0.0], -0.5, True), ([0.0, 0.0], 0.0, True)], False, True),
     ],
 )
 def test_a_step_level_group_is_constant_only_when_its_turn_rewards_are(samples, trajectory_constant, step_constant):
-    trajectories = [_stepped(rewards, total) for rewards, total in samples]
+    trajectories = [_stepped(*sample) for sample in samples]
     for step_level, expected in ((False, trajectory_constant), (True, step_constant)):
         group = Group(0, 0, {"id": 0}, list(trajectories), admitted_at=0, step_level=step_level)
         assert group.constant is expected

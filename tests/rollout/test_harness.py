@@ -233,6 +233,25 @@ async def test_unfinished_penalty_lowers_a_cut_trajectory_below_an_answered_one(
     assert "unfinished_penalty" not in answered.metrics
     assert answered.trajectory_reward == answered.metrics["res_reward"] >= 0.0
     assert answered.trajectory_reward > cut.trajectory_reward  # a wrong answer (0) too scores above running out
+    assert cut.credited and answered.credited
+
+
+async def test_unfinished_penalty_applies_to_a_turn_cut_by_max_tokens_and_never_to_a_failed_trajectory(
+    engine, tokenizer, make_task
+):
+    long_answer = SteeredEngine(engine, tokenizer, lambda turn: {"regex": r"The answer is 84 since 12 times 7 is 84\."})
+    config = _config(max_steps=2, unfinished_penalty=0.25, toolcall_weight=0.0,
+                     sampling={"temperature": 0.7, "max_tokens": 4, "seed": 1})  # fmt: skip
+    truncated = await _run(long_answer, tokenizer, make_task(), config=config)
+    too_long = await _run(engine, tokenizer, make_task(question="word " * 300),
+                          config=_config(max_prompt_length=64, unfinished_penalty=0.25))  # fmt: skip
+
+    assert truncated.termination_reason == TerminationReason.TRUNCATED and not truncated.failed
+    assert truncated.metrics["unfinished_penalty"] == 0.25
+    assert truncated.trajectory_reward == pytest.approx(truncated.metrics["res_reward"] - 0.25)
+    assert truncated.steps[-1].reward == pytest.approx(truncated.trajectory_reward)
+    assert too_long.failed and too_long.termination_reason == TerminationReason.PROMPT_TOO_LONG
+    assert too_long.trajectory_reward == 0.0 and "unfinished_penalty" not in too_long.metrics
 
 
 async def test_tool_choice_required_constraint_makes_every_turn_one_call_until_max_steps(engine, tokenizer, make_task):

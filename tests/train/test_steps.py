@@ -8,7 +8,7 @@ import torch
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.train.advantages import turn_advantages
 from agentic_rl.train.packing import pack_trajectories
-from agentic_rl.train.steps import discounted_returns, step_rows, step_units
+from agentic_rl.train.steps import discounted_returns, step_rewards, step_rows, step_units
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TokenRun
 
 
@@ -119,6 +119,9 @@ def test_step_units_give_one_row_per_step_and_account_for_every_sampled_token():
     unrewarded.trajectory_reward = 0.8
     assert [u.trajectory_reward for u in step_units([unrewarded], gamma=0.5).units] == [0.2, 0.4, 0.8]
     assert [s.reward for s in unrewarded.steps] == [0.0, 0.0, 0.0]  # the record is left as it is
+    unrewarded.credited = True  # the harness's credit is read as it is, even all zero (a milestone and a penalty)
+    assert step_rewards(unrewarded) == [0.0, 0.0, 0.0]
+    assert [u.trajectory_reward for u in step_units([unrewarded], gamma=0.5).units] == [0.0, 0.0, 0.0]
     bad = _turns(0, [0.0, 1.0], "a")
     bad.steps[1].reward = float("nan")
     with pytest.raises(TrajectoryError, match="trajectory 0, step 1: reward must be a finite number, got nan"):
