@@ -307,7 +307,7 @@ def _finish(
                      tool_calls=attempted)  # fmt: skip
         trajectory.credited = True
         if penalty:
-            metrics["unfinished_penalty"] = penalty
+            trajectory.metrics["unfinished_penalty"] = penalty
         return trajectory
     except TrajectoryError as exc:  # e.g. the engine reported a NaN logprob: this trajectory fails, not the batch
         logger.error("trajectory %s (task %r) failed: invalid record: %s", state.idx, state.task.get("id"), exc)
