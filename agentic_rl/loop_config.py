@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictInt, model_validator
 
@@ -25,6 +25,10 @@ __all__ = ["EngineSection", "JudgeSection", "RolloutSection", "TrainConfig", "co
            "load_train_config", "system_prompt"]
 
 
+RewardWeight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+"""A finite reward weight >= 0."""
+
+
 class RolloutSection(Config):
     """Rollout settings of a training run (`tasks_per_step` tasks per rank, `group_size` samples each)."""
 
@@ -38,22 +42,22 @@ class RolloutSection(Config):
     max_prompt_length: MaxPromptLength = 1024
     max_response_length: MaxResponseLength = 512
     sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=1.0, max_tokens=256))
-    toolcall_weight: float = Field(
-        default=0.1, ge=0, allow_inf_nan=False,
+    toolcall_weight: RewardWeight = Field(
+        default=0.1,
         description="reward per share of well-formed tool calls, added to the answer's reward (0: the answer only)",
-    )  # fmt: skip
-    milestone_weight: float = Field(
-        default=0.0, ge=0, allow_inf_nan=False,
+    )
+    milestone_weight: RewardWeight = Field(
+        default=0.0,
         description="process reward for tasks that list 'milestones' (e.g. the intermediate results of arithmetic "
         "tasks): a turn whose tool results first show one gets milestone_weight / len(milestones) in its step "
         "reward; only optimizer.advantage=step learns from it (trajectory_reward is unchanged)",
-    )  # fmt: skip
-    unfinished_penalty: float = Field(
-        default=0.0, ge=0, allow_inf_nan=False,
+    )
+    unfinished_penalty: RewardWeight = Field(
+        default=0.0,
         description="subtracted from the reward of a trajectory a limit cut before it ended (max_steps, "
         "context_limit, truncated: e.g. still calling tools at its last turn), so that running out of turns scores "
         "below a wrong answer (0: off)",
-    )  # fmt: skip
+    )
     reward_timeout_s: float = Field(
         default=60.0, gt=0, allow_inf_nan=False,
         description="most seconds a reward call may take; past it the trajectory fails with a reward error (not trained)",
