@@ -209,7 +209,7 @@ class TrainConfig(Config):
                 raise ValueError(f"agent {self.agent.path!r} brings its own environment, tools and reward: remove "
                                  f"{', '.join(clashing)} (pass settings to the agent with agent.kwargs)")  # fmt: skip
             shaping = [f"rollout.{name}" for name in ("toolcall_weight", "milestone_weight", "unfinished_penalty")
-                       if name in self.rollout.model_fields_set]  # fmt: skip
+                       if getattr(self.rollout, name) != RolloutSection.model_fields[name].default]  # fmt: skip
             if shaping:
                 raise ValueError(f"agent {self.agent.path!r} computes its own rewards: remove {', '.join(shaping)} "
                                  "(pass reward settings to the agent with agent.kwargs)")  # fmt: skip

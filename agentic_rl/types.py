@@ -463,8 +463,9 @@ class StepTrajectory(Trajectory):
         steps: one `Step` per assistant turn.
         credited: True when the harness wrote each turn's reward into `Step.reward` (`rollout.turn_rewards`): the
             step rewards are then used as they are, even when they are all 0 (e.g. a milestone and the
-            `unfinished_penalty` cancel). False for steps built elsewhere (captured by the server, an agent of
-            your own): if they all carry 0, step-level training puts `trajectory_reward` on the last step.
+            `unfinished_penalty` cancel). False for steps the harness did not write (captured by the server, or
+            an agent that builds its own records): if they all carry 0, step-level training puts
+            `trajectory_reward` on the last step.
     """
 
     task: Any = None

@@ -127,6 +127,17 @@ def test_an_agent_of_your_own_refuses_the_built_in_reward_shaping_it_would_ignor
     assert TrainConfig.model_validate({"agent": "examples.custom_agent:ReflectingAgent"}).rollout.toolcall_weight == 0.1
 
 
+def test_a_run_with_an_agent_of_your_own_resumes_from_its_recorded_config(tmp_path):
+    """The recorded config.json holds every field at its value: defaults written out are not settings to refuse."""
+    from agentic_rl.loop_config import load_run_config
+
+    given = {"agent": "examples.custom_agent:ReflectingAgent", "rollout": {"toolcall_weight": 0.1, "unfinished_penalty": 0}}
+    config = TrainConfig.model_validate(given)  # the defaults, written out
+    (tmp_path / "config.json").write_text(config.model_dump_json(), encoding="utf-8")
+    resumed = load_run_config(tmp_path)
+    assert resumed.agent == config.agent and resumed.rollout == config.rollout
+
+
 @pytest.mark.parametrize(
     "name", ["train_arithmetic.yaml", "train_arithmetic_2step.yaml", "train_gsm8k.yaml", "sft_tools.yaml", "sft_research.yaml"]
 )

@@ -125,8 +125,9 @@ def step_units(trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] |
 
     A valid trajectory whose `steps` each point into one of its runs and together hold every token it sampled
     (always so for the harness's) gives one unit per step, in turn order, rewarded with the step's discounted return
-    (`step_rows`; `Step.mc_return` is set). Steps that carry no reward at all (every `Step.reward` 0, e.g. a record
-    captured by the server) while the trajectory has one take `trajectory_reward` as the last step's reward. Any
+    (`step_rows`; `Step.mc_return` is set). Steps the harness did not credit (`StepTrajectory.credited` False, e.g. a
+    record captured by the server) that all carry 0 while the trajectory has a reward take `trajectory_reward` as
+    the last step's reward (`step_rewards`). Any
     other valid trajectory (no step records, as a user's agent may return, or steps that do not cover its tokens) is
     one unit at turn 0 rewarded with its `trajectory_reward`. Every sampled token of the rollout is in exactly one
     unit, so packing the units keeps `tokens_sampled == tokens_trained + tokens_excluded`.
