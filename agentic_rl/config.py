@@ -11,13 +11,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentic_rl.errors import ConfigError
 
-__all__ = ["Config", "config_error"]
+__all__ = ["Config", "Weight", "config_error"]
+
+#: A finite number >= 0 for a settings field that weighs something: a reward weight or penalty, a loss weight.
+Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 def config_error(owner: str, exc: ValidationError) -> ConfigError:

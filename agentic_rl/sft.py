@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from agentic_rl.config import Config
+from agentic_rl.config import Config, Weight
 from agentic_rl.data import SHARED_DATA, iter_jsonl
 from agentic_rl.errors import ConfigError
 from agentic_rl.models import DEFAULT_MODEL, file_sha256
@@ -97,7 +97,7 @@ class SFTConfig(Config):
     data: str = str(SHARED_DATA / "gsm8k_train.jsonl")
     traces: Annotated[int, Field(ge=0)] = 256
     max_calls: Annotated[int, Field(ge=1, le=9)] = 3
-    call_weights: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = [4.0, 2.0, 1.0]
+    call_weights: list[Weight] = [4.0, 2.0, 1.0]
     research_data: str = str(SHARED_DATA / "hotpotqa_dev_distractor_500.jsonl")
     research_traces: Annotated[int, Field(ge=0)] = 0
     research_system_prompt_file: str | None = None

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from agentic_rl.chat import ChatRenderer
-from agentic_rl.config import Config
+from agentic_rl.config import Config, Weight
 from agentic_rl.engine.base import Engine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment
@@ -97,8 +97,8 @@ class HarnessConfig(Config):
     max_response_length: AtLeastOne = 8 * 1024
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     toolcall_weight: Annotated[float, Field(allow_inf_nan=False)] = 0.1
-    milestone_weight: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
-    unfinished_penalty: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    milestone_weight: Weight = 0.0
+    unfinished_penalty: Weight = 0.0
     check_alignment: bool = True
     turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3600.0
     close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0
