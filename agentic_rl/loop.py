@@ -355,14 +355,18 @@ def _sampling(run: _Run, step: int | None) -> Any:
 
 
 def _make_trainer(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, device: Any) -> Any:
-    """A `GRPOTrainer` of the fp32 model on `device` (the trainer copies it as its KL reference)."""
+    """A `GRPOTrainer` of the fp32 model on `device` (the trainer copies it as its KL reference); a cosine schedule
+    without `lr_decay_steps` decays over the run's `steps`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from agentic_rl.train.trainer import GRPOTrainer
 
+    optimizer = config.optimizer
+    if optimizer.lr_schedule == "cosine" and optimizer.lr_decay_steps is None:
+        optimizer = optimizer.model_copy(update={"lr_decay_steps": config.steps})  # the cosine spans the run
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-    return GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=config.optimizer, dist=dist,
+    return GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=optimizer, dist=dist,
                        sampling=_distribution(config))  # fmt: skip
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, StrictInt, model_validator
 
-from agentic_rl.config import Config
+from agentic_rl.config import Config, Weight
 from agentic_rl.data import DataColumns, load_tasks
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError, EnvStepError
@@ -23,10 +23,6 @@ from agentic_rl.train.trainer import GRPOConfig
 
 __all__ = ["EngineSection", "JudgeSection", "RolloutSection", "TrainConfig", "config_tasks", "load_run_config",
            "load_train_config", "system_prompt"]
-
-
-RewardWeight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-"""A finite reward weight >= 0."""
 
 
 class RolloutSection(Config):
@@ -42,17 +38,17 @@ class RolloutSection(Config):
     max_prompt_length: MaxPromptLength = 1024
     max_response_length: MaxResponseLength = 512
     sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(temperature=1.0, max_tokens=256))
-    toolcall_weight: RewardWeight = Field(
+    toolcall_weight: Weight = Field(
         default=0.1,
         description="reward per share of well-formed tool calls, added to the answer's reward (0: the answer only)",
     )
-    milestone_weight: RewardWeight = Field(
+    milestone_weight: Weight = Field(
         default=0.0,
         description="process reward for tasks that list 'milestones' (e.g. the intermediate results of arithmetic "
         "tasks): a turn whose tool results first show one gets milestone_weight / len(milestones) in its step "
         "reward; only optimizer.advantage=step learns from it (trajectory_reward is unchanged)",
     )
-    unfinished_penalty: RewardWeight = Field(
+    unfinished_penalty: Weight = Field(
         default=0.0,
         description="subtracted from the reward of a trajectory a limit cut before it ended (max_steps, "
         "context_limit, truncated: e.g. still calling tools at its last turn), so that running out of turns scores "
@@ -232,6 +228,9 @@ class TrainConfig(Config):
             raise ValueError("rollout.unfinished_penalty and optimizer.overlong_filter pull against each other: the "
                              "filter keeps truncated and context_limit samples out of the loss but in their group's "
                              "mean, so a penalty on them only raises their siblings' advantages; use one of them")  # fmt: skip
+        if self.optimizer.lr_warmup_steps >= self.steps:
+            raise ValueError(f"optimizer.lr_warmup_steps={self.optimizer.lr_warmup_steps} must be below steps="
+                             f"{self.steps}: the whole run would train at a rate still rising")  # fmt: skip
         if self.rollout.max_staleness and self.engine.sleep_while_training:
             raise ValueError("engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
                              "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause")  # fmt: skip

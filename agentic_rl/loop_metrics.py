@@ -47,7 +47,7 @@ def row_sources(max_staleness: int) -> dict[str, str]:
     lags = range(max_staleness + 1)
     return {
         "step": "run", "reward_mean": "mean", "reward_std": "mean", "accuracy": "mean", "failed": "count",
-        "refused": "count", "loss": "local", "pg_loss": "local", "kl": "local", "grad_norm": "local",
+        "refused": "count", "loss": "local", "pg_loss": "local", "kl": "local", "grad_norm": "local", "lr": "local",
         "clip_fraction": "local", "dual_clip_fraction": "local", "kl_clamp_fraction": "local",
         "response_length": "mean", "tokens_per_s": "sum", "samples_per_s": "sum", "rollout_seconds": "mean",
         "train_seconds": "mean", "sync_seconds": "mean", "step_seconds": "mean", "logprob_diff": "measured",

@@ -76,7 +76,8 @@ def test_unusable_task_data_is_refused_by_field_before_the_engine_or_any_folder(
 @pytest.mark.slow
 def test_single_process_training_logs_metrics_advances_weight_versions_and_checkpoints(tmp_path):
     path = write_train_config(tmp_path, loggers=["jsonl", "tensorboard", "wandb"], eval_data="arithmetic:heldout:6",
-                              eval_limit=4)  # fmt: skip
+                              eval_limit=4, optimizer={"lr": 1.0e-3, "micro_batch_size": 3, "lr_schedule": "cosine",
+                                                       "min_lr_ratio": 0.5})  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "agentic_rl.cli", "train", "--config", str(path), "--no-progress"],
                           capture_output=True, text=True, timeout=600, env=cli_env(), cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -94,6 +95,7 @@ def test_single_process_training_logs_metrics_advances_weight_versions_and_check
                 "response_length", "tokens_per_s", "rollout_seconds", "train_seconds", "sync_seconds"):  # fmt: skip
         assert key in rows[0]
     assert all(r["grad_norm"] > 0 for r in rows)  # the toy reward varies inside groups
+    assert [r["lr"] for r in rows] == pytest.approx([1.0e-3, 0.75e-3])  # cosine over the run's 2 steps, floor 0.5
     assert rows[0]["logprob_diff"] < 1e-3  # fp32 engine and trainer agree before the first update
     for r in rows:
         assert 0 <= r["dual_clip_fraction"] <= r["clip_fraction"] <= 1

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
+from typing import Literal
 
 import torch
 
-__all__ = ["adamw", "load_optimizer_state"]
+from agentic_rl.errors import ConfigError
+
+__all__ = ["adamw", "load_optimizer_state", "learning_rates"]
 
 #: Device types whose PyTorch build has a fused AdamW kernel.
 _FUSED_DEVICES = frozenset({"cpu", "cuda"})
@@ -42,3 +46,34 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
                 saved = optimizer.state.get(param, {})
                 if torch.is_tensor(saved.get("step")):
                     saved["step"] = saved["step"].to(device=param.device, dtype=torch.float32)
+
+
+def learning_rates(
+    lr: float, schedule: Literal["constant", "cosine"], *, warmup: int, decay: int | None, floor: float
+) -> Callable[[int], float]:
+    """The learning rate of each optimizer step under a schedule (`GRPOConfig.lr_schedule`, with its `lr`,
+    `lr_warmup_steps` as `warmup`, `lr_decay_steps` as `decay`, `min_lr_ratio` as `floor`), as a function of the
+    0-based step k (the trainer's `steps_done`, so a resumed run continues where it stopped).
+
+    The rate is `lr` times: k / warmup during the warmup; then 1 (`constant`), or for `cosine` the half cosine
+    floor + (1 - floor) * (1 + cos(pi * p)) / 2 with p = (k - warmup) / (decay - warmup), so the floor
+    (`min_lr_ratio`) from step `decay` on (SGDR without restarts, Loshchilov & Hutter 2017; `transformers`' cosine
+    schedules rise again past their end). Step k is the metrics row of step k + 1.
+
+    Raises:
+        ConfigError: for `cosine` without `lr_decay_steps`.
+    """
+    cosine = schedule == "cosine"
+    if cosine and decay is None:
+        raise ConfigError("lr_schedule: cosine needs lr_decay_steps, the optimizer step at which it reaches its floor "
+                          "(a training config sets it to the run's steps)")  # fmt: skip
+
+    def rate(step: int) -> float:
+        if step < warmup:
+            return lr * step / warmup
+        if not cosine:
+            return lr
+        progress = min(1.0, (step - warmup) / (decay - warmup))
+        return lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    return rate

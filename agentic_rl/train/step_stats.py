@@ -86,6 +86,7 @@ class StepStats:
         kl_clamp_fraction: share of this rank's trained tokens whose KL log-ratio was clamped.
         grad_norm: total norm of the (all ranks') gradient before clipping (0.0 without gradients; may be
             non-finite).
+        lr: the learning rate this step's update used (`GRPOConfig.lr_schedule`).
         reward_mean, reward_std: over valid trajectories (population std; 0.0 without any).
         valid_trajectories: trajectories that enter the loss and the group statistics (overlong-filtered ones enter
             only the statistics, `GRPOConfig.overlong_filter`).
@@ -122,6 +123,7 @@ class StepStats:
     dual_clip_fraction: float
     kl_clamp_fraction: float
     grad_norm: float
+    lr: float
     reward_mean: float
     reward_std: float
     valid_trajectories: int

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from agentic_rl.config import Config
 from agentic_rl.errors import ConfigError, TrainingError
@@ -22,7 +22,7 @@ from agentic_rl.train.logprobs import SamplingDistribution
 from agentic_rl.train.lora import LoRAConfig, adapter_model, save_adapter, wrap_model
 from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
 from agentic_rl.train.off_policy import OffPolicyConfig, lag_sums
-from agentic_rl.train.optim import adamw, load_optimizer_state
+from agentic_rl.train.optim import adamw, learning_rates, load_optimizer_state
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
 from agentic_rl.train.step_stats import LossSums, StepStats
 from agentic_rl.train.steps import step_units
@@ -37,7 +37,16 @@ class GRPOConfig(Config):
     """Optimizer and loss settings.
 
     Attributes:
-        lr: AdamW learning rate.
+        lr: AdamW learning rate (the peak one under a schedule).
+        lr_schedule: `constant` (default) or `cosine`: the learning rate of optimizer step k (0-based) falls from `lr`
+            along half a cosine towards `lr * min_lr_ratio`, reached at step `lr_decay_steps` and kept after it
+            (Loshchilov & Hutter 2017, "SGDR", without restarts; `train.optim.learning_rates`). Either schedule rises
+            linearly from 0 over `lr_warmup_steps` first (step k < warmup trains at `lr * k / warmup`).
+        lr_warmup_steps: optimizer steps of linear warmup (0: none).
+        min_lr_ratio: the cosine's floor as a fraction of `lr`, in [0, 1]; `cosine` only.
+        lr_decay_steps: the 0-based optimizer step at which the cosine reaches its floor, warmup included; `cosine`
+            only. None: a training run takes its `steps` (its last step, `steps` - 1, is then one short of the
+            floor); a trainer built alone refuses a cosine without it (`ConfigError`).
         weight_decay: AdamW weight decay.
         clip_low / clip_high: ratio clip range of the policy loss.
         clip_ratio_c: dual-clip bound (> 1) on the ratio of negative-advantage tokens (Ye et al. 2020; see
@@ -73,7 +82,11 @@ class GRPOConfig(Config):
             reference is then the same model with its adapter disabled. None (default): full fine-tuning.
     """
 
-    lr: float = Field(default=1e-6, gt=0)
+    lr: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_warmup_steps: int = Field(default=0, ge=0, strict=True)  # strict: `true` is no step count
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, strict=True, allow_inf_nan=False)
+    lr_decay_steps: int | None = Field(default=None, ge=1, strict=True)
     weight_decay: float = Field(default=0.0, ge=0)
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     clip_high: float = Field(default=0.2, ge=0)
@@ -92,6 +105,19 @@ class GRPOConfig(Config):
     advantage: Literal["trajectory", "step"] = "trajectory"
     gamma: float = Field(default=1.0, ge=0, le=1)
     lora: LoRAConfig | None = None
+
+    @model_validator(mode="after")
+    def _schedule_is_consistent(self) -> GRPOConfig:
+        cosine_only = {"min_lr_ratio": self.min_lr_ratio or None, "lr_decay_steps": self.lr_decay_steps}
+        given = [f"{name}={value:g}" for name, value in cosine_only.items() if value is not None]
+        if self.lr_schedule == "constant" and given:
+            one = len(given) == 1
+            raise ValueError(f"{' and '.join(given)} only shape{'s' * one} the cosine schedule: set lr_schedule: "
+                             f"cosine, or remove {'it' if one else 'them'}")  # fmt: skip
+        if self.lr_schedule == "cosine" and self.lr_decay_steps is not None and self.lr_warmup_steps >= self.lr_decay_steps:
+            raise ValueError(f"lr_warmup_steps={self.lr_warmup_steps} must be below lr_decay_steps="
+                             f"{self.lr_decay_steps}: the cosine decays after the warmup")  # fmt: skip
+        return self
 
     @field_validator("gamma", mode="before")
     @classmethod
@@ -203,9 +229,11 @@ class GRPOTrainer:
     parameters only (the base weights are frozen and never change). A DDP wrapper cannot be given with it.
 
     Raises:
-        ConfigError: with `config.lora`, for a DDP wrapper or target modules that fit no layer.
+        ConfigError: for a `cosine` schedule without `lr_decay_steps`; with `config.lora`, for a DDP wrapper or
+            target modules that fit no layer.
 
     Attributes:
+        learning_rate: the learning rate of 0-based optimizer step k (`train.optim.learning_rates`).
         steps_done: `train_step` calls so far.
         skipped_steps: optimizer steps skipped so far for a non-finite gradient norm.
         consecutive_skips: skips since the last optimizer step that was taken.
@@ -215,6 +243,9 @@ class GRPOTrainer:
                  reference: torch.nn.Module | None = None, dist: DistContext | None = None,
                  sampling: SamplingDistribution | None = None) -> None:  # fmt: skip
         self.config = config or GRPOConfig()
+        cfg = self.config  # the schedule is checked before the model is touched
+        self.learning_rate = learning_rates(cfg.lr, cfg.lr_schedule, warmup=cfg.lr_warmup_steps,
+                                            decay=cfg.lr_decay_steps, floor=cfg.min_lr_ratio)  # fmt: skip
         if self.config.lora is not None:
             if hasattr(model, "no_sync"):
                 raise ConfigError("optimizer.lora cannot train a DDP wrapper: give the model itself (gradients are "
@@ -323,8 +354,9 @@ class GRPOTrainer:
         step = _StepRows.of(batch, advantages, with_kl=self._with_kl, dist=self.dist)
         sums = self._accumulate_gradients(batch, advantages, step, weight_version)
         has_grads, grad_norm = self._clip_gradients(step)
-        skipped = self._optimizer_step(has_grads, grad_norm)
-        stats = self._step_stats(batch, step, sums, grad_norm=grad_norm, skipped=skipped, t0=t0,
+        lr = self.learning_rate(self.steps_done)
+        skipped = self._optimizer_step(has_grads, grad_norm, lr)
+        stats = self._step_stats(batch, step, sums, grad_norm=grad_norm, lr=lr, skipped=skipped, t0=t0,
                                  weight_version=weight_version, outcome=outcome)  # fmt: skip
         return stats.as_metrics()
 
@@ -448,12 +480,14 @@ class GRPOTrainer:
                      if has_grads else 0.0)  # fmt: skip
         return has_grads, grad_norm
 
-    def _optimizer_step(self, has_grads: bool, grad_norm: float) -> bool:
-        """Take the optimizer step, or skip it for a non-finite gradient norm; then clear the gradients.
+    def _optimizer_step(self, has_grads: bool, grad_norm: float, lr: float) -> bool:
+        """Take the optimizer step at learning rate `lr`, or skip it for a non-finite gradient norm; then clear the
+        gradients. Either way the step counts (`steps_done`, which the schedule follows).
 
         Args:
             has_grads: whether any parameter has a gradient (none: nothing to step on).
             grad_norm: the total gradient norm (global: every rank decides alike).
+            lr: the schedule's rate for this step (`learning_rate(steps_done)`).
 
         Returns:
             Whether the step was skipped.
@@ -469,6 +503,8 @@ class GRPOTrainer:
             logger.warning("non-finite gradient norm %s: optimizer step skipped (%d in a row, %d so far)", grad_norm,
                            self.consecutive_skips, self.skipped_steps)  # fmt: skip
         elif has_grads:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             self.optimizer.step()
             self.consecutive_skips = 0
         self.optimizer.zero_grad(set_to_none=True)
@@ -480,7 +516,8 @@ class GRPOTrainer:
             )
         return skipped
 
-    def _step_stats(self, batch: PackedBatch, step: _StepRows, sums: LossSums, *, grad_norm: float, skipped: bool,
+    def _step_stats(self, batch: PackedBatch, step: _StepRows, sums: LossSums, *, grad_norm: float, lr: float,
+                    skipped: bool,
                     t0: float, weight_version: int | None,
                     outcome: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepStats:  # fmt: skip
         """The step's metrics; `t0` is its `time.perf_counter()` start, `weight_version` the trainer's version,
@@ -500,6 +537,7 @@ class GRPOTrainer:
             dual_clip_fraction=sums.dual_clip_fraction,
             kl_clamp_fraction=sums.kl_clamp_fraction,
             grad_norm=grad_norm,
+            lr=lr,
             reward_mean=float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
             reward_std=float(valid_rewards.std(unbiased=False)) if valid_rewards.numel() else 0.0,
             valid_trajectories=int(valid_rewards.numel()),

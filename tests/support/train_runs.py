@@ -25,3 +25,29 @@ def write_train_config(folder: Path, **extra) -> Path:
     path = folder / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def answer_group(model, tokenizer, rewards, *, offset=0):
+    """One GRPO group (`StepTrajectory` records, task id `t{offset}`) of real text answers to one question, rewarded
+    `rewards`, each with the logprobs `model` gives its tokens (so a trainer on `model` is on-policy)."""
+    import torch
+
+    from agentic_rl.train.loss import response_logprobs
+    from agentic_rl.train.packing import pack_trajectories
+    from agentic_rl.types import StepTrajectory
+
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "How many apples are left?"}],
+                                           add_generation_prompt=True, tokenize=False)  # fmt: skip
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    rows = []
+    for i, reward in enumerate(rewards):
+        answer = tokenizer.encode(f"There are {7 * (i + offset) + 3} apples left.<|im_end|>", add_special_tokens=False)
+        rows.append(StepTrajectory(prompt_tokens=prompt_ids, response_tokens=answer, response_masks=[1] * len(answer),
+                                   trajectory_reward=reward, idx=i, task={"id": f"t{offset}"}))  # fmt: skip
+    batch = pack_trajectories(rows, pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        logprobs = response_logprobs(model, batch)
+    return [StepTrajectory(prompt_tokens=t.prompt_tokens, response_tokens=t.response_tokens,
+                           response_masks=t.response_masks, response_logprobs=row[: len(t.response_tokens)].tolist(),
+                           trajectory_reward=t.trajectory_reward, idx=t.idx, task=t.task)
+            for row, t in zip(logprobs, rows, strict=True)]  # fmt: skip

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 import torch
-from support.train_runs import write_train_config
+from support.train_runs import answer_group, write_train_config
 
 from agentic_rl.cli import main
 from agentic_rl.errors import ConfigError, TrainingError
@@ -20,26 +20,6 @@ from agentic_rl.train.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoRAConfig, a
 from agentic_rl.train.loss import response_logprobs
 from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
-from agentic_rl.types import StepTrajectory
-
-
-def _group(model, tokenizer, rewards, *, offset=0):
-    """One GRPO group of real text answers to one question, each with the logprobs `model` gives its tokens."""
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "How many apples are left?"}],
-                                           add_generation_prompt=True, tokenize=False)  # fmt: skip
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    rows = []
-    for i, reward in enumerate(rewards):
-        answer = tokenizer.encode(f"There are {7 * (i + offset) + 3} apples left.<|im_end|>", add_special_tokens=False)
-        rows.append(StepTrajectory(prompt_tokens=prompt_ids, response_tokens=answer, response_masks=[1] * len(answer),
-                                   trajectory_reward=reward, idx=i, task={"id": f"t{offset}"}))  # fmt: skip
-    batch = pack_trajectories(rows, pad_token_id=tokenizer.pad_token_id)
-    with torch.no_grad():
-        logprobs = response_logprobs(model, batch)
-    return [StepTrajectory(prompt_tokens=t.prompt_tokens, response_tokens=t.response_tokens,
-                           response_masks=t.response_masks, response_logprobs=row[: len(t.response_tokens)].tolist(),
-                           trajectory_reward=t.trajectory_reward, idx=t.idx, task=t.task)
-            for row, t in zip(logprobs, rows, strict=True)]  # fmt: skip
 
 
 def _lora_trainer(model, tokenizer, **config):
@@ -72,7 +52,7 @@ def test_lora_settings_are_checked_and_a_bad_one_is_named(tiny, tmp_path):
 def test_a_fresh_adapter_starts_the_step_from_exactly_the_base_models_logprobs(hf_model, tokenizer):
     """peft initializes B to 0: the adapter adds exact zeros, so a LoRA step's forward (its loss, and its logprob
     gap to the sampling logprobs) is the full fine-tuning step's, bit for bit."""
-    trajectories = _group(hf_model, tokenizer, [1.0, 0.0, 1.0, 0.0])
+    trajectories = answer_group(hf_model, tokenizer, [1.0, 0.0, 1.0, 0.0])
     batch = pack_trajectories(trajectories, pad_token_id=tokenizer.pad_token_id)
     lora = _lora_trainer(hf_model, tokenizer)
     with torch.no_grad():
@@ -86,7 +66,7 @@ def test_a_fresh_adapter_starts_the_step_from_exactly_the_base_models_logprobs(h
 
 
 def test_only_the_adapter_trains_and_the_base_weights_stay_bit_identical(hf_model, tokenizer):
-    trajectories = _group(hf_model, tokenizer, [1.0, 0.0, 0.0, 1.0])
+    trajectories = answer_group(hf_model, tokenizer, [1.0, 0.0, 0.0, 1.0])
     trainer = _lora_trainer(hf_model, tokenizer)
     adapter = {n: p for n, p in trainer.module.named_parameters() if "lora_" in n}
     trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
@@ -106,7 +86,7 @@ def test_only_the_adapter_trains_and_the_base_weights_stay_bit_identical(hf_mode
 
 
 def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(hf_model, tokenizer):
-    trajectories = _group(hf_model, tokenizer, [1.0, 0.0, 1.0, 0.0])
+    trajectories = answer_group(hf_model, tokenizer, [1.0, 0.0, 1.0, 0.0])
     batch = pack_trajectories(trajectories, pad_token_id=tokenizer.pad_token_id)
     trainer = _lora_trainer(hf_model, tokenizer, kl_coef=0.1)
     assert trainer.reference is None  # no second copy of the weights
@@ -122,7 +102,7 @@ def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(hf_model, 
 def test_a_lora_checkpoint_restores_adapter_and_optimizer_so_the_next_step_is_the_same(tiny, tokenizer, tmp_path):
     """What the loop saves (the adapter, through the peft model's `save_pretrained`, and the trainer state) and
     restores (`restore_weights`): a trainer built fresh, with another random A, takes the same next step."""
-    first, second = _group(tiny, tokenizer, [1.0, 0.0, 1.0]), _group(tiny, tokenizer, [0.0, 1.0, 1.0], offset=5)
+    first, second = answer_group(tiny, tokenizer, [1.0, 0.0, 1.0]), answer_group(tiny, tokenizer, [0.0, 1.0, 1.0], offset=5)
     torch.manual_seed(0)
     uninterrupted = _lora_trainer(tiny, tokenizer)
     uninterrupted.train_step(first)
