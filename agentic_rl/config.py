@@ -9,11 +9,12 @@ a dict, e.g. YAML), validated on construction and on every assignment, and any p
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Self, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from agentic_rl.errors import ConfigError
 
@@ -42,7 +43,7 @@ def config_error(owner: str, exc: ValidationError) -> ConfigError:
     else:
         value = err.get("input")
         shown = repr(value) if len(repr(value)) <= 80 else f"{type(value).__name__} {repr(value)[:60]}..."
-        detail = f"={shown} is invalid: {err['msg']}"
+        detail = f"={shown} is invalid: {err['msg'].removeprefix('Value error, ')}"
     return _error(owner, [field] if field else [], detail)
 
 
@@ -51,14 +52,39 @@ def _error(owner: str, path: list[str], detail: str) -> ConfigError:
     return ConfigError(".".join(full) + detail, path=full, detail=detail)
 
 
+def _numeric(annotation: Any) -> bool:
+    """Whether a field of this annotation holds a number (int or float, possibly optional), not a boolean."""
+    if get_origin(annotation) is Annotated:
+        return _numeric(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [arg for arg in get_args(annotation) if arg is not type(None)]
+        return bool(args) and all(_numeric(arg) for arg in args)
+    return annotation in (int, float)
+
+
 class Config(BaseModel):
     """Base of every settings object: unknown fields rejected, checked on assignment, errors as `ConfigError`.
+
+    A boolean is refused where a number is expected (pydantic would read YAML's `true` as 1). An assignment that
+    fails leaves the object as it was. Checks across fields run on construction and on assignment to the object
+    itself; an assignment inside a nested section is checked against that section only (`checked` re-runs them all).
 
     Raises:
         ConfigError: on construction, `model_validate` or assignment, naming the first bad field.
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and _numeric(annotation):
+            raise ValueError(f"a number is expected, not the boolean {value}")
+        listed = get_args(annotation) if get_origin(annotation) is list else ()
+        if listed and _numeric(listed[0]) and isinstance(value, list) and any(isinstance(v, bool) for v in value):
+            raise ValueError(f"numbers are expected, not booleans: {value}")
+        return value
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -102,8 +128,20 @@ class Config(BaseModel):
             node[leaf] = yaml.safe_load(value)
         return cls.model_validate(raw)
 
+    def checked(self) -> Self:
+        """This config validated anew from its values, nested sections included: catches what assignments inside
+        a section got past the checks of the sections around it.
+
+        Raises:
+            ConfigError: naming the first bad field or check.
+        """
+        return type(self).model_validate(self.model_dump())
+
     def __setattr__(self, name: str, value: Any) -> None:
+        before, fields_set = dict(self.__dict__), set(self.__pydantic_fields_set__)
         try:
             super().__setattr__(name, value)
-        except ValidationError as exc:
+        except ValidationError as exc:  # a check across fields fails after pydantic set the value: put it back
+            object.__setattr__(self, "__dict__", before)
+            object.__setattr__(self, "__pydantic_fields_set__", fields_set)
             raise config_error(type(self).__name__, exc) from None

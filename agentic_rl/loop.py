@@ -136,13 +136,15 @@ async def train(
         The metrics of every step (rank 0's view, aggregated over ranks), those before a resume included.
 
     Raises:
-        ConfigError: when starting a new run over an earlier one, resuming a checkpoint of another world size, or
-            `data` / `eval_data` gives no tasks (checked before the engine starts).
+        ConfigError: when `config` fails its checks (run anew: a value assigned inside a section is checked against
+            the whole run here), starting a new run over an earlier one, resuming a checkpoint of another world
+            size, or `data` / `eval_data` gives no tasks (checked before the engine starts).
         TrainingError: when `optimizer.max_consecutive_skips` optimizer steps in a row were skipped.
     """
     from agentic_rl.train.distributed import init_from_env
     from agentic_rl.train.loggers import build_loggers
 
+    config = config.checked()
     dist = init_from_env(config.device)
     start, state = _starting_point(config, dist, resume=resume)
     if _finished(Path(config.output_dir), start, dist.world_size):  # nothing to redo: no engine to start

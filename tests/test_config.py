@@ -55,6 +55,62 @@ def test_assignment_is_checked_and_names_the_field():
     assert outer.name == "y"
 
 
+def test_an_assignment_that_fails_a_check_across_fields_leaves_the_config_as_it_was():
+    config = GRPOConfig(lr_schedule="cosine", lr_decay_steps=4)
+    with pytest.raises(ConfigError, match="lr_warmup_steps=10 must be below lr_decay_steps=4"):
+        config.lr_warmup_steps = 10
+    with pytest.raises(ConfigError, match="lr_decay_steps=4 only shapes the cosine"):
+        config.lr_schedule = "constant"
+    assert (config.lr_warmup_steps, config.lr_schedule) == (0, "cosine")
+    assert config.model_fields_set == {"lr_schedule", "lr_decay_steps"}
+    assert config == GRPOConfig(lr_schedule="cosine", lr_decay_steps=4)
+
+
+def test_checked_runs_the_checks_of_the_whole_config_that_an_assignment_inside_a_section_skips(tmp_path):
+    from agentic_rl.loop import run_training
+
+    config = TrainConfig.model_validate({"steps": 2, "output_dir": str(tmp_path / "run")})
+    config.optimizer.lr_warmup_steps = 100  # the optimizer section alone has no steps to check it against
+    assert config.optimizer.lr_warmup_steps == 100
+    with pytest.raises(ConfigError, match="optimizer.lr_warmup_steps=100 must be below steps=2"):
+        config.checked()
+    with pytest.raises(ConfigError, match="optimizer.lr_warmup_steps=100 must be below steps=2"):
+        run_training(config)  # refused before any engine or folder
+    assert not (tmp_path / "run").exists()
+    assert TrainConfig().checked() == TrainConfig()
+
+
+@pytest.mark.parametrize(("build", "field"), [
+    (lambda v: GRPOConfig(lr=v), "GRPOConfig.lr"),
+    (lambda v: GRPOConfig(gamma=v), "GRPOConfig.gamma"),
+    (lambda v: GRPOConfig(micro_batch_size=v), "GRPOConfig.micro_batch_size"),
+    (lambda v: GRPOConfig(max_prompt_length=v), "GRPOConfig.max_prompt_length"),
+    (lambda v: TrainConfig.model_validate({"rollout": {"milestone_weight": v}}), "TrainConfig.rollout.milestone_weight"),
+    (lambda v: HarnessConfig(toolcall_weight=v), "HarnessConfig.toolcall_weight"),
+    (lambda v: Outer(middle={"inner": {"size": v}}), "Outer.middle.inner.size"),
+])  # fmt: skip
+@pytest.mark.parametrize("value", [True, False])
+def test_a_boolean_is_no_number_for_any_numeric_setting(build, field, value):
+    with pytest.raises(ConfigError, match=rf"^{field}={value} is invalid: a number is expected, not the boolean"):
+        build(value)
+
+
+def test_a_list_of_numbers_refuses_booleans_in_it():
+    from agentic_rl.sft import SFTConfig
+
+    assert SFTConfig(call_weights=[2, 1.5, 0]).call_weights == [2.0, 1.5, 0.0]
+    with pytest.raises(ConfigError, match=r"SFTConfig\.call_weights=\[1.0, True, 1.0\] is invalid: numbers are expected"):
+        SFTConfig(call_weights=[1.0, True, 1.0])
+
+
+def test_numbers_in_yaml_scientific_notation_are_read_as_numbers(tmp_path):
+    """YAML 1.1 reads `5e-2` (no dot) as a string; the optimizer's float settings still take it as the number."""
+    path = tmp_path / "train.yaml"
+    path.write_text("steps: 4\noptimizer:\n  lr: 3e-5\n  lr_schedule: cosine\n  min_lr_ratio: 5e-2\n")
+    config = TrainConfig.from_yaml(path, ["optimizer.kl_coef=1e-3"])
+    assert (config.optimizer.lr, config.optimizer.min_lr_ratio, config.optimizer.kl_coef) == (3e-5, 0.05, 1e-3)
+
+
 def test_every_settings_object_is_a_config_and_rejects_unknown_fields():
     for cls, required in [(SamplingConfig, {}), (HarnessConfig, {}), (MemoryConfig, {}), (GRPOConfig, {}),
                           (TrainConfig, {}), (VLLMEngineConfig, {"model": "m"})]:  # fmt: skip
@@ -131,7 +187,10 @@ def test_a_run_with_an_agent_of_your_own_resumes_from_its_recorded_config(tmp_pa
     """The recorded config.json holds every field at its value: defaults written out are not settings to refuse."""
     from agentic_rl.loop_config import load_run_config
 
-    given = {"agent": "examples.custom_agent:ReflectingAgent", "rollout": {"toolcall_weight": 0.1, "unfinished_penalty": 0}}
+    given = {
+        "agent": "examples.custom_agent:ReflectingAgent",
+        "rollout": {"toolcall_weight": 0.1, "unfinished_penalty": 0},
+    }
     config = TrainConfig.model_validate(given)  # the defaults, written out
     (tmp_path / "config.json").write_text(config.model_dump_json(), encoding="utf-8")
     resumed = load_run_config(tmp_path)
@@ -139,7 +198,8 @@ def test_a_run_with_an_agent_of_your_own_resumes_from_its_recorded_config(tmp_pa
 
 
 @pytest.mark.parametrize(
-    "name", ["train_arithmetic.yaml", "train_arithmetic_2step.yaml", "train_gsm8k.yaml", "sft_tools.yaml", "sft_research.yaml"]
+    "name",
+    ["train_arithmetic.yaml", "train_arithmetic_2step.yaml", "train_gsm8k.yaml", "sft_tools.yaml", "sft_research.yaml"],
 )
 def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
     from agentic_rl.data import SHARED_DATA

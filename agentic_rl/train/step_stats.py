@@ -86,7 +86,8 @@ class StepStats:
         kl_clamp_fraction: share of this rank's trained tokens whose KL log-ratio was clamped.
         grad_norm: total norm of the (all ranks') gradient before clipping (0.0 without gradients; may be
             non-finite).
-        lr: the learning rate this step's update used (`GRPOConfig.lr_schedule`).
+        lr: the schedule's learning rate for this step (`GRPOConfig.lr_schedule`): the rate of its update, if one
+            was taken (a skipped step, or one without gradients, updates nothing but still moves the schedule on).
         reward_mean, reward_std: over valid trajectories (population std; 0.0 without any).
         valid_trajectories: trajectories that enter the loss and the group statistics (overlong-filtered ones enter
             only the statistics, `GRPOConfig.overlong_filter`).

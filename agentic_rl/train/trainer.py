@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from agentic_rl.config import Config
 from agentic_rl.errors import ConfigError, TrainingError
@@ -42,10 +42,12 @@ class GRPOConfig(Config):
             along half a cosine towards `lr * min_lr_ratio`, reached at step `lr_decay_steps` and kept after it
             (Loshchilov & Hutter 2017, "SGDR", without restarts; `train.optim.learning_rates`). Either schedule rises
             linearly from 0 over `lr_warmup_steps` first (step k < warmup trains at `lr * k / warmup`).
-        lr_warmup_steps: optimizer steps of linear warmup (0: none).
+        lr_warmup_steps: optimizer steps of linear warmup (0: none); the first trains at rate 0, so its rollout
+            changes no weight (in RL each step is a whole rollout: keep W small).
         min_lr_ratio: the cosine's floor as a fraction of `lr`, in [0, 1]; `cosine` only.
         lr_decay_steps: the 0-based optimizer step at which the cosine reaches its floor, warmup included; `cosine`
-            only. None: a training run takes its `steps` (its last step, `steps` - 1, is then one short of the
+            only. None: a training run takes its `steps`, so its last step (`steps` - 1) has come
+            (steps - 1 - W) / (steps - W) of the way down (W the warmup; all but the shortest runs end near the
             floor); a trainer built alone refuses a cosine without it (`ConfigError`).
         weight_decay: AdamW weight decay.
         clip_low / clip_high: ratio clip range of the policy loss.
@@ -84,8 +86,8 @@ class GRPOConfig(Config):
 
     lr: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
     lr_schedule: Literal["constant", "cosine"] = "constant"
-    lr_warmup_steps: int = Field(default=0, ge=0, strict=True)  # strict: `true` is no step count
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, strict=True, allow_inf_nan=False)
+    lr_warmup_steps: int = Field(default=0, ge=0, strict=True)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     lr_decay_steps: int | None = Field(default=None, ge=1, strict=True)
     weight_decay: float = Field(default=0.0, ge=0)
     clip_low: float = Field(default=0.2, ge=0, lt=1)
@@ -114,17 +116,14 @@ class GRPOConfig(Config):
             one = len(given) == 1
             raise ValueError(f"{' and '.join(given)} only shape{'s' * one} the cosine schedule: set lr_schedule: "
                              f"cosine, or remove {'it' if one else 'them'}")  # fmt: skip
-        if self.lr_schedule == "cosine" and self.lr_decay_steps is not None and self.lr_warmup_steps >= self.lr_decay_steps:
+        if (
+            self.lr_schedule == "cosine"
+            and self.lr_decay_steps is not None
+            and self.lr_warmup_steps >= self.lr_decay_steps
+        ):
             raise ValueError(f"lr_warmup_steps={self.lr_warmup_steps} must be below lr_decay_steps="
                              f"{self.lr_decay_steps}: the cosine decays after the warmup")  # fmt: skip
         return self
-
-    @field_validator("gamma", mode="before")
-    @classmethod
-    def _gamma_is_a_number(cls, value: Any) -> Any:
-        if isinstance(value, bool):  # pydantic would read true as 1.0
-            raise ValueError(f"gamma must be a number in [0, 1], got the boolean {value}")
-        return value
 
 
 def _micro_batches(
@@ -257,7 +256,7 @@ class GRPOTrainer:
         if dist is not None:
             dist.broadcast_params_(model)  # identical start on every rank
         self.pad_token_id = pad_token_id
-        self.optimizer = adamw(model.parameters(), lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.optimizer = adamw(model.parameters(), lr=self.learning_rate(0), weight_decay=self.config.weight_decay)
         if self.config.kl_coef > 0 and reference is None and self.config.lora is None:
             import copy
 
@@ -287,6 +286,7 @@ class GRPOTrainer:
         self.steps_done = int(state["steps_done"])
         self.skipped_steps = int(state["skipped_steps"])
         self.consecutive_skips = int(state["consecutive_skips"])
+        self._set_learning_rate(self.learning_rate(self.steps_done))  # the next step's, not the saved last one
 
     def named_weights(self) -> list[tuple[str, torch.Tensor]]:
         """`(name, tensor)` pairs to push into an engine (`VLLMEngine.update_weights`).
@@ -355,7 +355,8 @@ class GRPOTrainer:
         sums = self._accumulate_gradients(batch, advantages, step, weight_version)
         has_grads, grad_norm = self._clip_gradients(step)
         lr = self.learning_rate(self.steps_done)
-        skipped = self._optimizer_step(has_grads, grad_norm, lr)
+        self._set_learning_rate(lr)
+        skipped = self._optimizer_step(has_grads, grad_norm)
         stats = self._step_stats(batch, step, sums, grad_norm=grad_norm, lr=lr, skipped=skipped, t0=t0,
                                  weight_version=weight_version, outcome=outcome)  # fmt: skip
         return stats.as_metrics()
@@ -480,14 +481,17 @@ class GRPOTrainer:
                      if has_grads else 0.0)  # fmt: skip
         return has_grads, grad_norm
 
-    def _optimizer_step(self, has_grads: bool, grad_norm: float, lr: float) -> bool:
-        """Take the optimizer step at learning rate `lr`, or skip it for a non-finite gradient norm; then clear the
-        gradients. Either way the step counts (`steps_done`, which the schedule follows).
+    def _set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def _optimizer_step(self, has_grads: bool, grad_norm: float) -> bool:
+        """Take the optimizer step, or skip it for a non-finite gradient norm; then clear the gradients. Either way
+        the step counts (`steps_done`, which the learning-rate schedule follows).
 
         Args:
             has_grads: whether any parameter has a gradient (none: nothing to step on).
             grad_norm: the total gradient norm (global: every rank decides alike).
-            lr: the schedule's rate for this step (`learning_rate(steps_done)`).
 
         Returns:
             Whether the step was skipped.
@@ -503,8 +507,6 @@ class GRPOTrainer:
             logger.warning("non-finite gradient norm %s: optimizer step skipped (%d in a row, %d so far)", grad_norm,
                            self.consecutive_skips, self.skipped_steps)  # fmt: skip
         elif has_grads:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
             self.optimizer.step()
             self.consecutive_skips = 0
         self.optimizer.zero_grad(set_to_none=True)

@@ -7,6 +7,7 @@ import copy
 import math
 
 import pytest
+import torch
 from support.train_runs import answer_group, write_train_config
 
 from agentic_rl.errors import ConfigError
@@ -47,6 +48,7 @@ def test_each_step_trains_at_the_cosine_rate_and_a_step_without_a_trained_row_st
 def test_warmup_starts_at_zero_so_the_first_update_leaves_the_weights_as_they_were(tiny, tokenizer):
     group = answer_group(tiny, tokenizer, [1.0, 0.0, 1.0])
     trainer = _trainer(tiny, tokenizer, lr_warmup_steps=2)
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.0  # the optimizer holds step 0's rate from the start
     start = weights_digest(trainer.module)
     rates = [trainer.train_step(group)["lr"]]
     assert weights_digest(trainer.module) == start  # AdamW at rate 0, without weight decay, moves nothing
@@ -76,6 +78,8 @@ def test_a_resumed_trainer_continues_the_schedule_and_takes_the_same_step(tiny, 
     resumed.module.load_state_dict(weights)
     resumed.load_state_dict(state)
     assert resumed.steps_done == 2
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(_cosine(1, decay=3, floor=0.1))  # saved
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(_cosine(2, decay=3, floor=0.1))  # the next one
     assert resumed.train_step(first)["lr"] == third["lr"] == pytest.approx(_cosine(2, decay=3, floor=0.1))
     assert weights_digest(resumed.module) == weights_digest(uninterrupted.module)
 
@@ -104,3 +108,17 @@ def test_schedule_settings_that_cannot_work_or_would_be_ignored_are_refused_by_n
     with pytest.raises(ConfigError, match=r"cosine needs lr_decay_steps"):
         GRPOTrainer(model, pad_token_id=0, config=GRPOConfig(lr_schedule="cosine", lora={"rank": 4}))
     assert not any("lora_" in name for name, _ in model.named_parameters())  # refused before the adapter went in
+
+
+def test_a_step_skipped_for_its_gradient_reports_the_schedules_rate_and_the_next_step_takes_the_next_one(tiny, tokenizer):
+    group = answer_group(tiny, tokenizer, [1.0, 0.0, 1.0])
+    trainer = _trainer(tiny, tokenizer, lr_schedule="cosine", lr_decay_steps=3, min_lr_ratio=0.5)
+    trainer.train_step(group)
+    start = weights_digest(trainer.module)
+    handle = trainer.module.model.norm.weight.register_hook(lambda g: torch.full_like(g, float("nan")))
+    skipped = trainer.train_step(group)
+    handle.remove()
+    assert skipped["step_skipped"] == 1 and weights_digest(trainer.module) == start  # no update at this rate
+    assert skipped["lr"] == trainer.optimizer.param_groups[0]["lr"] == pytest.approx(_cosine(1, decay=3, floor=0.5))
+    assert trainer.train_step(group)["lr"] == pytest.approx(_cosine(2, decay=3, floor=0.5))
+    assert weights_digest(trainer.module) != start
