@@ -406,7 +406,7 @@ def _feed(run: _Run, state: dict[str, Any] | None) -> Any:
         n_parallel_agents=r.n_parallel_agents, first_step=run.done, last_step=run.config.steps,
         pending=[PendingGroup(**p) for p in saved.get("pending", ())], next_batch_index=saved.get("next_batch"),
         whole_batches=run.rollout.whole_batches, dynamic_sampling=r.dynamic_sampling, max_extra_draws=r.max_extra_draws,
-        step_level=run.config.optimizer.advantage == "step",
+        step_level=run.config.optimizer.advantage == "step", overlong_filter=run.config.optimizer.overlong_filter,
     )  # fmt: skip
 
 
@@ -471,8 +471,9 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     counts = {"trained": len(groups) - dropped - failed, "failed": failed, "dropped_stale": dropped,
               "in_flight": len(run.feed.groups), **run.feed.step_counts}  # fmt: skip
     task_ids = [_task_id(g.task) for g in groups for _ in g.trajectories]
+    left_out = [(t, _task_id(g.task)) for g in run.feed.constant for t in g.trajectories if t is not None]
     return StepFigures(trajectories, refused, stats, rollout_s, sync_s, time.perf_counter() - started, counts,
-                       task_ids)
+                       task_ids, [t for t, _ in left_out], [task_id for _, task_id in left_out])
 
 
 async def _record_step(run: _Run, step: int, row: dict[str, Any], figures: StepFigures) -> None:
@@ -486,6 +487,9 @@ async def _record_step(run: _Run, step: int, row: dict[str, Any], figures: StepF
         return
     _log(run, row, step=done)
     _write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", figures.trajectories, figures.task_ids)
+    if figures.left_out:  # what dynamic sampling left out: sampled, never trained
+        _write_trajectories(run.out / "rollouts" / f"step_{done}_left_out.jsonl", figures.left_out,
+                            figures.left_out_task_ids)
     if config.checkpoint_every and done % config.checkpoint_every == 0:
         _save_checkpoint(run, f"step_{done}", done)
         checkpoints.prune_checkpoints(run.out / "checkpoints", config.keep_checkpoints)

@@ -67,13 +67,16 @@ class RolloutSection(Config):
     )  # fmt: skip
     dynamic_sampling: bool = Field(
         default=False,
-        description="DAPO's dynamic sampling: a step leaves out constant groups (every valid sample the same reward: "
-        "GRPO advantage 0) and, while it has fewer than tasks_per_step other groups, draws the next tasks_per_step "
-        "tasks of the order (at most max_extra_draws times); every drawn group is trained in its step or counted "
-        "in groups_constant (one rank only)",
+        description="DAPO's dynamic sampling: a step leaves out groups that train nothing (constant: every valid "
+        "sample the same reward, GRPO advantage 0; with optimizer.overlong_filter also those whose every sample "
+        "was cut) and, while it has fewer than tasks_per_step useful groups, draws the next tasks_per_step tasks of "
+        "the order (at most max_extra_draws times); every drawn group is trained in its step or counted in "
+        "groups_constant (one rank only), and the tokens of those left out in tokens_excluded_constant",
     )  # fmt: skip
     max_extra_draws: StrictInt = Field(
-        default=2, ge=1, description="with dynamic_sampling: the most extra draws of tasks_per_step tasks per step",
+        default=2, ge=0,
+        description="with dynamic_sampling: the most extra draws of tasks_per_step tasks per step (0: leave groups "
+        "that train nothing out, draw none)",
     )  # fmt: skip
     placement: Literal["overlap", "pause"] = Field(
         default="overlap",

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["HELDOUT_COUNTS", "TOKEN_KEYS", "StepFigures", "gather", "metrics_row", "row_sources"]
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
+# `tokens_excluded_constant`: the tokens of groups dynamic sampling left out, which never reach the trainer.
 TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
               "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length",
-              "tokens_excluded_overlong")  # fmt: skip
+              "tokens_excluded_overlong", "tokens_excluded_constant")  # fmt: skip
 # The held-out evaluation's counts, summed over ranks.
 HELDOUT_COUNTS = ("solved", "with_tool_calls", "turns", "trajectories")
 
@@ -80,9 +81,13 @@ class StepFigures:
         step_s: seconds from the end of the previous step (or the run's start) to the end of this one.
         groups: counts of this rank's groups: `trained` (some sample not failed), `failed` (every sample failed or
             was refused), `dropped_stale`, `in_flight` (admitted, not trained, at the step's end), and
-            `ContinuousRollout.step_counts`: `drawn` (handed to the step), `kept` (passed to the trainer) and
-            `constant` (left out by dynamic sampling; 0 without).
+            `ContinuousRollout.step_counts`: `drawn` (handed to the step), `kept` (the groups that were not idle)
+            and `constant` (idle: left out by dynamic sampling, or trained anyway when a step had nothing else;
+            0 without).
         task_ids: the task id of each of `trajectories` (None for a task without one).
+        left_out: the trajectories of the groups dynamic sampling left out (never trained; their tokens are
+            counted in `tokens_excluded_constant`), written to `rollouts/step_K_left_out.jsonl`.
+        left_out_task_ids: the task id of each of `left_out`.
     """
 
     trajectories: list[Any]
@@ -93,6 +98,8 @@ class StepFigures:
     step_s: float
     groups: Mapping[str, int]
     task_ids: list[Any]
+    left_out: list[Any] = field(default_factory=list)
+    left_out_task_ids: list[Any] = field(default_factory=list)
 
 
 def _nan_if_none(value: float | None) -> float:
@@ -115,7 +122,7 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
         "rollout_seconds": figures.rollout_s,
         "train_seconds": stats["train_seconds"], "sync_seconds": figures.sync_s, "step_seconds": figures.step_s,
         "logprob_diff": _nan_if_none(stats["logprob_diff"]),  # NaN: no row here
-        **{key: stats[key] for key in TOKEN_KEYS},
+        **_token_accounting(stats, figures.left_out),
         **{key: _nan_if_none(stats.get(key)) for key in ("is_weight_mean", "is_weight_max", "is_truncated_fraction",
                                                          "is_masked_fraction")},  # fmt: skip
         **{f"tokens_lag_{lag}": float(lag_tokens.get(lag, 0)) for lag in range(max_staleness + 1)},
@@ -123,6 +130,20 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
         **{f"groups_{key}": float(figures.groups.get(key, 0)) for key in ("trained", "failed", "dropped_stale",
                                                                           "in_flight", "drawn", "kept", "constant")},  # fmt: skip
     }  # fmt: skip
+
+
+def _token_accounting(stats: Mapping[str, Any], left_out: Sequence[Any]) -> dict[str, int]:
+    """The trainer's token accounting with the tokens of the groups dynamic sampling left out added as excluded
+    (`tokens_excluded_constant`), so that `tokens_sampled == tokens_trained + tokens_excluded` covers every sampled
+    token of the step."""
+    from agentic_rl.train.packing import sampled_tokens
+
+    left = sum(sampled_tokens(t) for t in left_out)
+    tokens = {key: stats.get(key, 0) for key in TOKEN_KEYS}
+    tokens["tokens_excluded_constant"] = left
+    tokens["tokens_sampled"] += left
+    tokens["tokens_excluded"] += left
+    return tokens
 
 
 def metrics_row(dist: Any, step: int, figures: StepFigures, *, weight_version: int, max_staleness: int) -> dict[str, Any]:

@@ -48,7 +48,8 @@ def test_config_overrides_and_validation(tmp_path):
     assert (config.rollout.dynamic_sampling, config.rollout.max_extra_draws, config.optimizer.overlong_filter) == (True, 3, True)
     defaults = load_train_config(path, [])
     assert (defaults.rollout.dynamic_sampling, defaults.optimizer.overlong_filter) == (False, False)  # off unless asked
-    for bad in (["rollout.max_extra_draws=0"], ["rollout.max_extra_draws=true"], ["rollout.dynamic_sampling=often"]):
+    assert load_train_config(path, ["rollout.max_extra_draws=0"]).rollout.max_extra_draws == 0  # filter, no draw
+    for bad in (["rollout.max_extra_draws=-1"], ["rollout.max_extra_draws=true"], ["rollout.dynamic_sampling=often"]):
         with pytest.raises(ConfigError, match="rollout.(max_extra_draws|dynamic_sampling)"):
             load_train_config(path, bad)
     for bad in (["rollout.sampling.temperature=0"], ["rollout.sampling.min_p=0.1"]):  # the trainer cannot follow them

@@ -12,6 +12,7 @@ from support.processes import cli_command, run
 from support.train_runs import write_train_config
 
 STEPS = 2
+CUT = ("truncated", "context_limit")  # the termination reasons overlong filtering leaves out of the loss
 
 
 @pytest.mark.slow
@@ -31,23 +32,31 @@ def test_dynamic_sampling_and_overlong_filtering_in_a_real_run(tmp_path, k, over
     for row, record in zip(rows, records, strict=True):
         print({key: row[key] for key in ("step", "groups_drawn", "groups_kept", "groups_constant", "groups_trained",
                                           "tokens_sampled", "tokens_trained", "tokens_excluded_overlong")}, record)  # fmt: skip
-        assert row["groups_drawn"] == row["groups_kept"] + row["groups_constant"] >= 2
-        assert (row["groups_kept"], row["groups_constant"]) == (len(record["task_ids"]), len(record["constant_task_ids"]))
-        assert len(record["draws"]) == row["groups_kept"] and max(record["draws"]) <= 2
-        accounted += record["task_ids"] + record["constant_task_ids"]
+        trained, left_out = record["task_ids"], record["constant_task_ids"]
+        assert row["groups_drawn"] == row["groups_kept"] + row["groups_constant"] == len(trained) + len(left_out) >= 2
+        fallback = row["groups_kept"] == 0  # every group idle after the draws: trained anyway, counted as idle
+        assert (row["groups_kept"], row["groups_constant"]) == ((0, len(trained)) if fallback else (len(trained), len(left_out)))
+        assert len(record["draws"]) == len(trained) and max(record["draws"]) <= 2
+        accounted += trained + left_out
         trajectories = [json.loads(line) for line in (run_dir / f"rollouts/step_{row['step']}.jsonl").read_text().splitlines()]
-        assert len(trajectories) == 3 * row["groups_kept"]  # only the kept groups reach the trainer
-        if row["groups_constant"]:  # the kept groups are the non-constant ones: their valid rewards differ
-            for task_id in record["task_ids"]:
-                rewards = {t["trajectory_reward"] for t in trajectories if t["task_id"] == task_id and not t["failed"]}
-                assert len(rewards) > 1
-        cut = [t for t in trajectories if not t["failed"] and t["termination_reason"] in ("truncated", "context_limit")]
+        assert len(trajectories) == 3 * len(trained)  # only the kept groups reach the trainer
+        left_path = run_dir / f"rollouts/step_{row['step']}_left_out.jsonl"
+        left = [json.loads(line) for line in left_path.read_text().splitlines()] if left_out else []
+        assert left_path.exists() == bool(left_out) and sorted({t["task_id"] for t in left}) == sorted(left_out)
+        assert len(left) == 3 * len(left_out)  # nothing sampled is lost: the left-out groups are written beside
+        assert row["tokens_excluded_constant"] == sum(sum(t["response_mask"]) for t in left)
+        if not fallback:  # a kept group is failed, or trains something: its valid rewards differ, and with the
+            for task_id in trained:  # filter some valid sample was not cut
+                valid = [t for t in trajectories if t["task_id"] == task_id and not t["failed"]]
+                assert not valid or len({t["trajectory_reward"] for t in valid}) > 1
+                assert not valid or not overlong_filter or any(t["termination_reason"] not in CUT for t in valid)
+        cut = [t for t in trajectories if not t["failed"] and t["termination_reason"] in CUT]
         assert row["tokens_excluded_overlong"] == (sum(sum(t["response_mask"]) for t in cut) if overlong_filter else 0)
         assert row["tokens_sampled"] == row["tokens_trained"] + row["tokens_excluded"]
         assert sum(row[f"tokens_lag_{lag}"] for lag in range(k + 1)) == row["tokens_trained"]
         for t in trajectories:  # the bound: every sampled token at most k versions behind the weights it updates
             versions = [v for v, m in zip(t["weight_versions"], t["response_mask"], strict=True) if m]
             assert versions and all(row["step"] - 1 - k <= v <= row["step"] - 1 for v in versions)
-    assert len(accounted) == len(set(accounted))  # every drawn task once: trained or left out as constant
+    assert len(accounted) == len(set(accounted))  # every drawn task once: trained or left out as idle
     # with this config's seed and data a step is short of non-constant groups and draws more (the order is fixed)
     assert any(max(record["draws"]) >= 1 for record in records)

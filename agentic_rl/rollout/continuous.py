@@ -20,17 +20,20 @@ nothing of the trainer: the caller reports each finished step (`step_done`).
 **Dynamic sampling** (`dynamic_sampling`; Yu et al. 2025, "DAPO", section 3.2): a group is *constant* when its
 valid samples all have the same reward, or it has fewer than two (`Group.constant`): GRPO gives it advantage 0, so
 it trains nothing (only a KL term would move the weights) while it still counts in the loss's token normalizer.
-With dynamic sampling a step leaves its constant groups out (`constant`, counted) and, when it has fewer than
-`groups_per_step` non-constant groups once its due groups are in, takes finished groups of later batches in
-completion order until it has enough; if every admitted group has finished and it is still short, it *draws*: the
-next `groups_per_step` tasks of the run's order (`next_batch`) are admitted as an extra draw of the step's own batch,
-sampled now (by the current weights) with the batch's seed at positions past the batch's own, at most
-`max_extra_draws` times per step. An extra draw's groups are due at once, so every one of them is trained (or left
-out as constant) in that step: non-constant groups beyond the step's need are trained with it, never discarded or
-carried over, and the staleness bound holds as without dynamic sampling (an extra draw's tokens lag 0 versions).
-A step still short after its draws trains what it has; one whose every group is constant trains them all (as
-without dynamic sampling), since a step needs a rollout. Nothing is pending at a checkpoint that an extra draw
-admitted, so a resumed run never rolls out or trains a drawn task twice.
+With overlong filtering, a group whose every valid sample a length limit cut trains nothing either; both kinds are
+*idle* (`Group.idle`), and a group that is neither idle nor failed is *useful* (`Group.useful`). With dynamic
+sampling a step leaves its idle groups out (`constant`, counted) and, when it has fewer than `groups_per_step`
+useful groups once its due groups are in, takes finished groups of later batches in completion order until it has
+enough; if every admitted group has finished and it is still short, it *draws*: the next `groups_per_step` tasks of
+the run's order (`next_batch`) are admitted as an extra draw of the step's own batch, sampled now (by the current
+weights) with the batch's seed at positions past the batch's own, at most `max_extra_draws` times per step. An extra
+draw's groups are due at once, so every one of them is trained (or left out as idle) in that step: useful groups
+beyond the step's need are trained with it, never discarded or carried over, and the staleness bound holds as
+without dynamic sampling (an extra draw's tokens lag 0 versions). Failed groups are never left out: they go to the
+trainer, which counts them as failed, as without dynamic sampling. A step still short after its draws trains what
+it has; one with nothing but idle groups trains them all (as without dynamic sampling, still counted as idle),
+since a step needs a rollout. Nothing is pending at a checkpoint that an extra draw admitted, so a resumed run never
+rolls out or trains a drawn task twice.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import anyio
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.runner import check_n_parallel_agents
-from agentic_rl.train.packing import exclusion_reason
+from agentic_rl.train.packing import exclusion_reason, is_overlong
 from agentic_rl.train.steps import step_rewards
 from agentic_rl.types import Trajectory
 
@@ -82,6 +85,7 @@ class Group:
             its position is then d * groups_per_step + its index in the draw).
         step_level: its samples train turn by turn (`GRPOConfig.advantage = "step"`): `constant` compares their
             per-turn rewards.
+        overlong_filter: the trainer leaves samples a length limit cut out of the loss (`GRPOConfig.overlong_filter`).
     """
 
     batch: int
@@ -92,6 +96,7 @@ class Group:
     finished_order: int = -1
     draw: int = 0
     step_level: bool = False
+    overlong_filter: bool = False
 
     @property
     def finished(self) -> bool:
@@ -109,9 +114,26 @@ class Group:
         With `step_level`, the same per-turn rewards (`Step.reward` turn by turn, trailing zero rewards ignored):
         then every step's return equals its siblings' at the same turn index, so every `turn_advantages` is 0.
         Judged on the finished rollout, before the trainer's own checks (`refuse_untrainable`)."""
-        valid = [t for t in self.trajectories if t is not None and exclusion_reason(t) is None]
+        valid = self._valid()
         rewards = [_turn_rewards(t) if self.step_level else float(t.trajectory_reward) for t in valid]
         return len(rewards) < 2 or all(r == rewards[0] for r in rewards)
+
+    @property
+    def idle(self) -> bool:
+        """Not failed, yet trains nothing: `constant`, or with `overlong_filter` every valid sample was cut by a
+        length limit (`is_overlong`: the filter keeps each out of the loss). Dynamic sampling leaves it out."""
+        if self.failed:
+            return False
+        return self.constant or (self.overlong_filter and all(is_overlong(t) for t in self._valid()))
+
+    @property
+    def useful(self) -> bool:
+        """Some sample enters the loss with a non-zero advantage: what dynamic sampling fills a step with."""
+        return not self.failed and not self.idle
+
+    def _valid(self) -> list[Trajectory]:
+        """Finished samples that enter the group's statistics (`exclusion_reason` None)."""
+        return [t for t in self.trajectories if t is not None and exclusion_reason(t) is None]
 
 
 def _turn_rewards(trajectory: Trajectory) -> tuple[float, ...]:
@@ -152,17 +174,21 @@ class ContinuousRollout:
         pending: groups a checkpoint left admitted but untrained: rolled out again first, with their batches.
         next_batch_index: the first new batch's index (a checkpoint's; None: `first_step`).
         whole_batches: call `run` once per batch (see `run`).
-        dynamic_sampling: leave constant groups out of each step and draw more tasks while a step has fewer than
-            `groups_per_step` non-constant ones (see the module's docstring); `next_step` then returns the step's
-            non-constant groups and `constant` holds the ones it left out.
-        max_extra_draws: with `dynamic_sampling`, the most extra draws (of `groups_per_step` tasks each) per step.
+        dynamic_sampling: leave idle groups (`Group.idle`: constant, or every sample overlong-filtered) out of each
+            step and draw more tasks while a step has fewer than `groups_per_step` useful ones (see the module's
+            docstring); `next_step` then returns the step's other groups and `constant` holds the ones it left out.
+        max_extra_draws: with `dynamic_sampling`, the most extra draws (of `groups_per_step` tasks each) per step
+            (0: leave idle groups out, draw none).
         step_level: the trainer trains turn by turn: a group is constant when its samples' per-turn rewards are
             (`Group.step_level`).
+        overlong_filter: the trainer filters overlong samples (`Group.overlong_filter`).
 
     Attributes:
-        constant: the constant groups the last `next_step` left out (dynamic sampling; always empty without).
-        step_counts: the last step's `drawn` (groups its rollout handed it), `kept` (groups it returned to train)
-            and `constant` (groups it left out): `drawn == kept + constant`.
+        constant: the idle groups the last `next_step` left out (dynamic sampling; always empty without).
+        step_counts: the last step's `drawn` (groups its rollout handed it), `kept` (the others: useful or failed)
+            and `constant` (its idle ones): `drawn == kept + constant`. A step with nothing but idle groups after
+            its draws trains them (a step needs a rollout): then `kept` is 0 and `constant` counts them, though
+            `next_step` returned them and `constant` is empty.
 
     Raises:
         ConfigError: for a bad `max_staleness`, `group_size`, `groups_per_step`, `n_parallel_agents` or
@@ -184,6 +210,7 @@ class ContinuousRollout:
     dynamic_sampling: bool = False
     max_extra_draws: int = 1
     step_level: bool = False
+    overlong_filter: bool = False
     groups: list[Group] = field(default_factory=list, init=False)  # admitted, untrained
     constant: list[Group] = field(default_factory=list, init=False)
     step_counts: dict[str, int] = field(default_factory=dict, init=False)
@@ -198,8 +225,8 @@ class ContinuousRollout:
             raise ConfigError(f"group_size and groups_per_step must be >= 1, got {self.group_size}, "
                               f"{self.groups_per_step}")  # fmt: skip
         check_n_parallel_agents(self.n_parallel_agents)
-        if isinstance(self.max_extra_draws, bool) or not isinstance(self.max_extra_draws, int) or self.max_extra_draws < 1:
-            raise ConfigError(f"max_extra_draws must be an int >= 1, got {self.max_extra_draws!r}")
+        if isinstance(self.max_extra_draws, bool) or not isinstance(self.max_extra_draws, int) or self.max_extra_draws < 0:
+            raise ConfigError(f"max_extra_draws must be an int >= 0, got {self.max_extra_draws!r}")
         self._draws: dict[int, int] = {}  # step -> extra draws made for it
         self._tg: anyio.abc.TaskGroup | None = None
         self.steps_done = self.first_step
@@ -234,7 +261,7 @@ class ContinuousRollout:
 
     def _admit(self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, dict[str, Any]]], draw: int = 0) -> None:
         groups = [Group(batch, position, task, [None] * self.group_size, admitted_at=self.steps_done, draw=draw,
-                        step_level=self.step_level)
+                        step_level=self.step_level, overlong_filter=self.overlong_filter)
                   for position, task in tasks]  # fmt: skip
         self.groups.extend(groups)
         if self.whole_batches:
@@ -284,13 +311,13 @@ class ContinuousRollout:
         taken = {id(g) for g in chosen}
         self.groups = [g for g in self.groups if id(g) not in taken]
         chosen.sort(key=lambda g: (g.batch, g.position))
-        self.constant = [g for g in chosen if g.constant] if self.dynamic_sampling else []
-        kept = [g for g in chosen if not g.constant] if self.dynamic_sampling else chosen
-        if self.constant and not kept:  # nothing else left after the draws: a step needs a rollout
-            logger.warning("step %d: every group is constant after %d extra draw(s): training them (advantage 0)",
-                           step + 1, self._draws.get(step, 0))  # fmt: skip
-            kept, self.constant = self.constant, []
+        self.constant = [g for g in chosen if g.idle] if self.dynamic_sampling else []
+        kept = [g for g in chosen if not g.idle] if self.dynamic_sampling else chosen
         self.step_counts = {"drawn": len(chosen), "kept": len(kept), "constant": len(self.constant)}
+        if self.constant and not kept:  # nothing else left after the draws: a step needs a rollout
+            logger.warning("step %d: every group trains nothing after %d extra draw(s): training them anyway "
+                           "(advantage 0)", step + 1, self._draws.get(step, 0))  # fmt: skip
+            kept, self.constant = self.constant, []
         self._draws.pop(step, None)
         return kept
 
@@ -305,19 +332,19 @@ class ContinuousRollout:
                 return None
             return chosen
         chosen = self._fill(due, extra)
-        if sum(not g.constant for g in chosen) >= self.groups_per_step:
+        if sum(g.useful for g in chosen) >= self.groups_per_step:
             return chosen
-        # short of non-constant groups: wait for what is admitted or may be, then draw while draws are left
+        # short of useful groups: wait for what is admitted or may be, then draw while draws are left
         return chosen if self._quiet() and self._draws.get(step, 0) >= self.max_extra_draws else None
 
     def _fill(self, due: list[Group], extra: list[Group]) -> list[Group]:
-        """`due`, then groups of `extra` in order until `groups_per_step` of all are not constant."""
-        chosen, useful = list(due), sum(not g.constant for g in due)
+        """`due`, then groups of `extra` in order until `groups_per_step` of all are useful."""
+        chosen, useful = list(due), sum(g.useful for g in due)
         for group in extra:
             if useful >= self.groups_per_step:
                 break
             chosen.append(group)
-            useful += not group.constant
+            useful += group.useful
         return chosen
 
     def _quiet(self) -> bool:
@@ -326,7 +353,7 @@ class ContinuousRollout:
         return not admissible and all(g.finished for g in self.groups)
 
     def _wants_draw(self, step: int) -> bool:
-        """Dynamic sampling: step `step` is short of non-constant groups with nothing left to wait for, and may
+        """Dynamic sampling: step `step` is short of useful groups with nothing left to wait for, and may
         draw again."""
         return (self.dynamic_sampling and self._tg is not None and self._quiet()
                 and self._draws.get(step, 0) < self.max_extra_draws)  # fmt: skip
@@ -337,7 +364,7 @@ class ContinuousRollout:
         assert self._tg is not None
         d = self._draws[step] = self._draws.get(step, 0) + 1
         tasks = [(d * self.groups_per_step + i, task) for i, task in enumerate(self.next_batch())]
-        logger.info("step %d: fewer than %d non-constant groups: extra draw %d of %d tasks", step + 1,
+        logger.info("step %d: fewer than %d useful groups: extra draw %d of %d tasks", step + 1,
                     self.groups_per_step, d, len(tasks))  # fmt: skip
         self._admit(self._tg, step, tasks, draw=d)
 

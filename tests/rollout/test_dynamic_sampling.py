@@ -1,6 +1,7 @@
-"""ContinuousRollout with dynamic sampling: constant groups are left out and counted, a step short of non-constant
-groups draws more tasks (at most `max_extra_draws` times), every drawn group is trained once or counted as constant,
-the staleness bound holds, and a resumed run accounts for every task once.
+"""ContinuousRollout with dynamic sampling: idle groups (constant, or every sample overlong-filtered) are left out
+and counted, failed groups are never left out, a step short of useful groups draws more tasks (at most
+`max_extra_draws` times), every drawn group is trained once or counted as idle, the staleness bound holds, and a
+resumed run accounts for every task once.
 
 As in test_continuous.py the rollout sleeps for a seeded random latency and stamps each sample with the steps done
 when it started (the weight version that samples it). Rewards are chosen per task: a task is constant (every sample
@@ -28,19 +29,21 @@ GROUP_SIZE = 2
 
 
 def _kind(task_id: int, p_constant: float) -> str:
-    """How task `task_id`'s group turns out: `same` (equal rewards), `one_valid` (one sample fails) or `varied`."""
+    """How task `task_id`'s group turns out: `same` (equal rewards), `one_valid` (one sample fails), `failed` (every
+    sample fails: no signal, yet never left out) or `varied`."""
     draw = random.Random(task_id).random()
     if draw >= p_constant:
         return "varied"
-    return "same" if draw < p_constant / 2 else "one_valid"
+    return ("same", "one_valid", "failed")[min(int(3 * draw / p_constant), 2)]
 
 
 class _Rollout:
     """One trajectory per sample after a seeded latency; the reward follows the task's kind (`_kind`)."""
 
-    def __init__(self, seed: int, p_constant: float) -> None:
+    def __init__(self, seed: int, p_constant: float, *, failures: bool = True) -> None:
         self.rng = random.Random(seed)
         self.p_constant = p_constant
+        self.failures = failures  # False: no group fails whole (its kind is then `same`)
         self.feed: ContinuousRollout | None = None
         self.handed_out: list[int] = []  # task ids, in the order `next_batch` gave them
         self.seeds: list[int] = []
@@ -59,9 +62,10 @@ class _Rollout:
         for task, index in zip(tasks, indices, strict=True):
             self.seeds.append(sampling.derived(trajectory=index).seed)
             j, kind = index % GROUP_SIZE, _kind(task["id"], self.p_constant)
+            kind = "same" if kind == "failed" and not self.failures else kind
             t = Trajectory(torch.tensor([1]), torch.tensor([2]), torch.tensor([1]))
-            t.trajectory_reward = {"same": 1.0, "one_valid": float(j), "varied": float(j)}[kind]
-            t.failed = kind == "one_valid" and j == 0
+            t.trajectory_reward = {"same": 1.0, "one_valid": float(j), "varied": float(j), "failed": 0.0}[kind]
+            t.failed = kind == "failed" or (kind == "one_valid" and j == 0)
             t.metrics.update(task_id=task["id"], started_at=start)
             out.append(t)
         return out
@@ -102,16 +106,18 @@ async def _train(feed: ContinuousRollout, steps: range, *, stop_after: int | Non
 def _check_step(step: int, trained: list[Group], constant: list[Group], counts: dict, record: dict, *, k: int,
                 per_step: int, draws: int) -> None:  # fmt: skip
     """The invariants of one step."""
-    assert counts == {"drawn": len(trained) + len(constant), "kept": len(trained), "constant": len(constant)}
+    fallback = not constant and all(g.idle for g in trained)  # nothing but idle groups: trained anyway
+    assert counts == ({"drawn": len(trained), "kept": 0, "constant": len(trained)} if fallback else
+                      {"drawn": len(trained) + len(constant), "kept": len(trained), "constant": len(constant)})  # fmt: skip
     assert record["task_ids"] == [g.task["id"] for g in trained]
     assert record["constant_task_ids"] == [g.task["id"] for g in constant]
     assert record["draws"] == [g.draw for g in trained]
-    assert all(g.constant for g in constant)
-    if constant or not all(g.constant for g in trained):  # the all-constant fallback trains its constant groups
-        assert not any(g.constant for g in trained)
+    assert all(g.idle and not g.failed for g in constant)  # a failed group is never left out: it is reported
+    if not fallback:
+        assert not any(g.idle for g in trained)
     made = max((g.draw for g in trained + constant), default=0)
     assert made <= draws
-    if len([g for g in trained if not g.constant]) < per_step:  # short: only once every draw was made
+    if sum(g.useful for g in trained) < per_step:  # short: only once every draw was made
         assert made == draws
     for g in trained + constant:
         assert g.finished and (g.draw == 0 or g.batch == step)  # an extra draw is trained in its own step
@@ -149,13 +155,14 @@ async def test_without_constant_groups_dynamic_sampling_changes_nothing():
 
 
 async def test_a_step_of_constant_groups_only_draws_every_time_then_trains_them(caplog):
-    sim = _Rollout(4, p_constant=1.0)
+    sim = _Rollout(4, p_constant=1.0, failures=False)
     with caplog.at_level(logging.WARNING, logger="agentic_rl.rollout.continuous"):
         out, _ = await _train(_feed(sim, k=1, steps=2, per_step=2, draws=3), range(2))
     for step, trained, constant, counts, _ in out:
-        assert constant == [] and counts["kept"] == counts["drawn"] and all(g.constant for g in trained)
+        assert constant == [] and all(g.idle for g in trained)
+        assert counts == {"drawn": len(trained), "kept": 0, "constant": len(trained)}  # trained, but counted as idle
         assert {g.draw for g in trained if g.batch == step} >= {1, 2, 3}  # every draw made, to no avail
-    assert "every group is constant" in caplog.text
+    assert "every group trains nothing" in caplog.text
     assert len(sim.handed_out) == len(set(sim.handed_out))
 
 
@@ -178,9 +185,18 @@ async def test_resume_accounts_for_every_drawn_task_once(stop_after, k):
 
 def test_bad_draw_bounds_are_refused():
     sim = _Rollout(0, 0.5)
-    for bad in (0, True, 1.5):
+    for bad in (-1, True, 1.5):
         with pytest.raises(ConfigError, match="max_extra_draws"):
             _feed(sim, k=0, steps=2, draws=bad)
+
+
+async def test_no_extra_draws_leaves_idle_groups_out_and_draws_nothing():
+    sim = _Rollout(5, p_constant=0.6)
+    out, _ = await _train(_feed(sim, k=0, steps=4, draws=0), range(4))
+    assert len(sim.handed_out) == 4 * 3  # the run's own batches only
+    assert any(constant for _, _, constant, _, _ in out)  # this seed's tasks give idle groups, left out
+    for step, trained, constant, counts, record in out:
+        _check_step(step, trained, constant, counts, record, k=0, per_step=3, draws=0)
 
 
 def _stepped(rewards: list[float], trajectory_reward: float, credited: bool = False) -> StepTrajectory:
@@ -212,3 +228,30 @@ def test_a_step_level_group_is_constant_only_when_its_turn_rewards_are(samples, 
     for step_level, expected in ((False, trajectory_constant), (True, step_constant)):
         group = Group(0, 0, {"id": 0}, list(trajectories), admitted_at=0, step_level=step_level)
         assert group.constant is expected
+
+
+def _cut(reward: float, reason: str | None) -> Trajectory:
+    t = Trajectory(torch.tensor([1]), torch.tensor([2]), torch.tensor([1]))
+    t.trajectory_reward, t.termination_reason = reward, reason or ""
+    return t
+
+
+@pytest.mark.parametrize("reasons, idle_when_filtered", [
+    (("truncated", "context_limit"), True),  # rewards differ, but the filter keeps every sample out of the loss
+    (("truncated", "env_done"), False),  # one sample enters the loss with a non-zero advantage
+])  # fmt: skip
+def test_a_group_whose_every_sample_is_overlong_filtered_is_idle_only_under_the_filter(reasons, idle_when_filtered):
+    samples = [_cut(1.0, reasons[0]), _cut(0.0, reasons[1])]
+    for overlong_filter in (False, True):
+        group = Group(0, 0, {"id": 0}, list(samples), admitted_at=0, overlong_filter=overlong_filter)
+        assert not group.constant and not group.failed
+        assert group.idle is (overlong_filter and idle_when_filtered)
+        assert group.useful is not group.idle
+
+
+def test_a_failed_group_is_neither_idle_nor_useful():
+    failed = [_cut(0.0, None), _cut(0.0, None)]
+    for t in failed:
+        t.failed = True
+    group = Group(0, 0, {"id": 0}, failed, admitted_at=0)
+    assert group.failed and not group.idle and not group.useful
