@@ -259,8 +259,9 @@ def gsm8k_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> fl
         RewardError: if the ground truth is missing or unparsable, or math-verify did not finish in time.
     """
     truth = _ground_truth(task)
-    gold = extract_gsm8k_answer(truth) if "####" in truth else truth
-    gold = extract_number_answer(gold) or gold.replace(",", "").strip()
+    gold = extract_number_answer(extract_gsm8k_answer(truth) if "####" in truth else truth)
+    if gold is None:  # checked before the answer, so every sample of the task fails alike, not only those with a number
+        raise RewardError(f"the ground truth {truth!r} holds no number: the gsm8k reward compares numbers")
     text = final_answer_text(messages)
     boxed = _last_boxed(text)
     answer = f"\\boxed{{{_plain_number_latex(boxed)}}}" if boxed is not None else extract_number_answer(text)

@@ -56,7 +56,8 @@ def checked_task(idx: int, task: Any) -> dict[str, Any] | StepTrajectory:
     try:
         return validate_task(task)
     except ConfigError as exc:
-        logger.warning("task %d rejected: %s", idx, exc)
+        task_id = task.get("id") if isinstance(task, dict) else None
+        logger.warning("task %s (sample %d) rejected: %s", "without id" if task_id is None else repr(task_id), idx, exc)
         return failed_trajectory(idx, task, TerminationReason.INVALID_TASK, str(exc))
 
 

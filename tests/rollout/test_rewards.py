@@ -36,6 +36,9 @@ def test_gsm8k_reward_reads_the_number_after_the_marker_and_strips_commas():
     assert gsm8k_reward({"ground_truth": "18"}, _chat("\\boxed{18}")) == 1.0
     with pytest.raises(RewardError, match="ground_truth"):
         gsm8k_reward({}, _chat("1"))
+    for answer in ("It is 300.", "I do not know."):  # with or without a number: every sample of the task fails alike
+        with pytest.raises(RewardError, match="'three hundred' holds no number"):
+            gsm8k_reward({"ground_truth": "three hundred"}, _chat(answer))
 
 
 def test_hotpotqa_normalization_and_f1_follow_the_official_rules():

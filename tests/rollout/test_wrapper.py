@@ -313,7 +313,7 @@ async def test_generate_returns_one_trajectory_per_task_in_input_order(tiny_toke
     assert finished != list(range(10))
 
 
-async def test_generate_turns_malformed_task_into_failed_invalid_task_trajectory(tiny_tokenizer):
+async def test_generate_turns_malformed_task_into_failed_invalid_task_trajectory(tiny_tokenizer, caplog):
     w = EchoWrapper("agent", tiny_tokenizer, n_parallel_agents=2)
     tasks: list[Any] = [
         task(0),
@@ -338,6 +338,9 @@ async def test_generate_turns_malformed_task_into_failed_invalid_task_trajectory
         assert bad.trajectory_reward == 0.0
     assert "question" in out[1].error
     assert "dict" in out[3].error
+    warnings = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert any(m.startswith("task 1 (sample 1) rejected") for m in warnings)  # the task's id, then its sample
+    assert any(m.startswith("task without id (sample 3) rejected") for m in warnings)
     assert "id" in out[4].error
     for i in (0, 2, 5):
         assert out[i].termination_reason == TerminationReason.ENV_DONE
