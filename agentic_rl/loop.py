@@ -112,7 +112,7 @@ async def train(
     steps, the newest `keep_checkpoints` kept, and `checkpoints/final/`), `reward_curve.png`, `metrics.png` and
     `response_lengths.png` (`write_run_plots`); and every rank writes `weights_rank{R}.sha256` with its final
     weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it trained,
-    `{"step", "task_ids"}`, and with `rollout.dynamic_sampling` the constant ones it left out, `ContinuousRollout.step_record`).
+    `{"step", "task_ids"}`, and with `rollout.dynamic_sampling` the idle ones it left out, `ContinuousRollout.step_record`, whose trajectories go to `rollouts/step_K_left_out.jsonl`).
 
     A checkpoint holds the model (with `optimizer.lora`, its adapter only), the tokenizer and the training state
     (`_state`: optimizer, steps, task order position, weight version, RNG states, metrics rows), written
@@ -487,9 +487,11 @@ async def _record_step(run: _Run, step: int, row: dict[str, Any], figures: StepF
         return
     _log(run, row, step=done)
     _write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", figures.trajectories, figures.task_ids)
+    left_out = run.out / "rollouts" / f"step_{done}_left_out.jsonl"
     if figures.left_out:  # what dynamic sampling left out: sampled, never trained
-        _write_trajectories(run.out / "rollouts" / f"step_{done}_left_out.jsonl", figures.left_out,
-                            figures.left_out_task_ids)
+        _write_trajectories(left_out, figures.left_out, figures.left_out_task_ids)
+    else:  # a step redone after a resume may leave out what the first try did not
+        left_out.unlink(missing_ok=True)
     if config.checkpoint_every and done % config.checkpoint_every == 0:
         _save_checkpoint(run, f"step_{done}", done)
         checkpoints.prune_checkpoints(run.out / "checkpoints", config.keep_checkpoints)

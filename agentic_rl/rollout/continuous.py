@@ -32,7 +32,7 @@ beyond the step's need are trained with it, never discarded or carried over, and
 without dynamic sampling (an extra draw's tokens lag 0 versions). Failed groups are never left out: they go to the
 trainer, which counts them as failed, as without dynamic sampling. A step still short after its draws trains what
 it has; one with nothing but idle groups trains them all (as without dynamic sampling, still counted as idle),
-since a step needs a rollout. Nothing is pending at a checkpoint that an extra draw admitted, so a resumed run never
+since a step needs a rollout, and one left with no group at all draws once, even with `max_extra_draws` 0. Nothing is pending at a checkpoint that an extra draw admitted, so a resumed run never
 rolls out or trains a drawn task twice.
 """
 
@@ -300,9 +300,9 @@ class ContinuousRollout:
     async def next_step(self, step: int) -> list[Group]:
         """The groups step `step` trains, once they are all finished, in (batch, position) order: every untrained
         group of batches <= `step` (waited for), then finished groups of later batches in the order they finished,
-        `groups_per_step` in all (fewer only when the run admits no more). With `dynamic_sampling`, its
-        non-constant groups: `groups_per_step` of them when it can (see the module's docstring), the constant ones
-        set aside in `constant`."""
+        `groups_per_step` in all (fewer only when the run admits no more). With `dynamic_sampling`, its groups
+        that are not idle: `groups_per_step` useful ones when it can (see the module's docstring) and any failed
+        ones; the idle ones are set aside in `constant`."""
         while (chosen := self._ready(step)) is None:
             if self._wants_draw(step):
                 self._draw(step)
@@ -335,7 +335,7 @@ class ContinuousRollout:
         if sum(g.useful for g in chosen) >= self.groups_per_step:
             return chosen
         # short of useful groups: wait for what is admitted or may be, then draw while draws are left
-        return chosen if self._quiet() and self._draws.get(step, 0) >= self.max_extra_draws else None
+        return chosen if self._quiet() and self._draws.get(step, 0) >= self._draw_limit() else None
 
     def _fill(self, due: list[Group], extra: list[Group]) -> list[Group]:
         """`due`, then groups of `extra` in order until `groups_per_step` of all are useful."""
@@ -356,7 +356,13 @@ class ContinuousRollout:
         """Dynamic sampling: step `step` is short of useful groups with nothing left to wait for, and may
         draw again."""
         return (self.dynamic_sampling and self._tg is not None and self._quiet()
-                and self._draws.get(step, 0) < self.max_extra_draws)  # fmt: skip
+                and self._draws.get(step, 0) < self._draw_limit())  # fmt: skip
+
+    def _draw_limit(self) -> int:
+        """The extra draws a quiet step may make: `max_extra_draws`, but at least one when no group is left at all
+        (with max_staleness > 0 an earlier short step can take every later group near the run's end, and a step
+        needs a rollout)."""
+        return self.max_extra_draws if self.max_extra_draws or self.groups else 1
 
     def _draw(self, step: int) -> None:
         """Admit the next `groups_per_step` tasks of the run's order as extra draw d of batch `step` (positions
@@ -370,7 +376,7 @@ class ContinuousRollout:
 
     def step_record(self, step: int, groups: Sequence[Group], task_id: Callable[[Any], Any]) -> dict[str, Any]:
         """The task ids file's line of step `step` (0-based) that trained `groups` (`next_step`'s): `{"step",
-        "task_ids"}`, and with dynamic sampling `constant_task_ids` (the constant groups it left out) and `draws`
+        "task_ids"}`, and with dynamic sampling `constant_task_ids` (the idle groups it left out) and `draws`
         (each trained group's `Group.draw`), so that every drawn task is accounted for once."""
         record: dict[str, Any] = {"step": step + 1, "task_ids": [task_id(g.task) for g in groups]}
         if self.dynamic_sampling:

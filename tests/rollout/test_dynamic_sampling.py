@@ -190,6 +190,17 @@ def test_bad_draw_bounds_are_refused():
             _feed(sim, k=0, steps=2, draws=bad)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_without_extra_draws_a_step_that_earlier_steps_left_no_group_draws_once(seed):
+    """k = 1: a short step takes the finished groups of the next batch; at the run's end no batch comes after, so
+    the last step would have none: it draws once though `max_extra_draws` is 0 (a step needs a rollout)."""
+    sim = _Rollout(seed, p_constant=1.0, failures=False)
+    out, _ = await _train(_feed(sim, k=1, steps=2, per_step=2, draws=0), range(2))
+    assert all(trained or constant for _, trained, constant, _, _ in out)
+    accounted = [g.task["id"] for _, trained, constant, _, _ in out for g in trained + constant]
+    assert sorted(accounted) == sorted(sim.handed_out)  # each once, the one draw included
+
+
 async def test_no_extra_draws_leaves_idle_groups_out_and_draws_nothing():
     sim = _Rollout(5, p_constant=0.6)
     out, _ = await _train(_feed(sim, k=0, steps=4, draws=0), range(4))

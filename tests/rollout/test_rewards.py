@@ -37,8 +37,11 @@ def test_gsm8k_reward_reads_the_number_after_the_marker_and_strips_commas():
     with pytest.raises(RewardError, match="ground_truth"):
         gsm8k_reward({}, _chat("1"))
     for answer in ("It is 300.", "I do not know."):  # with or without a number: every sample of the task fails alike
-        with pytest.raises(RewardError, match="'three hundred' holds no number"):
+        with pytest.raises(RewardError, match="cannot parse the ground truth 'three hundred'"):
             gsm8k_reward({"ground_truth": "three hundred"}, _chat(answer))
+    for gold in (".5", "#### $.50"):  # math-verify reads what the number reader does not
+        assert gsm8k_reward({"ground_truth": gold}, _chat("It is 0.5")) == 1.0
+        assert gsm8k_reward({"ground_truth": gold}, _chat("I do not know.")) == 0.0
 
 
 def test_hotpotqa_normalization_and_f1_follow_the_official_rules():
