@@ -12,7 +12,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from agentic_rl.loop_metrics import HELDOUT_COUNTS, StepFigures, gather, metrics
 from agentic_rl.loop_rewards import check_reward, reward_figures, reward_keys, train_reward
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint, weights_digest
+from agentic_rl.types import write_trajectories
 
 __all__ = [
     "EngineSection",
@@ -112,7 +113,8 @@ async def train(
     steps, the newest `keep_checkpoints` kept, and `checkpoints/final/`), `reward_curve.png`, `metrics.png` and
     `response_lengths.png` (`write_run_plots`); and every rank writes `weights_rank{R}.sha256` with its final
     weights' digest and `task_ids_rank{R}.jsonl` (one line per step: the ids of the tasks it trained,
-    `{"step", "task_ids"}`, and with `rollout.dynamic_sampling` the idle ones it left out, `ContinuousRollout.step_record`, whose trajectories go to `rollouts/step_K_left_out.jsonl`).
+    `{"step", "task_ids"}`, and with `rollout.dynamic_sampling` the idle ones it left out, `ContinuousRollout.step_record`;
+    their trajectories go to `rollouts/step_K_left_out.jsonl`).
 
     A checkpoint holds the model (with `optimizer.lora`, its adapter only), the tokenizer and the training state
     (`_state`: optimizer, steps, task order position, weight version, RNG states, metrics rows), written
@@ -486,10 +488,10 @@ async def _record_step(run: _Run, step: int, row: dict[str, Any], figures: StepF
     if not run.dist.is_main:
         return
     _log(run, row, step=done)
-    _write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", figures.trajectories, figures.task_ids)
+    write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", figures.trajectories, figures.task_ids)
     left_out = run.out / "rollouts" / f"step_{done}_left_out.jsonl"
     if figures.left_out:  # what dynamic sampling left out: sampled, never trained
-        _write_trajectories(left_out, figures.left_out, figures.left_out_task_ids)
+        write_trajectories(left_out, figures.left_out, figures.left_out_task_ids)
     else:  # a step redone after a resume may leave out what the first try did not
         left_out.unlink(missing_ok=True)
     if config.checkpoint_every and done % config.checkpoint_every == 0:
@@ -515,18 +517,6 @@ def _log(run: _Run, row: dict[str, Any], *, step: int) -> None:
         sink.log(row, step=step)
 
 
-def _write_trajectories(path: Path, trajectories: list[Any], task_ids: Sequence[Any] | None = None) -> None:
-    """Write `trajectories` as JSON Lines (`trajectory_to_dict`) into `path`; records without one get `task_ids`."""
-    from agentic_rl.types import trajectory_to_dict
-
-    with path.open("w") as f:
-        for i, t in enumerate(trajectories):
-            record = trajectory_to_dict(t)
-            if task_ids is not None:
-                record.setdefault("task_id", task_ids[i])
-            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-
-
 async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
     """Greedy (or `eval_temperature`) rollout of the held-out tasks through the same rollout path (this rank's
     shard; ranks gathered), its trajectories written (rank 0's) to `records`.
@@ -547,7 +537,7 @@ async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
     totals = {key: sum(values) for key, values in gather(run.dist, HELDOUT_COUNTS, local).items()}
     n = max(totals["trajectories"], 1.0)
     if run.dist.is_main:
-        _write_trajectories(records, trajectories)
+        write_trajectories(records, trajectories)
     return {"heldout_accuracy": totals["solved"] / n, "heldout_tool_call_rate": totals["with_tool_calls"] / n,
             "heldout_mean_turns": totals["turns"] / n,
             **reward_figures(run.dist, trajectories, reward_keys(run.config), prefix="heldout_")}  # fmt: skip

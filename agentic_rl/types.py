@@ -18,11 +18,13 @@ keep the AgentSDK names: `prompt_tokens`, `response_tokens`, `response_masks`, `
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,6 +44,7 @@ __all__ = [
     "per_token_versions",
     "trajectory_from_dict",
     "trajectory_to_dict",
+    "write_trajectories",
 ]
 
 
@@ -533,3 +536,14 @@ def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
         )  # fmt: skip
     except KeyError as exc:
         raise TrajectoryError(f"a trajectory record needs {exc.args[0]!r}") from None
+
+
+def write_trajectories(path: str | Path, trajectories: Sequence[Trajectory], task_ids: Sequence[Any] | None = None) -> None:
+    """Write `trajectories` into `path` as JSON Lines, one `trajectory_to_dict` record each (overwriting the file); a
+    record without a `task_id` gets the one at its position in `task_ids`."""
+    with Path(path).open("w", encoding="utf-8") as f:
+        for i, trajectory in enumerate(trajectories):
+            record = trajectory_to_dict(trajectory)
+            if task_ids is not None:
+                record.setdefault("task_id", task_ids[i])
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
