@@ -73,6 +73,11 @@ def _task_id(task: Any) -> Any:
     return task.get("id") if isinstance(task, dict) else None
 
 
+def _task_ids(groups: Any) -> list[Any]:
+    """The task id of each trajectory of `groups`, in their order."""
+    return [_task_id(g.task) for g in groups for _ in g.trajectories]
+
+
 class _TaskOrder:
     """`per_step` tasks at a time from a seeded shuffle, cycling; `position` counts the tasks handed out (what a
     resumed run restores)."""
@@ -472,10 +477,9 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     failed = sum(g.failed for g in groups) - dropped  # every sample failed or was refused, other than as stale
     counts = {"trained": len(groups) - dropped - failed, "failed": failed, "dropped_stale": dropped,
               "in_flight": len(run.feed.groups), **run.feed.step_counts}  # fmt: skip
-    task_ids = [_task_id(g.task) for g in groups for _ in g.trajectories]
-    left_out = [(t, _task_id(g.task)) for g in run.feed.constant for t in g.trajectories if t is not None]
+    left_out = [t for g in run.feed.constant for t in g.trajectories]
     return StepFigures(trajectories, refused, stats, rollout_s, sync_s, time.perf_counter() - started, counts,
-                       task_ids, [t for t, _ in left_out], [task_id for _, task_id in left_out])
+                       _task_ids(groups), left_out, _task_ids(run.feed.constant))
 
 
 async def _record_step(run: _Run, step: int, row: dict[str, Any], figures: StepFigures) -> None:

@@ -136,9 +136,7 @@ def _token_accounting(stats: Mapping[str, Any], left_out: Sequence[Any]) -> dict
     """The trainer's token accounting with the tokens of the groups dynamic sampling left out added as excluded
     (`tokens_excluded_constant`), so that `tokens_sampled == tokens_trained + tokens_excluded` covers every sampled
     token of the step."""
-    from agentic_rl.train.packing import sampled_tokens
-
-    left = sum(sampled_tokens(t) for t in left_out)
+    left = sum(t.num_generated_tokens for t in left_out)
     tokens = {key: stats.get(key, 0) for key in TOKEN_KEYS}
     tokens["tokens_excluded_constant"] = left
     tokens["tokens_sampled"] += left

@@ -19,7 +19,6 @@ from agentic_rl.errors import TrajectoryError
 from agentic_rl.types import INSERTED_VERSION, TerminationReason, TokenRun, Trajectory
 
 __all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "default_group_ids", "exclusion_reason", "is_overlong",
-           "sampled_tokens",
            "pack_trajectories"]  # fmt: skip
 
 ExclusionReason = Literal["failed", "aborted", "refused", "overlong"]
@@ -48,11 +47,6 @@ def exclusion_reason(trajectory: Trajectory) -> ExclusionReason | None:
     if trajectory.failed and trajectory.metrics.get("refused"):
         return "refused"
     return "failed" if trajectory.failed else None
-
-
-def sampled_tokens(trajectory: Trajectory) -> int:
-    """Tokens the engine sampled for `trajectory`, over all its token runs (`TokenCounts.sampled` counts these)."""
-    return sum(run.num_sampled for run in trajectory.token_runs())
 
 
 def is_overlong(trajectory: Trajectory) -> bool:
