@@ -183,7 +183,11 @@ class ChatRenderer:
         add_generation_prompt: bool = False,
     ) -> str:
         """The chat template's text for `messages` (tools passed only when the template supports them)."""
-        kwargs: dict[str, Any] = {**self.template_kwargs, "tokenize": False, "add_generation_prompt": add_generation_prompt}
+        kwargs: dict[str, Any] = {
+            **self.template_kwargs,
+            "tokenize": False,
+            "add_generation_prompt": add_generation_prompt,
+        }
         if tools and self.supports_tools:
             kwargs["tools"] = list(tools)
         try:
@@ -550,8 +554,11 @@ def check_alignment(
         last_turn = messages.pop()
         segments = list(segments)
         last_segment = segments.pop()
-    rendered = renderer._render_safe(messages, tools, add_generation_prompt=last_turn is not None or not (
-        messages and messages[-1].get("role") == "assistant"))  # fmt: skip
+    rendered = renderer._render_safe(
+        messages,
+        tools,
+        add_generation_prompt=last_turn is not None or not (messages and messages[-1].get("role") == "assistant"),
+    )
     pos = 0
     mismatches = 0
     drift = 0
@@ -577,8 +584,10 @@ def check_alignment(
                     or f"segment {index}: template ids {expected[:12]} != recorded {list(segment.token_ids)[:12]}"
                 )
         pos += len(text)
-    closes_last_turn = bool(messages) and messages[-1].get("role") == "assistant" and rendered.text[pos:] in (
-        renderer.end_of_turn_text + renderer.after_end_of_turn, renderer.end_of_turn_text
+    closes_last_turn = (
+        bool(messages)
+        and messages[-1].get("role") == "assistant"
+        and rendered.text[pos:] in (renderer.end_of_turn_text + renderer.after_end_of_turn, renderer.end_of_turn_text)
     )  # a final turn ended by a stop string or cut off: the template closes it, no prompt ever held that text
     if mismatches == 0 and pos != len(rendered.text) and not closes_last_turn:
         mismatches += 1

@@ -37,7 +37,15 @@ from agentic_rl.config import Config
 from agentic_rl.errors import ConfigError
 from agentic_rl.synthetic import parse_arithmetic_spec
 
-__all__ = ["DEFAULT_COLUMNS", "SHARED_DATA", "DataColumns", "drop_partial_line", "iter_jsonl", "load_tasks", "prompt_messages"]
+__all__ = [
+    "DEFAULT_COLUMNS",
+    "SHARED_DATA",
+    "DataColumns",
+    "drop_partial_line",
+    "iter_jsonl",
+    "load_tasks",
+    "prompt_messages",
+]
 
 #: The shared data folder beside the repository (`<repo>/../shared/data`): GSM8K, HotpotQA, MATH-500.
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -171,11 +179,12 @@ def prompt_messages(messages: list[Any], where: str) -> tuple[str, str | None]:
     """
     roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
     if any(not isinstance(m, dict) or not isinstance(m.get("content"), str) for m in messages):
-        raise ConfigError(f"{where}: a chat-message prompt needs {{'role', 'content': str}} messages, got {messages!r:.200}")
+        raise ConfigError(
+            f"{where}: a chat-message prompt needs {{'role', 'content': str}} messages, got {messages!r:.200}"
+        )
     if roles.count("user") != 1 or roles[-1] != "user" or set(roles) - {"system", "user"}:
         raise ConfigError(
-            f"{where}: a chat-message prompt must be one user message after optional system messages, got roles "
-            f"{roles}"
+            f"{where}: a chat-message prompt must be one user message after optional system messages, got roles {roles}"
         )
     system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     return messages[-1]["content"], system or None

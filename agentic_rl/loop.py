@@ -51,6 +51,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+
 def resume_point(config: TrainConfig) -> Checkpoint | None:
     """The checkpoint `train(config, resume=True)` continues from: the newest complete one under
     `output_dir/checkpoints` (None: it starts over)."""
@@ -65,8 +66,10 @@ def _check_fresh(out: Path) -> None:
     """
     earlier = [name for name in ("metrics.jsonl", "checkpoints") if (out / name).exists()]
     if earlier:
-        raise ConfigError(f"{out} already holds a training run ({', '.join(earlier)}): continue it with "
-                          f"'agentic-rl train --resume {out}', or choose another output_dir")  # fmt: skip
+        raise ConfigError(
+            f"{out} already holds a training run ({', '.join(earlier)}): continue it with "
+            f"'agentic-rl train --resume {out}', or choose another output_dir"
+        )
 
 
 def _task_id(task: Any) -> Any:
@@ -160,9 +163,15 @@ async def train(
     run = await _set_up(config, dist, start, state, resume=resume)
     try:
         if dist.is_main:
-            run.sinks.extend(build_loggers(config.loggers, run.out, config=config.model_dump(),
-                                           wandb_project=config.wandb_project,
-                                           resume_from=_first_redone(state) if resume else None))  # fmt: skip
+            run.sinks.extend(
+                build_loggers(
+                    config.loggers,
+                    run.out,
+                    config=config.model_dump(),
+                    wandb_project=config.wandb_project,
+                    resume_from=_first_redone(state) if resume else None,
+                )
+            )
         if state is not None:  # last, so that nothing set up since draws from the restored generators
             checkpoints.restore_rng_state(state["rng"])
         if run.eval_tasks and state is None:
@@ -203,8 +212,9 @@ class _Run:
     history: list[dict[str, Any]]  # the metrics rows so far
 
 
-async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, state: dict[str, Any] | None, *,
-                  resume: bool) -> _Run:  # fmt: skip
+async def _set_up(
+    config: TrainConfig, dist: Any, start: Checkpoint | None, state: dict[str, Any] | None, *, resume: bool
+) -> _Run:
     """Everything a run needs before its first step, in this order: the tasks (read before any folder or engine
     starts), `output_dir`, the rollout machinery and the trainer. Resuming, the checkpoint's `state` comes back (all
     but the RNG states, which `train` restores last); otherwise, on several ranks, every engine loads rank 0's
@@ -234,9 +244,24 @@ async def _set_up(config: TrainConfig, dist: Any, start: Checkpoint | None, stat
         history = list(state["history"])
     sync = WeightSync.of(config, trainer, engine)
     await sync.at_start(resumed=state is not None, world_size=dist.world_size)
-    run = _Run(config=config, dist=dist, out=out, start=start, done=state["step"] if state is not None else 0,
-               eval_tasks=eval_tasks, task_order=task_order, task_ids=task_ids, tokenizer=tokenizer, trainer=trainer,
-               engine=engine, sync=sync, rollout=rollout, feed=None, sinks=[], history=history)  # fmt: skip
+    run = _Run(
+        config=config,
+        dist=dist,
+        out=out,
+        start=start,
+        done=state["step"] if state is not None else 0,
+        eval_tasks=eval_tasks,
+        task_order=task_order,
+        task_ids=task_ids,
+        tokenizer=tokenizer,
+        trainer=trainer,
+        engine=engine,
+        sync=sync,
+        rollout=rollout,
+        feed=None,
+        sinks=[],
+        history=history,
+    )
     run.feed = _feed(run, state)
     return run
 
@@ -283,8 +308,12 @@ def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict
     """The colocated engine's options: the config's dtype, KV cache and window, seeded per rank, able to sleep when
     `sleep_while_training`; resuming, it starts at the checkpoint's weight version."""
     engine = config.engine
-    options: dict[str, Any] = {"dtype": engine.dtype, "kv_cache_gib": engine.kv_cache_gib,
-                               "seed": config.seed + dist.rank, "enable_sleep_mode": engine.sleep_while_training}  # fmt: skip
+    options: dict[str, Any] = {
+        "dtype": engine.dtype,
+        "kv_cache_gib": engine.kv_cache_gib,
+        "seed": config.seed + dist.rank,
+        "enable_sleep_mode": engine.sleep_while_training,
+    }
     if engine.max_model_len:
         options["max_model_len"] = engine.max_model_len
     if _distribution(config) is not None:  # the sampled token's logprob under the distribution it was drawn from
@@ -299,8 +328,14 @@ def _engine_options(config: TrainConfig, dist: Any, model_dir: Path, state: dict
     return {**options, **lora_engine_options(config, state)}
 
 
-async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Path, start: Checkpoint | None,
-                          state: dict[str, Any] | None) -> tuple[Any, TrainableEngine]:  # fmt: skip
+async def _start_rollouts(
+    config: TrainConfig,
+    dist: Any,
+    tokenizer: Any,
+    model_dir: Path,
+    start: Checkpoint | None,
+    state: dict[str, Any] | None,
+) -> tuple[Any, TrainableEngine]:
     """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
     (`_engine_options`, the checkpoint's weights when resuming) and the `TrainingRollout` over it
     (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes are
@@ -318,27 +353,48 @@ async def _start_rollouts(config: TrainConfig, dist: Any, tokenizer: Any, model_
     from agentic_rl.rollout.training import build_training_rollout, load_classes
 
     r = config.rollout
-    harness = HarnessConfig(max_steps=r.max_steps, max_prompt_length=r.max_prompt_length,
-                            max_response_length=r.max_response_length, sampling=r.sampling,
-                            toolcall_weight=r.toolcall_weight, milestone_weight=r.milestone_weight,
-                            unfinished_penalty=r.unfinished_penalty, reward_timeout_s=r.reward_timeout_s)  # fmt: skip
+    harness = HarnessConfig(
+        max_steps=r.max_steps,
+        max_prompt_length=r.max_prompt_length,
+        max_response_length=r.max_response_length,
+        sampling=r.sampling,
+        toolcall_weight=r.toolcall_weight,
+        milestone_weight=r.milestone_weight,
+        unfinished_penalty=r.unfinished_penalty,
+        reward_timeout_s=r.reward_timeout_s,
+    )
     renderer = ChatRenderer(tokenizer)
     check_reward(config)
     prompt = system_prompt(config)
     load_classes(tools=config.tools, environment=config.environment, agent=config.agent)
     weights = start.path if start is not None and config.optimizer.lora is None else model_dir  # LoRA: the base
-    engine = start_engine(weights, _engine_options(config, dist, model_dir, state),
-                          max_prompt_length=r.max_prompt_length, max_response_length=r.max_response_length)  # fmt: skip
+    engine = start_engine(
+        weights,
+        _engine_options(config, dist, model_dir, state),
+        max_prompt_length=r.max_prompt_length,
+        max_response_length=r.max_response_length,
+    )
     try:
         if not isinstance(engine, TrainableEngine):
             raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
         if r.max_staleness and r.placement == "pause" and not isinstance(engine, PausableEngine):
-            raise ConfigError(f"rollout.placement 'pause' needs an engine that can pause generation, got "
-                              f"{type(engine).__name__}: use placement 'overlap'")  # fmt: skip
+            raise ConfigError(
+                f"rollout.placement 'pause' needs an engine that can pause generation, got "
+                f"{type(engine).__name__}: use placement 'overlap'"
+            )
         reward_fn = train_reward(config, engine, renderer)  # the in-process judge asks this engine
-        rollout = build_training_rollout(engine, renderer, tokenizer, harness=harness, n_parallel_agents=r.n_parallel_agents,
-                                         tools=config.tools, reward_fn=reward_fn, environment=config.environment,
-                                         agent=config.agent, system_prompt=prompt)  # fmt: skip
+        rollout = build_training_rollout(
+            engine,
+            renderer,
+            tokenizer,
+            harness=harness,
+            n_parallel_agents=r.n_parallel_agents,
+            tools=config.tools,
+            reward_fn=reward_fn,
+            environment=config.environment,
+            agent=config.agent,
+            system_prompt=prompt,
+        )
     except BaseException:
         with anyio.CancelScope(shield=True):
             await engine.close()
@@ -375,8 +431,9 @@ def _make_trainer(config: TrainConfig, dist: Any, tokenizer: Any, model_dir: Pat
     if optimizer.lr_schedule == "cosine" and optimizer.lr_decay_steps is None:
         optimizer = optimizer.model_copy(update={"lr_decay_steps": config.steps})  # the cosine spans the run
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-    return GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=optimizer, dist=dist,
-                       sampling=_distribution(config))  # fmt: skip
+    return GRPOTrainer(
+        model, pad_token_id=tokenizer.pad_token_id, config=optimizer, dist=dist, sampling=_distribution(config)
+    )
 
 
 def _distribution(config: TrainConfig) -> Any:
@@ -403,18 +460,29 @@ def _feed(run: _Run, state: dict[str, Any] | None) -> Any:
 
     r = run.config.rollout
     if r.placement == "pause" and not r.max_staleness:
-        logger.warning("rollout.placement 'pause' has no effect in lockstep training (rollout.max_staleness: 0): "
-                       "nothing is generated while the trainer steps")  # fmt: skip
+        logger.warning(
+            "rollout.placement 'pause' has no effect in lockstep training (rollout.max_staleness: 0): "
+            "nothing is generated while the trainer steps"
+        )
     saved = (state or {}).get("rollout") or {}
     return ContinuousRollout(
         run=lambda tasks, sampling, indices: run.rollout.run(tasks, sampling, indices=indices),
-        next_batch=lambda: shard(run.task_order.next_batch(), run.dist), sampling=lambda batch: _sampling(run, batch),
-        group_size=r.group_size, groups_per_step=r.tasks_per_step, max_staleness=r.max_staleness,
-        n_parallel_agents=r.n_parallel_agents, first_step=run.done, last_step=run.config.steps,
-        pending=[PendingGroup(**p) for p in saved.get("pending", ())], next_batch_index=saved.get("next_batch"),
-        whole_batches=run.rollout.whole_batches, dynamic_sampling=r.dynamic_sampling, max_extra_draws=r.max_extra_draws,
-        step_level=run.config.optimizer.advantage == "step", overlong_filter=run.config.optimizer.overlong_filter,
-    )  # fmt: skip
+        next_batch=lambda: shard(run.task_order.next_batch(), run.dist),
+        sampling=lambda batch: _sampling(run, batch),
+        group_size=r.group_size,
+        groups_per_step=r.tasks_per_step,
+        max_staleness=r.max_staleness,
+        n_parallel_agents=r.n_parallel_agents,
+        first_step=run.done,
+        last_step=run.config.steps,
+        pending=[PendingGroup(**p) for p in saved.get("pending", ())],
+        next_batch_index=saved.get("next_batch"),
+        whole_batches=run.rollout.whole_batches,
+        dynamic_sampling=r.dynamic_sampling,
+        max_extra_draws=r.max_extra_draws,
+        step_level=run.config.optimizer.advantage == "step",
+        overlong_filter=run.config.optimizer.overlong_filter,
+    )
 
 
 async def _run_steps(run: _Run, on_step: Callable[[dict[str, Any]], None] | None) -> None:
@@ -425,8 +493,13 @@ async def _run_steps(run: _Run, on_step: Callable[[dict[str, Any]], None] | None
         for step in range(run.done, run.config.steps):
             figures = await _train_step(run, step, mark)
             mark = time.perf_counter()
-            row = metrics_row(run.dist, step, figures, weight_version=run.engine.weight_version,
-                              max_staleness=run.config.rollout.max_staleness)  # fmt: skip
+            row = metrics_row(
+                run.dist,
+                step,
+                figures,
+                weight_version=run.engine.weight_version,
+                max_staleness=run.config.rollout.max_staleness,
+            )
             row.update(reward_figures(run.dist, figures.trajectories, reward_keys(run.config)))
             await _record_step(run, step, row, figures)
             if on_step is not None:
@@ -460,8 +533,9 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     if sleep:
         await run.engine.sleep()
     ids = [i for i, g in enumerate(groups) for _ in g.trajectories]  # GRPO groups: the step's task positions
-    train = functools.partial(run.trainer.train_step, trajectories, group_ids=ids,
-                              weight_version=run.engine.weight_version)  # fmt: skip
+    train = functools.partial(
+        run.trainer.train_step, trajectories, group_ids=ids, weight_version=run.engine.weight_version
+    )
     stats = await anyio.to_thread.run_sync(train)
     t0 = time.perf_counter()
     if sleep:
@@ -475,11 +549,26 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     run.rollout.ledger.forget_before(run.engine.weight_version - config.rollout.max_staleness)  # none trainable
     run.feed.step_done()
     failed = sum(g.failed for g in groups) - dropped  # every sample failed or was refused, other than as stale
-    counts = {"trained": len(groups) - dropped - failed, "failed": failed, "dropped_stale": dropped,
-              "in_flight": len(run.feed.groups), **run.feed.step_counts}  # fmt: skip
+    counts = {
+        "trained": len(groups) - dropped - failed,
+        "failed": failed,
+        "dropped_stale": dropped,
+        "in_flight": len(run.feed.groups),
+        **run.feed.step_counts,
+    }
     left_out = [t for g in run.feed.constant for t in g.trajectories]
-    return StepFigures(trajectories, refused, stats, rollout_s, sync_s, time.perf_counter() - started, counts,
-                       _task_ids(groups), left_out, _task_ids(run.feed.constant))
+    return StepFigures(
+        trajectories,
+        refused,
+        stats,
+        rollout_s,
+        sync_s,
+        time.perf_counter() - started,
+        counts,
+        _task_ids(groups),
+        left_out,
+        _task_ids(run.feed.constant),
+    )
 
 
 async def _record_step(run: _Run, step: int, row: dict[str, Any], figures: StepFigures) -> None:
@@ -536,23 +625,30 @@ async def _evaluate(run: _Run, records: Path) -> dict[str, float]:
     local = {
         "solved": float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
         "with_tool_calls": float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
-        "turns": float(sum(t.metrics.get("steps", 0) for t in trajectories)), "trajectories": float(len(trajectories)),
-    }  # fmt: skip
+        "turns": float(sum(t.metrics.get("steps", 0) for t in trajectories)),
+        "trajectories": float(len(trajectories)),
+    }
     totals = {key: sum(values) for key, values in gather(run.dist, HELDOUT_COUNTS, local).items()}
     n = max(totals["trajectories"], 1.0)
     if run.dist.is_main:
         write_trajectories(records, trajectories)
-    return {"heldout_accuracy": totals["solved"] / n, "heldout_tool_call_rate": totals["with_tool_calls"] / n,
-            "heldout_mean_turns": totals["turns"] / n,
-            **reward_figures(run.dist, trajectories, reward_keys(run.config), prefix="heldout_")}  # fmt: skip
+    return {
+        "heldout_accuracy": totals["solved"] / n,
+        "heldout_tool_call_rate": totals["with_tool_calls"] / n,
+        "heldout_mean_turns": totals["turns"] / n,
+        **reward_figures(run.dist, trajectories, reward_keys(run.config), prefix="heldout_"),
+    }
 
 
 def _finished(out: Path, start: Checkpoint | None, world_size: int) -> bool:
     """Whether a resumed run wrote everything its end writes: the final checkpoint, then (rank 0) the plots, then
     every rank's weights digest. A run killed before that (say after `step_K` of its last step, before `final/`)
     takes the usual path, which runs no step and writes what is missing. Every rank decides alike."""
-    return (start is not None and start.path.name == checkpoints.FINAL
-            and all((out / f"weights_rank{rank}.sha256").is_file() for rank in range(world_size)))  # fmt: skip
+    return (
+        start is not None
+        and start.path.name == checkpoints.FINAL
+        and all((out / f"weights_rank{rank}.sha256").is_file() for rank in range(world_size))
+    )
 
 
 def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Checkpoint | None, dict[str, Any] | None]:
@@ -574,8 +670,9 @@ def _starting_point(config: TrainConfig, dist: Any, *, resume: bool) -> tuple[Ch
         return None, None
     state = checkpoints.load_state(start)
     if state["world_size"] != dist.world_size:
-        raise ConfigError(f"{start.path} was written by {state['world_size']} rank(s); resume it with as many, "
-                          f"not {dist.world_size}")  # fmt: skip
+        raise ConfigError(
+            f"{start.path} was written by {state['world_size']} rank(s); resume it with as many, not {dist.world_size}"
+        )
     logger.info("resuming %s after step %d from %s", out, state["step"], start.path)
     return start, state
 
@@ -592,7 +689,13 @@ def _state(run: _Run, step: int) -> dict[str, Any]:
     torch; rank 0's, which every rank restores: all ranks seed alike), the metrics rows so far and the world size.
     A checkpoint is written atomically (`agentic_rl.train.checkpoints`): a kill at any moment leaves the previous
     one intact."""
-    return {"step": step, "trainer": run.trainer.state_dict(), "task_position": run.task_order.position,
-            "weight_version": run.engine.weight_version, "rng": checkpoints.capture_rng_state(),
-            "history": run.history, "world_size": run.dist.world_size, "rollout": run.feed.checkpoint()}  # fmt: skip
-
+    return {
+        "step": step,
+        "trainer": run.trainer.state_dict(),
+        "task_position": run.task_order.position,
+        "weight_version": run.engine.weight_version,
+        "rng": checkpoints.capture_rng_state(),
+        "history": run.history,
+        "world_size": run.dist.world_size,
+        "rollout": run.feed.checkpoint(),
+    }

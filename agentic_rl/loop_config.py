@@ -21,8 +21,16 @@ from agentic_rl.plugins import PluginRef
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
 
-__all__ = ["EngineSection", "JudgeSection", "RolloutSection", "TrainConfig", "config_tasks", "load_run_config",
-           "load_train_config", "system_prompt"]
+__all__ = [
+    "EngineSection",
+    "JudgeSection",
+    "RolloutSection",
+    "TrainConfig",
+    "config_tasks",
+    "load_run_config",
+    "load_train_config",
+    "system_prompt",
+]
 
 
 class RolloutSection(Config):
@@ -30,9 +38,11 @@ class RolloutSection(Config):
 
     tasks_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(
-        default=4, ge=2, description="samples per task: GRPO's baseline is the group's mean reward, so a group of one "
+        default=4,
+        ge=2,
+        description="samples per task: GRPO's baseline is the group's mean reward, so a group of one "
         "has advantage 0 and trains nothing",
-    )  # fmt: skip
+    )
     n_parallel_agents: NParallelAgents = 16
     max_steps: MaxSteps = 2
     max_prompt_length: MaxPromptLength = 1024
@@ -55,16 +65,19 @@ class RolloutSection(Config):
         "below a wrong answer (0: off)",
     )
     reward_timeout_s: float = Field(
-        default=60.0, gt=0, allow_inf_nan=False,
+        default=60.0,
+        gt=0,
+        allow_inf_nan=False,
         description="most seconds a reward call may take; past it the trajectory fails with a reward error (not trained)",
-    )  # fmt: skip
+    )
     max_staleness: StrictInt = Field(
-        default=0, ge=0,
+        default=0,
+        ge=0,
         description="k: trajectories keep running while the trainer steps and loads weights; step t trains the groups "
         "of batches <= t (waiting for them), then finished groups of later batches in the order they finished, so "
         "that no trained token was sampled by weights more than k updates older than the ones it updates (0: "
         "lockstep, every step waits for its whole rollout)",
-    )  # fmt: skip
+    )
     dynamic_sampling: bool = Field(
         default=False,
         description="DAPO's dynamic sampling: a step leaves out groups that train nothing (constant: every valid "
@@ -72,17 +85,18 @@ class RolloutSection(Config):
         "was cut) and, while it has fewer than tasks_per_step useful groups, draws the next tasks_per_step tasks of "
         "the order (at most max_extra_draws times); every drawn group is trained in its step or counted in "
         "groups_constant (one rank only), and the tokens of those left out in tokens_excluded_constant",
-    )  # fmt: skip
+    )
     max_extra_draws: StrictInt = Field(
-        default=2, ge=0,
+        default=2,
+        ge=0,
         description="with dynamic_sampling: the most extra draws of tasks_per_step tasks per step (0: leave groups "
         "that train nothing out, draw none)",
-    )  # fmt: skip
+    )
     placement: Literal["overlap", "pause"] = Field(
         default="overlap",
         description="with max_staleness > 0: 'overlap' keeps generating during the train step (memory for both); "
         "'pause' pauses generation during it (requests and KV cache stay, nothing drains)",
-    )  # fmt: skip
+    )
 
 
 class EngineSection(Config):
@@ -104,14 +118,17 @@ class JudgeSection(Config):
     """
 
     base_url: str | None = Field(
-        default=None, description="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (None: the run's "
-        "own engine)",
-    )  # fmt: skip
+        default=None,
+        description="an OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (None: the run's own engine)",
+    )
     model: str = Field(default="", description="the model name the endpoint serves (needed with base_url)")
     api_key_env: str | None = Field(default=None, description="environment variable holding the endpoint's API key")
     max_tokens: int = Field(default=4, ge=1, description="most tokens of the judge's reply")
     timeout_s: float = Field(
-        default=30.0, gt=0, allow_inf_nan=False, description="most seconds of one judge call (below rollout.reward_timeout_s)"
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="most seconds of one judge call (below rollout.reward_timeout_s)",
     )
     max_retries: int = Field(default=1, ge=0, description="retries of a failed endpoint call")
 
@@ -142,11 +159,13 @@ class TrainConfig(Config):
         "your own as 'package.module:Class' or {class: package.module:Class, kwargs: {...}}",
     )
     reward: str = Field(
-        default="gsm8k", description="a name in REWARDS, 'llm_judge' (the `judge` section), or 'package.module:function'"
+        default="gsm8k",
+        description="a name in REWARDS, 'llm_judge' (the `judge` section), or 'package.module:function'",
     )
     judge: JudgeSection = Field(default_factory=JudgeSection)
     system_prompt_file: str | None = Field(
-        default=None, description="a text file holding the built-in tool agent's system message (None: its default; "
+        default=None,
+        description="a text file holding the built-in tool agent's system message (None: its default; "
         "a task's own system_prompt still wins); not with an environment or agent of your own",
     )
     reward_metrics: list[str] = Field(
@@ -180,9 +199,13 @@ class TrainConfig(Config):
         "unless eval_temperature > 0",
     )
     eval_limit: int | None = Field(default=None, ge=1, description="evaluate the first N held-out tasks (None: all)")
-    eval_every: int = Field(default=0, ge=0, description="evaluate every K steps (0: before the first and after the last)")
+    eval_every: int = Field(
+        default=0, ge=0, description="evaluate every K steps (0: before the first and after the last)"
+    )
     eval_temperature: float = Field(
-        default=0.0, ge=0.0, le=2.0,
+        default=0.0,
+        ge=0.0,
+        le=2.0,
         description="0: greedy evaluation; > 0: sampled at this temperature with the same seeds at every evaluation, "
         "so each one draws alike (for policies that loop when greedy, e.g. repeating a search)",
     )
@@ -201,42 +224,68 @@ class TrainConfig(Config):
         tools unless they are named."""
         given = self.model_fields_set
         if self.agent is not None:
-            defaults = {"environment": None, "tools": ["calculator"], "reward": "gsm8k", "reward_metrics": [],
-                        "system_prompt_file": None}
+            defaults = {
+                "environment": None,
+                "tools": ["calculator"],
+                "reward": "gsm8k",
+                "reward_metrics": [],
+                "system_prompt_file": None,
+            }
             clashing = [name for name, value in defaults.items() if name in given and getattr(self, name) != value]
             if clashing:
-                raise ValueError(f"agent {self.agent.path!r} brings its own environment, tools and reward: remove "
-                                 f"{', '.join(clashing)} (pass settings to the agent with agent.kwargs)")  # fmt: skip
-            shaping = [f"rollout.{name}" for name in ("toolcall_weight", "milestone_weight", "unfinished_penalty")
-                       if getattr(self.rollout, name) != RolloutSection.model_fields[name].default]  # fmt: skip
+                raise ValueError(
+                    f"agent {self.agent.path!r} brings its own environment, tools and reward: remove "
+                    f"{', '.join(clashing)} (pass settings to the agent with agent.kwargs)"
+                )
+            shaping = [
+                f"rollout.{name}"
+                for name in ("toolcall_weight", "milestone_weight", "unfinished_penalty")
+                if getattr(self.rollout, name) != RolloutSection.model_fields[name].default
+            ]
             if shaping:
-                raise ValueError(f"agent {self.agent.path!r} computes its own rewards: remove {', '.join(shaping)} "
-                                 "(pass reward settings to the agent with agent.kwargs)")  # fmt: skip
+                raise ValueError(
+                    f"agent {self.agent.path!r} computes its own rewards: remove {', '.join(shaping)} "
+                    "(pass reward settings to the agent with agent.kwargs)"
+                )
         elif self.environment is not None and "tools" not in given:
             self.tools = []
         if self.environment is not None and self.system_prompt_file is not None:
-            raise ValueError("system_prompt_file sets the built-in tool agent's system message: an environment of "
-                             "your own takes its own (environment.kwargs)")  # fmt: skip
+            raise ValueError(
+                "system_prompt_file sets the built-in tool agent's system message: an environment of "
+                "your own takes its own (environment.kwargs)"
+            )
         _check_trainable_sampling(self.rollout.sampling)
         if self.reward == "llm_judge" and self.judge.timeout_s >= self.rollout.reward_timeout_s:
-            raise ValueError(f"judge.timeout_s={self.judge.timeout_s:g} must be below rollout.reward_timeout_s="
-                             f"{self.rollout.reward_timeout_s:g}: the harness abandons a reward past that bound")  # fmt: skip
+            raise ValueError(
+                f"judge.timeout_s={self.judge.timeout_s:g} must be below rollout.reward_timeout_s="
+                f"{self.rollout.reward_timeout_s:g}: the harness abandons a reward past that bound"
+            )
         if self.rollout.milestone_weight and self.optimizer.advantage != "step":
-            raise ValueError(f"rollout.milestone_weight={self.rollout.milestone_weight:g} is a per-turn reward: only "
-                             "optimizer.advantage: step learns from it")  # fmt: skip
+            raise ValueError(
+                f"rollout.milestone_weight={self.rollout.milestone_weight:g} is a per-turn reward: only "
+                "optimizer.advantage: step learns from it"
+            )
         if self.data_columns.milestones is not None and not self.rollout.milestone_weight:
-            raise ValueError(f"data_columns.milestones={self.data_columns.milestones!r} reads milestones that only "
-                             "rollout.milestone_weight > 0 rewards: set it (with optimizer.advantage: step)")  # fmt: skip
+            raise ValueError(
+                f"data_columns.milestones={self.data_columns.milestones!r} reads milestones that only "
+                "rollout.milestone_weight > 0 rewards: set it (with optimizer.advantage: step)"
+            )
         if self.rollout.unfinished_penalty and self.optimizer.overlong_filter:
-            raise ValueError("rollout.unfinished_penalty and optimizer.overlong_filter pull against each other: the "
-                             "filter keeps truncated and context_limit samples out of the loss but in their group's "
-                             "mean, so a penalty on them only raises their siblings' advantages; use one of them")  # fmt: skip
+            raise ValueError(
+                "rollout.unfinished_penalty and optimizer.overlong_filter pull against each other: the "
+                "filter keeps truncated and context_limit samples out of the loss but in their group's "
+                "mean, so a penalty on them only raises their siblings' advantages; use one of them"
+            )
         if self.optimizer.lr_warmup_steps >= self.steps:
-            raise ValueError(f"optimizer.lr_warmup_steps={self.optimizer.lr_warmup_steps} must be below steps="
-                             f"{self.steps}: the whole run would train at a rate still rising")  # fmt: skip
+            raise ValueError(
+                f"optimizer.lr_warmup_steps={self.optimizer.lr_warmup_steps} must be below steps="
+                f"{self.steps}: the whole run would train at a rate still rising"
+            )
         if self.rollout.max_staleness and self.engine.sleep_while_training:
-            raise ValueError("engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
-                             "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause")  # fmt: skip
+            raise ValueError(
+                "engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
+                "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause"
+            )
         return self
 
 
@@ -248,8 +297,10 @@ def _check_trainable_sampling(sampling: SamplingConfig) -> None:
     try:
         SamplingDistribution.of(sampling)
     except ConfigError as exc:
-        raise ValueError(f"rollout.sampling: {exc} (GRPO trains on the distribution the rollout samples from, which "
-                         "the trainer must compute: sample with temperature > 0 and only temperature, top_k, top_p)") from None
+        raise ValueError(
+            f"rollout.sampling: {exc} (GRPO trains on the distribution the rollout samples from, which "
+            "the trainer must compute: sample with temperature > 0 and only temperature, top_k, top_p)"
+        ) from None
 
 
 def load_train_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:

@@ -127,8 +127,10 @@ class WeightSync:
         if not hasattr(self.engine, "update_adapter"):
             from agentic_rl.errors import ConfigError
 
-            raise ConfigError(f"optimizer.lora needs an engine that loads LoRA adapters (update_adapter), got "
-                              f"{type(self.engine).__name__}")  # fmt: skip
+            raise ConfigError(
+                f"optimizer.lora needs an engine that loads LoRA adapters (update_adapter), got "
+                f"{type(self.engine).__name__}"
+            )
         if self._root is None:
             parent = TMPFS if TMPFS.is_dir() else Path(tempfile.gettempdir())
             remove_orphaned_folders(parent)

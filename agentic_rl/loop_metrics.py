@@ -15,9 +15,17 @@ __all__ = ["HELDOUT_COUNTS", "TOKEN_KEYS", "StepFigures", "gather", "metrics_row
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
 # `tokens_excluded_constant`: the tokens of groups dynamic sampling left out, which never reach the trainer.
-TOKEN_KEYS = ("tokens_sampled", "tokens_trained", "tokens_excluded", "tokens_excluded_failed",
-              "tokens_excluded_aborted", "tokens_excluded_refused", "tokens_excluded_over_length",
-              "tokens_excluded_overlong", "tokens_excluded_constant")  # fmt: skip
+TOKEN_KEYS = (
+    "tokens_sampled",
+    "tokens_trained",
+    "tokens_excluded",
+    "tokens_excluded_failed",
+    "tokens_excluded_aborted",
+    "tokens_excluded_refused",
+    "tokens_excluded_over_length",
+    "tokens_excluded_overlong",
+    "tokens_excluded_constant",
+)
 # The held-out evaluation's counts, summed over ranks.
 HELDOUT_COUNTS = ("solved", "with_tool_calls", "turns", "trajectories")
 
@@ -35,9 +43,12 @@ def _measured_max(values: Sequence[float]) -> float | None:
 
 # How each gathered value of a metrics row combines the ranks' values.
 _ACROSS_RANKS: dict[str, Callable[[Sequence[float]], Any]] = {
-    "mean": lambda values: sum(values) / len(values), "sum": sum, "count": lambda values: int(sum(values)),
-    "measured": _measured_mean, "max": _measured_max,
-}  # fmt: skip
+    "mean": lambda values: sum(values) / len(values),
+    "sum": sum,
+    "count": lambda values: int(sum(values)),
+    "measured": _measured_mean,
+    "max": _measured_max,
+}
 
 
 def row_sources(max_staleness: int) -> dict[str, str]:
@@ -47,19 +58,49 @@ def row_sources(max_staleness: int) -> dict[str, str]:
     `max_staleness`."""
     lags = range(max_staleness + 1)
     return {
-        "step": "run", "reward_mean": "mean", "reward_std": "mean", "accuracy": "mean", "failed": "count",
-        "refused": "count", "loss": "local", "pg_loss": "local", "kl": "local", "grad_norm": "local", "lr": "local",
-        "clip_fraction": "local", "dual_clip_fraction": "local", "kl_clamp_fraction": "local",
-        "response_length": "mean", "tokens_per_s": "sum", "samples_per_s": "sum", "rollout_seconds": "mean",
-        "train_seconds": "mean", "sync_seconds": "mean", "step_seconds": "mean", "logprob_diff": "measured",
+        "step": "run",
+        "reward_mean": "mean",
+        "reward_std": "mean",
+        "accuracy": "mean",
+        "failed": "count",
+        "refused": "count",
+        "loss": "local",
+        "pg_loss": "local",
+        "kl": "local",
+        "grad_norm": "local",
+        "lr": "local",
+        "clip_fraction": "local",
+        "dual_clip_fraction": "local",
+        "kl_clamp_fraction": "local",
+        "response_length": "mean",
+        "tokens_per_s": "sum",
+        "samples_per_s": "sum",
+        "rollout_seconds": "mean",
+        "train_seconds": "mean",
+        "sync_seconds": "mean",
+        "step_seconds": "mean",
+        "logprob_diff": "measured",
         **dict.fromkeys(TOKEN_KEYS, "count"),
-        "is_weight_mean": "measured", "is_weight_max": "max", "is_truncated_fraction": "measured",
+        "is_weight_mean": "measured",
+        "is_weight_max": "max",
+        "is_truncated_fraction": "measured",
         "is_masked_fraction": "measured",
-        **{f"tokens_lag_{lag}": "count" for lag in lags}, **{f"logprob_gap_lag_{lag}": "measured" for lag in lags},
-        "groups_trained": "count", "groups_failed": "count", "groups_dropped_stale": "count",
-        "groups_in_flight": "count", "groups_drawn": "count", "groups_kept": "count", "groups_constant": "count", "step_skipped": "local", "skipped_steps": "local",
-        "zero_advantage_rows": "local", "weight_version": "run", "max_staleness": "run", "trajectories": "run",
-    }  # fmt: skip
+        **{f"tokens_lag_{lag}": "count" for lag in lags},
+        **{f"logprob_gap_lag_{lag}": "measured" for lag in lags},
+        "groups_trained": "count",
+        "groups_failed": "count",
+        "groups_dropped_stale": "count",
+        "groups_in_flight": "count",
+        "groups_drawn": "count",
+        "groups_kept": "count",
+        "groups_constant": "count",
+        "step_skipped": "local",
+        "skipped_steps": "local",
+        "zero_advantage_rows": "local",
+        "weight_version": "run",
+        "max_staleness": "run",
+        "trajectories": "run",
+    }
 
 
 def gather(dist: Any, keys: Sequence[str], local: Mapping[str, float]) -> dict[str, list[float]]:
@@ -113,23 +154,31 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
     lag_tokens: Mapping[int, int] = stats.get("lag_tokens") or {}
     lag_gap: Mapping[int, float] = stats.get("lag_logprob_gap") or {}
     return {
-        "reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"],
+        "reward_mean": stats["reward_mean"],
+        "reward_std": stats["reward_std"],
         "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
-        "failed": sum(t.failed for t in trajectories), "refused": figures.refused,
+        "failed": sum(t.failed for t in trajectories),
+        "refused": figures.refused,
         "response_length": stats["response_length"],
         "tokens_per_s": generated / max(figures.step_s, 1e-9),
         "samples_per_s": sum(not t.failed for t in trajectories) / max(figures.step_s, 1e-9),
         "rollout_seconds": figures.rollout_s,
-        "train_seconds": stats["train_seconds"], "sync_seconds": figures.sync_s, "step_seconds": figures.step_s,
+        "train_seconds": stats["train_seconds"],
+        "sync_seconds": figures.sync_s,
+        "step_seconds": figures.step_s,
         "logprob_diff": _nan_if_none(stats["logprob_diff"]),  # NaN: no row here
         **_token_accounting(stats, figures.left_out),
-        **{key: _nan_if_none(stats.get(key)) for key in ("is_weight_mean", "is_weight_max", "is_truncated_fraction",
-                                                         "is_masked_fraction")},  # fmt: skip
+        **{
+            key: _nan_if_none(stats.get(key))
+            for key in ("is_weight_mean", "is_weight_max", "is_truncated_fraction", "is_masked_fraction")
+        },
         **{f"tokens_lag_{lag}": float(lag_tokens.get(lag, 0)) for lag in range(max_staleness + 1)},
         **{f"logprob_gap_lag_{lag}": _nan_if_none(lag_gap.get(lag)) for lag in range(max_staleness + 1)},
-        **{f"groups_{key}": float(figures.groups.get(key, 0)) for key in ("trained", "failed", "dropped_stale",
-                                                                          "in_flight", "drawn", "kept", "constant")},  # fmt: skip
-    }  # fmt: skip
+        **{
+            f"groups_{key}": float(figures.groups.get(key, 0))
+            for key in ("trained", "failed", "dropped_stale", "in_flight", "drawn", "kept", "constant")
+        },
+    }
 
 
 def _token_accounting(stats: Mapping[str, Any], left_out: Sequence[Any]) -> dict[str, int]:
@@ -144,7 +193,9 @@ def _token_accounting(stats: Mapping[str, Any], left_out: Sequence[Any]) -> dict
     return tokens
 
 
-def metrics_row(dist: Any, step: int, figures: StepFigures, *, weight_version: int, max_staleness: int) -> dict[str, Any]:
+def metrics_row(
+    dist: Any, step: int, figures: StepFigures, *, weight_version: int, max_staleness: int
+) -> dict[str, Any]:
     """The metrics row of step `step` (0-based), with the keys of `row_sources` in its order.
 
     It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed
@@ -163,7 +214,11 @@ def metrics_row(dist: Any, step: int, figures: StepFigures, *, weight_version: i
     gathered_keys = [key for key, source in sources.items() if source in _ACROSS_RANKS]
     local = _local_values(figures, max_staleness)
     gathered = {key: _ACROSS_RANKS[sources[key]](ranks) for key, ranks in gather(dist, gathered_keys, local).items()}
-    own = {"step": step + 1, "weight_version": weight_version, "max_staleness": max_staleness,
-           "trajectories": len(figures.trajectories) * dist.world_size}  # fmt: skip
+    own = {
+        "step": step + 1,
+        "weight_version": weight_version,
+        "max_staleness": max_staleness,
+        "trajectories": len(figures.trajectories) * dist.world_size,
+    }
     values = {"run": own, "local": figures.stats, **dict.fromkeys(_ACROSS_RANKS, gathered)}
     return {key: values[source].get(key) for key, source in sources.items()}

@@ -70,8 +70,15 @@ def train_reward(config: TrainConfig, engine: Any, renderer: Any) -> Any:
     if config.reward != JUDGE:
         reward_fn = resolve_reward(config.reward, also=[JUDGE])
     elif judge.base_url is not None:
-        reward_fn = LLMJudgeReward(judge.base_url, model=judge.model, api_key=_api_key(config), timeout_s=judge.timeout_s,
-                                   max_retries=judge.max_retries, max_tokens=judge.max_tokens, on_failure="zero")  # fmt: skip
+        reward_fn = LLMJudgeReward(
+            judge.base_url,
+            model=judge.model,
+            api_key=_api_key(config),
+            timeout_s=judge.timeout_s,
+            max_retries=judge.max_retries,
+            max_tokens=judge.max_tokens,
+            on_failure="zero",
+        )
     else:
         from agentic_rl.engine.chat_client import EngineChatClient
 

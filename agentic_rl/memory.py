@@ -125,8 +125,10 @@ def summary_request(messages: Sequence[dict[str, str]], system_prompt: str) -> l
     """The chat that asks for a summary: `system_prompt`, then one user message holding the transcript of
     `messages` (each as `[role]` and its content)."""
     transcript = "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
-    return [{"role": "system", "content": system_prompt},
-            {"role": "user", "content": f"Conversation to summarize:\n\n{transcript}"}]  # fmt: skip
+    return [
+        {"role": "system", "content": system_prompt},
+        {"role": "user", "content": f"Conversation to summarize:\n\n{transcript}"},
+    ]
 
 
 def _task_length(messages: Sequence[dict[str, str]]) -> int:
@@ -155,9 +157,15 @@ def _split_turns(messages: Sequence[dict[str, str]]) -> list[list[dict[str, str]
 def _cut_contents(messages: Sequence[dict[str, str]], max_chars: int) -> list[dict[str, str]]:
     """`messages` with every content longer than `max_chars` characters cut to its first `max_chars` and a note
     of how many characters were cut."""
-    return [m if len(m["content"]) <= max_chars else
-            {"role": m["role"], "content": f"{m['content'][:max_chars]}\n[... {len(m['content']) - max_chars} characters cut]"}
-            for m in messages]  # fmt: skip
+    return [
+        m
+        if len(m["content"]) <= max_chars
+        else {
+            "role": m["role"],
+            "content": f"{m['content'][:max_chars]}\n[... {len(m['content']) - max_chars} characters cut]",
+        }
+        for m in messages
+    ]
 
 
 class ChatSummaryClient:
@@ -241,8 +249,13 @@ class MemorySimple:
         ConfigError: for an invalid config or message.
     """
 
-    def __init__(self, config: MemoryConfig | dict[str, Any] | None = None, *, tokenizer: Any = None,
-                 messages: Sequence[dict[str, str]] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: MemoryConfig | dict[str, Any] | None = None,
+        *,
+        tokenizer: Any = None,
+        messages: Sequence[dict[str, str]] = (),
+    ) -> None:
         self.config = config if isinstance(config, MemoryConfig) else MemoryConfig(**(config or {}))
         if self.config.train_model_tokenizer_path:
             from transformers import AutoTokenizer
@@ -296,8 +309,9 @@ class MemorySimple:
         if self.tokenizer is None:
             raise ConfigError("measuring lengths needs render_with(), a tokenizer or config.train_model_tokenizer_path")
         if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False,
-                                                      add_generation_prompt=True)  # fmt: skip
+            text = self.tokenizer.apply_chat_template(
+                list(messages), tools=tools, tokenize=False, add_generation_prompt=True
+            )
             return len(self.tokenizer.encode(text, add_special_tokens=False))
         return sum(len(self.tokenizer.encode(m["content"], add_special_tokens=False)) for m in messages)
 
@@ -342,8 +356,11 @@ class MemorySimple:
             return
         length = self.count_tokens(messages)
         if length > self.config.max_prompt_length:
-            logger.warning("PROMPT_TRUNCATION: prompt has %d tokens, max_prompt_length is %d", length,
-                           self.config.max_prompt_length)  # fmt: skip
+            logger.warning(
+                "PROMPT_TRUNCATION: prompt has %d tokens, max_prompt_length is %d",
+                length,
+                self.config.max_prompt_length,
+            )
 
     def get_prompt_messages(self, config: dict[str, Any] | None = None) -> list[dict[str, str]]:
         """The messages to prompt with: `{"role", "content"}` only, non-empty, roles in system/user/assistant/tool/summary.
@@ -373,9 +390,14 @@ class MemorySummary(MemorySimple):
             through a `ChatSummaryClient`; built from `config.oai_client` when None and that is set.
     """
 
-    def __init__(self, config: MemoryConfig | dict[str, Any] | None = None, *,
-                 chat_client: SummaryClient | ChatClient | None = None, tokenizer: Any = None,
-                 messages: Sequence[dict[str, str]] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: MemoryConfig | dict[str, Any] | None = None,
+        *,
+        chat_client: SummaryClient | ChatClient | None = None,
+        tokenizer: Any = None,
+        messages: Sequence[dict[str, str]] = (),
+    ) -> None:
         super().__init__(config, tokenizer=tokenizer, messages=messages)
         if chat_client is None and self.config.oai_client is not None:
             chat_client = OpenAISummaryClient(client=self.config.oai_client, model=self.config.oai_model_name)
@@ -424,8 +446,9 @@ class MemorySummary(MemorySimple):
             logger.warning("summary failed (%s: %s); dropping the oldest middle turns instead", type(exc).__name__, exc)
             self.messages = [*head, *self._newest_turns_that_fit(head, middle, tail), *tail]
 
-    def _newest_turns_that_fit(self, head: list[dict[str, str]], middle: list[dict[str, str]],
-                               tail: list[dict[str, str]]) -> list[dict[str, str]]:  # fmt: skip
+    def _newest_turns_that_fit(
+        self, head: list[dict[str, str]], middle: list[dict[str, str]], tail: list[dict[str, str]]
+    ) -> list[dict[str, str]]:
         """The newest whole turns of `middle` that fit in `max_prompt_length` between `head` and `tail`."""
         turns = _split_turns(middle)
         kept = [m for turn in turns for m in turn]
@@ -443,8 +466,9 @@ class MemorySummary(MemorySimple):
             raise ConfigError("no summary client configured")
         system_prompt = self.config.summary_system_prompt.format(max_summary_length=self.config.max_summary_length)
         fitting = self._fitting_request(middle, system_prompt)
-        return await self.chat_client.summarize(fitting, system_prompt=system_prompt,
-                                                max_tokens=self.config.max_summary_length)  # fmt: skip
+        return await self.chat_client.summarize(
+            fitting, system_prompt=system_prompt, max_tokens=self.config.max_summary_length
+        )
 
     def summary_request_budget(self) -> int | None:
         """The summary request's budget (see `MemoryConfig.max_summary_request_length`).

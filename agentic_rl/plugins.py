@@ -42,9 +42,13 @@ def _import(module: str, what: str, path: str) -> Any:
         try:
             return importlib.import_module(module)
         except ModuleNotFoundError as again:
-            raise ConfigError(f"{what} {path!r}: cannot import module {module!r} (also tried from {cwd}): {again}") from None
+            raise ConfigError(
+                f"{what} {path!r}: cannot import module {module!r} (also tried from {cwd}): {again}"
+            ) from None
         except Exception as again:
-            raise ConfigError(f"{what} {path!r}: importing module {module!r} failed: {type(again).__name__}: {again}") from again
+            raise ConfigError(
+                f"{what} {path!r}: importing module {module!r} failed: {type(again).__name__}: {again}"
+            ) from again
     except Exception as exc:  # the module itself raised while being imported
         raise ConfigError(f"{what} {path!r}: importing module {module!r} failed: {type(exc).__name__}: {exc}") from exc
 
@@ -109,5 +113,6 @@ class PluginRef(BaseModel):
         try:
             return cls(**{**extra, **self.kwargs})
         except Exception as exc:
-            raise ConfigError(f"{what} {self.path!r} could not be built with kwargs {self.kwargs}: "
-                              f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+            raise ConfigError(
+                f"{what} {self.path!r} could not be built with kwargs {self.kwargs}: {type(exc).__name__}: {exc}"
+            ) from exc

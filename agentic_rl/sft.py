@@ -126,13 +126,16 @@ class SFTConfig(Config):
     @model_validator(mode="after")
     def _weights_per_call_count(self) -> SFTConfig:
         if len(self.call_weights) != self.max_calls or sum(self.call_weights) <= 0:
-            raise ValueError(f"call_weights needs max_calls={self.max_calls} numbers with a positive sum, "
-                             f"got {self.call_weights}")  # fmt: skip
+            raise ValueError(
+                f"call_weights needs max_calls={self.max_calls} numbers with a positive sum, got {self.call_weights}"
+            )
         if self.traces + self.research_traces < 1:
             raise ValueError("traces and research_traces are both 0: nothing to train on")
         if self.research_traces and not self.research_system_prompt_file:
-            raise ValueError("research_traces needs research_system_prompt_file: the system prompt of the rollout "
-                             "that will use the model (e.g. examples/deep_research/system_prompt.txt)")  # fmt: skip
+            raise ValueError(
+                "research_traces needs research_system_prompt_file: the system prompt of the rollout "
+                "that will use the model (e.g. examples/deep_research/system_prompt.txt)"
+            )
         return self
 
 
@@ -173,10 +176,12 @@ def _replayed(
     from agentic_rl.rollout.spec import HarnessConfig
     from agentic_rl.rollout.traces import replay_traces
 
-    harness = HarnessConfig(max_steps=max_steps, max_prompt_length=4096, max_response_length=4096,
-                            sampling={"max_tokens": 2048})  # fmt: skip
-    replay = functools.partial(replay_traces, traces, renderer=renderer, environment=environment, config=harness,
-                               reward_fn=reward_fn)  # fmt: skip
+    harness = HarnessConfig(
+        max_steps=max_steps, max_prompt_length=4096, max_response_length=4096, sampling={"max_tokens": 2048}
+    )
+    replay = functools.partial(
+        replay_traces, traces, renderer=renderer, environment=environment, config=harness, reward_fn=reward_fn
+    )
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -189,10 +194,13 @@ def _replayed(
         key = str(trajectory.metrics.get("steps", 0) - 1)
         calls[key] = calls.get(key, 0) + 1
     counts = {
-        "kept": stats.kept, "dropped_observation_mismatch": stats.dropped_observation_mismatch,
-        "dropped_failed": stats.dropped_failed, "dropped_incomplete": stats.dropped_incomplete,
-        "alignment_mismatches": sum(t.metrics.get("alignment_mismatches", 0) for t in kept), "calls": calls,
-    }  # fmt: skip
+        "kept": stats.kept,
+        "dropped_observation_mismatch": stats.dropped_observation_mismatch,
+        "dropped_failed": stats.dropped_failed,
+        "dropped_incomplete": stats.dropped_incomplete,
+        "alignment_mismatches": sum(t.metrics.get("alignment_mismatches", 0) for t in kept),
+        "calls": calls,
+    }
     if stats.reasons:
         counts["first_drop_reasons"] = stats.reasons[:3]
     return kept, counts
@@ -228,8 +236,7 @@ def _research_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[
     # a row without an id is named by its line number, never by a number a held-out row could have
     second = [{"id": half + i, **row} if isinstance(row, dict) else row for i, row in enumerate(rows[half:])]
     tools = build_tools(["search", "visit"], corpus=config.corpus)  # the order `--tools search,visit` gives
-    traces = hotpotqa_traces(second, count=config.research_traces, seed=config.seed, search=tools[0],
-                             visit=tools[1])  # fmt: skip
+    traces = hotpotqa_traces(second, count=config.research_traces, seed=config.seed, search=tools[0], visit=tools[1])
     environment = ToolEnvironment.for_renderer(tools, renderer, system_prompt)
     return _replayed(traces, renderer, environment, 8, hotpotqa_f1_reward)
 
@@ -269,19 +276,31 @@ def run_sft(
     out.mkdir(parents=True, exist_ok=True)  # only once the inputs proved usable
     n_held = min(HELD_OUT_TRACES, len(trajectories) // 3)
     held_out, train = trajectories[:n_held], trajectories[n_held:]
-    logger.info("%d traces built in %.0f s (%d held out); fine-tuning %s: %d traces per step, %d step%s",
-                len(trajectories), time.perf_counter() - t0, n_held, config.model, config.batch_size, config.steps,
-                "" if config.steps == 1 else "s")  # fmt: skip
+    logger.info(
+        "%d traces built in %.0f s (%d held out); fine-tuning %s: %d traces per step, %d step%s",
+        len(trajectories),
+        time.perf_counter() - t0,
+        n_held,
+        config.model,
+        config.batch_size,
+        config.steps,
+        "" if config.steps == 1 else "s",
+    )
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     if config.lora is not None:  # the trainer runs the model with its adapter layers in place, and trains only them
         from agentic_rl.train.lora import adapter_model, wrap_model
 
         model = wrap_model(model, config.lora)
-    trainer = SFTTrainer(adapter_model(model) if config.lora is not None else model,
-                         pad_token_id=tokenizer.pad_token_id, lr=config.lr, weight_decay=config.weight_decay,
-                         micro_batch_size=config.micro_batch_size, max_grad_norm=config.max_grad_norm,
-                         bf16_autocast=config.bf16_autocast)  # fmt: skip
+    trainer = SFTTrainer(
+        adapter_model(model) if config.lora is not None else model,
+        pad_token_id=tokenizer.pad_token_id,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        micro_batch_size=config.micro_batch_size,
+        max_grad_norm=config.max_grad_norm,
+        bf16_autocast=config.bf16_autocast,
+    )
     held_out_before = trainer.evaluate(held_out) if held_out else None
     order = list(range(len(train)))
     rng = random.Random(config.seed)
@@ -303,16 +322,29 @@ def run_sft(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     manifest = {
-        "base_model": config.model, "base_dir": str(base_dir), **_sources(config), "config": config.model_dump(),
-        "recipe_version": RECIPE_VERSION, "traces": counts, "trained_traces": len(train),
-        "first_loss": history[0]["loss"], "last_loss": history[-1]["loss"], "held_out_traces": len(held_out),
-        "held_out_nll_before": held_out_before, "held_out_nll_after": held_out_after,
+        "base_model": config.model,
+        "base_dir": str(base_dir),
+        **_sources(config),
+        "config": config.model_dump(),
+        "recipe_version": RECIPE_VERSION,
+        "traces": counts,
+        "trained_traces": len(train),
+        "first_loss": history[0]["loss"],
+        "last_loss": history[-1]["loss"],
+        "held_out_traces": len(held_out),
+        "held_out_nll_before": held_out_before,
+        "held_out_nll_after": held_out_after,
         "seconds": time.perf_counter() - t0,
-    }  # fmt: skip
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     held = f"held-out NLL {held_out_before:.3f} -> {held_out_after:.3f}" if held_out else "no held-out traces"
-    logger.info("SFT done in %.0f s: loss %.3f -> %.3f, %s", manifest["seconds"], manifest["first_loss"],
-                manifest["last_loss"], held)  # fmt: skip
+    logger.info(
+        "SFT done in %.0f s: loss %.3f -> %.3f, %s",
+        manifest["seconds"],
+        manifest["first_loss"],
+        manifest["last_loss"],
+        held,
+    )
     return manifest
 
 
@@ -320,11 +352,14 @@ def _check_output_dir(out: Path) -> None:
     """Refuse a folder a run cannot write, or one that holds an earlier run (it would be overwritten in part)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir {out} is a file, not a folder")
-    earlier = [name for name in ("manifest.json", "metrics.jsonl", "config.json", "model.safetensors")
-               if (out / name).exists()]  # fmt: skip
+    earlier = [
+        name for name in ("manifest.json", "metrics.jsonl", "config.json", "model.safetensors") if (out / name).exists()
+    ]
     if earlier:
-        raise ConfigError(f"output_dir {out} already holds an earlier run or model ({', '.join(earlier)}): choose "
-                          "another output_dir, or remove that folder")  # fmt: skip
+        raise ConfigError(
+            f"output_dir {out} already holds an earlier run or model ({', '.join(earlier)}): choose "
+            "another output_dir, or remove that folder"
+        )
 
 
 def _sources(config: SFTConfig) -> dict[str, Any]:
@@ -337,10 +372,14 @@ def _sources(config: SFTConfig) -> dict[str, Any]:
 
         assert config.research_system_prompt_file is not None  # the config's validator requires it
         corpus = DEFAULT_CORPUS_PATH if config.corpus is None else config.corpus
-        sources |= {"research_data": config.research_data, "research_data_sha256": file_sha256(config.research_data),
-                    "research_system_prompt_file": config.research_system_prompt_file,
-                    "research_system_prompt_sha256": file_sha256(config.research_system_prompt_file),
-                    "corpus": str(corpus), "corpus_sha256": file_sha256(corpus)}  # fmt: skip
+        sources |= {
+            "research_data": config.research_data,
+            "research_data_sha256": file_sha256(config.research_data),
+            "research_system_prompt_file": config.research_system_prompt_file,
+            "research_system_prompt_sha256": file_sha256(config.research_system_prompt_file),
+            "corpus": str(corpus),
+            "corpus_sha256": file_sha256(corpus),
+        }
     return sources
 
 
@@ -352,9 +391,16 @@ def tool_model_fingerprint(base_dir: Path) -> dict[str, Any]:
         "base": marker.read_text().strip() if marker.is_file() else str(base_dir),
         "data_sha256": file_sha256(config.data),
         "config": config.model_dump(
-            exclude={"output_dir", "data", "research_data", "research_traces", "research_system_prompt_file", "corpus",
-                     "lora"}
-        ),  # fmt: skip
+            exclude={
+                "output_dir",
+                "data",
+                "research_data",
+                "research_traces",
+                "research_system_prompt_file",
+                "corpus",
+                "lora",
+            }
+        ),
         "recipe_version": RECIPE_VERSION,
     }
 
@@ -368,8 +414,9 @@ def build_tool_model(base_dir: Path, out_dir: Path) -> dict[str, Any]:
     from agentic_rl.train.sft import SFTProgress
 
     config = SFTConfig(model=str(base_dir))
-    logger.warning("building the tool-calling model from %s (supervised fine-tuning, %d steps; once)", base_dir,
-                   config.steps)  # fmt: skip
+    logger.warning(
+        "building the tool-calling model from %s (supervised fine-tuning, %d steps; once)", base_dir, config.steps
+    )
     with SFTProgress(config.steps, "fine-tuning for tool calls") as progress:
         return run_sft(config, output_dir=out_dir, on_step=progress)
 
@@ -385,8 +432,10 @@ def _research_config(base_dir: Path) -> SFTConfig:
         ConfigError: if the checkout has no `examples/sft_research.yaml` (e.g. an installed wheel).
     """
     if not RESEARCH_SFT_CONFIG.is_file():
-        raise ConfigError(f"{RESEARCH_SFT_CONFIG} does not exist: smollm2-135m-research is built from a checkout's "
-                          "examples/sft_research.yaml (or run 'agentic-rl sft --config FILE' yourself)")  # fmt: skip
+        raise ConfigError(
+            f"{RESEARCH_SFT_CONFIG} does not exist: smollm2-135m-research is built from a checkout's "
+            "examples/sft_research.yaml (or run 'agentic-rl sft --config FILE' yourself)"
+        )
     config = SFTConfig.from_yaml(RESEARCH_SFT_CONFIG)
     prompt = RESEARCH_SFT_CONFIG.parents[1] / str(config.research_system_prompt_file)
     return config.model_copy(update={"model": str(base_dir), "research_system_prompt_file": str(prompt)})
@@ -400,8 +449,9 @@ def research_model_fingerprint(base_dir: Path) -> dict[str, Any]:
     return {
         "base": marker.read_text().strip() if marker.is_file() else str(base_dir),
         "sources": {key: value for key, value in _sources(config).items() if key.endswith("sha256")},
-        "config": config.model_dump(exclude={"model", "output_dir", "data", "research_data", "research_system_prompt_file",
-                                             "corpus"}),  # fmt: skip
+        "config": config.model_dump(
+            exclude={"model", "output_dir", "data", "research_data", "research_system_prompt_file", "corpus"}
+        ),
         "recipe_version": RECIPE_VERSION,
     }
 
@@ -412,7 +462,10 @@ def build_research_model(base_dir: Path, out_dir: Path) -> dict[str, Any]:
     from agentic_rl.train.sft import SFTProgress
 
     config = _research_config(base_dir)
-    logger.warning("building the research model from %s (supervised fine-tuning on HotpotQA research traces, %d "
-                   "steps; once)", base_dir, config.steps)  # fmt: skip
+    logger.warning(
+        "building the research model from %s (supervised fine-tuning on HotpotQA research traces, %d steps; once)",
+        base_dir,
+        config.steps,
+    )
     with SFTProgress(config.steps, "fine-tuning for research") as progress:
         return run_sft(config, output_dir=out_dir, on_step=progress)

@@ -71,8 +71,13 @@ def arithmetic_problem(seed: int, steps: int) -> dict[str, Any]:
         raise ValueError(f"steps must be 1 or 2, got {steps!r}")
     question, answer, intermediates = _BUILDERS[steps](random.Random(seed * 7 + steps))
     milestones = [str(v) for v in intermediates]
-    return {"id": f"arith-{seed}-{steps}", "question": question, "ground_truth": str(answer), "steps": steps,
-            "milestones": milestones}  # fmt: skip
+    return {
+        "id": f"arith-{seed}-{steps}",
+        "question": question,
+        "ground_truth": str(answer),
+        "steps": steps,
+        "milestones": milestones,
+    }
 
 
 def arithmetic_tasks(split: str, count: int, *, steps: tuple[int, ...] = (1, 2)) -> list[dict[str, Any]]:

@@ -167,8 +167,18 @@ class TokenRun:
 
     def copy(self) -> TokenRun:
         """A copy whose lists are its own (later appends to this run do not reach it)."""
-        return TokenRun(*(None if values is None else list(values) for values in (
-            self.prompt_ids, self.response_ids, self.response_mask, self.response_logprobs, self.weight_versions)))
+        return TokenRun(
+            *(
+                None if values is None else list(values)
+                for values in (
+                    self.prompt_ids,
+                    self.response_ids,
+                    self.response_mask,
+                    self.response_logprobs,
+                    self.weight_versions,
+                )
+            )
+        )
 
     @property
     def total_length(self) -> int:
@@ -229,8 +239,9 @@ class RunRecorder:
         self.runs.append(TokenRun(list(prompt_ids)))
         return self.runs[-1]
 
-    def sample(self, ids: Sequence[int], logprobs: Sequence[float],
-               weight_version: int | Sequence[int]) -> tuple[TokenRun, tuple[int, int]]:  # fmt: skip
+    def sample(
+        self, ids: Sequence[int], logprobs: Sequence[float], weight_version: int | Sequence[int]
+    ) -> tuple[TokenRun, tuple[int, int]]:
         """Append sampled ids to the current run (`TokenRun.sample`); returns the run and their span in its
         `response_ids`."""
         run = self.current
@@ -368,8 +379,14 @@ class Trajectory:
         if not runs:
             raise TrajectoryError("a trajectory needs at least one token run")
         last = runs[-1]
-        return cls(prompt_tokens=last.prompt_ids, response_tokens=last.response_ids, response_masks=last.response_mask,
-                   response_logprobs=last.response_logprobs, runs=list(runs), **fields)  # fmt: skip
+        return cls(
+            prompt_tokens=last.prompt_ids,
+            response_tokens=last.response_ids,
+            response_masks=last.response_mask,
+            response_logprobs=last.response_logprobs,
+            runs=list(runs),
+            **fields,
+        )
 
     def token_runs(self, *, fields_only: bool = False) -> list[TokenRun]:
         """Every exact token run, in order; together they hold every token the engine sampled.
@@ -380,8 +397,11 @@ class Trajectory:
         if self.runs and not fields_only:
             return self.runs
         logprobs = None if self.response_logprobs is None else self.response_logprobs.tolist()
-        return [TokenRun(self.prompt_tokens.tolist(), self.response_tokens.tolist(), self.response_masks.tolist(),
-                         logprobs, None)]  # fmt: skip
+        return [
+            TokenRun(
+                self.prompt_tokens.tolist(), self.response_tokens.tolist(), self.response_masks.tolist(), logprobs, None
+            )
+        ]
 
     @property
     def num_generated_tokens(self) -> int:
@@ -393,7 +413,9 @@ class Trajectory:
 
 def _comparable(run: TokenRun) -> TokenRun:
     """`run` with its logprobs as float32 values and no weight versions: what the tensor fields can hold."""
-    logprobs = None if run.response_logprobs is None else torch.tensor(run.response_logprobs, dtype=torch.float32).tolist()
+    logprobs = (
+        None if run.response_logprobs is None else torch.tensor(run.response_logprobs, dtype=torch.float32).tolist()
+    )
     return TokenRun(run.prompt_ids, run.response_ids, run.response_mask, logprobs, None)
 
 
@@ -509,10 +531,17 @@ def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
         record["task_id"] = task.get("id")
         index = {id(run): k for k, run in enumerate(runs)}
         record["steps"] = [
-            {"action": s.action, "thought": s.thought, "reward": s.reward, "done": s.done, "info": s.info,
-             "run": index.get(id(s.run)), "span": list(s.span)}
+            {
+                "action": s.action,
+                "thought": s.thought,
+                "reward": s.reward,
+                "done": s.done,
+                "info": s.info,
+                "run": index.get(id(s.run)),
+                "span": list(s.span),
+            }
             for s in trajectory.steps
-        ]  # fmt: skip
+        ]
     return record
 
 
@@ -528,17 +557,26 @@ def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
         if not runs and record.get("weight_versions") is not None:  # one run, with its weight versions
             runs = [TokenRun(**{name: record[name] for name in _RUN_FIELDS})]
         return Trajectory(
-            prompt_tokens=record["prompt_ids"], response_tokens=record["response_ids"],
-            response_masks=record["response_mask"], idx=record["idx"], trajectory_reward=record["trajectory_reward"],
-            chat_completions=record["chat_completions"], metrics=record["metrics"],
-            response_logprobs=record["response_logprobs"], termination_reason=record["termination_reason"],
-            failed=record["failed"], error=record["error"], runs=runs,
-        )  # fmt: skip
+            prompt_tokens=record["prompt_ids"],
+            response_tokens=record["response_ids"],
+            response_masks=record["response_mask"],
+            idx=record["idx"],
+            trajectory_reward=record["trajectory_reward"],
+            chat_completions=record["chat_completions"],
+            metrics=record["metrics"],
+            response_logprobs=record["response_logprobs"],
+            termination_reason=record["termination_reason"],
+            failed=record["failed"],
+            error=record["error"],
+            runs=runs,
+        )
     except KeyError as exc:
         raise TrajectoryError(f"a trajectory record needs {exc.args[0]!r}") from None
 
 
-def write_trajectories(path: str | Path, trajectories: Sequence[Trajectory], task_ids: Sequence[Any] | None = None) -> None:
+def write_trajectories(
+    path: str | Path, trajectories: Sequence[Trajectory], task_ids: Sequence[Any] | None = None
+) -> None:
     """Write `trajectories` into `path` as JSON Lines, one `trajectory_to_dict` record each (overwriting the file); a
     record without a `task_id` gets the one at its position in `task_ids`."""
     with Path(path).open("w", encoding="utf-8") as f:

@@ -72,7 +72,11 @@ class Platform:
             return {"free_bytes": int(vm.available), "total_bytes": int(vm.total), "allocated_bytes": int(vm.used)}
         module = self._module()
         free, total = module.mem_get_info(local_rank)
-        return {"free_bytes": int(free), "total_bytes": int(total), "allocated_bytes": int(module.memory_allocated(local_rank))}
+        return {
+            "free_bytes": int(free),
+            "total_bytes": int(total),
+            "allocated_bytes": int(module.memory_allocated(local_rank)),
+        }
 
     @property
     def engine_dtype(self) -> str:

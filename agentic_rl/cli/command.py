@@ -35,15 +35,33 @@ def _bounded(kind: type, low: float | None = None, high: float | None = None) ->
     return convert
 
 
-def _config_command(sub: Any, name: str, help_text: str, config: str, example: str, overrides: str, *,
-                    required: bool, resume: str | None = None) -> None:  # fmt: skip
+def _config_command(
+    sub: Any,
+    name: str,
+    help_text: str,
+    config: str,
+    example: str,
+    overrides: str,
+    *,
+    required: bool,
+    resume: str | None = None,
+) -> None:
     """A subcommand run from a YAML config (`--config`) with `--set KEY=VALUE` overrides; with `resume` (its help),
     also `--resume RUN_DIR`, which stands instead of `--config` (checked by the command)."""
     p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", required=required and resume is None, default=None,
-                   help=f"YAML file with {config} fields (see {example})")  # fmt: skip
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"override a field, e.g. {overrides} (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--config",
+        required=required and resume is None,
+        default=None,
+        help=f"YAML file with {config} fields (see {example})",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a field, e.g. {overrides} (repeatable)",
+    )
     if resume is not None:
         p.add_argument("--resume", default=None, metavar="RUN_DIR", help=resume)
     p.add_argument("--no-progress", action="store_true")
@@ -52,8 +70,11 @@ def _config_command(sub: Any, name: str, help_text: str, config: str, example: s
 
 def _serve_parser(sub: Any) -> None:
     """The `serve` subcommand's options."""
-    s = sub.add_parser("serve", help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    s = sub.add_parser(
+        "serve",
+        help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
     s.add_argument("--name", default=None, help="model name clients pass (default: the --model value)")
     s.add_argument("--host", default="127.0.0.1")
@@ -61,13 +82,23 @@ def _serve_parser(sub: Any) -> None:
     s.add_argument("--max-model-len", type=_bounded(int, 16), default=4096)
     s.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
     s.add_argument("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0)
-    s.add_argument("--default", action="append", default=[], metavar="KEY=VALUE", dest="defaults",
-                   help="the server's default for a request field clients leave out, VALUE as JSON (repeatable), e.g. "
-                        "max_tokens=1024, temperature=1.0, top_k=0 or chat_template_kwargs='{\"enable_thinking\": "
-                        "false}'; left out: max_tokens 128, temperature 0.2, top_k 50 (a reply lists the defaults it "
-                        "took)")  # fmt: skip
-    s.add_argument("--max-body-mib", type=_bounded(float, 0.001), default=8.0,
-                   help="the largest request body accepted, in MiB (a larger one gets 413)")  # fmt: skip
+    s.add_argument(
+        "--default",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="defaults",
+        help="the server's default for a request field clients leave out, VALUE as JSON (repeatable), e.g. "
+        'max_tokens=1024, temperature=1.0, top_k=0 or chat_template_kwargs=\'{"enable_thinking": '
+        "false}'; left out: max_tokens 128, temperature 0.2, top_k 50 (a reply lists the defaults it "
+        "took)",
+    )
+    s.add_argument(
+        "--max-body-mib",
+        type=_bounded(float, 0.001),
+        default=8.0,
+        help="the largest request body accepted, in MiB (a larger one gets 413)",
+    )
     s.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -79,70 +110,116 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agentic-rl", description="Agentic RL rollouts on a colocated vLLM engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    r = sub.add_parser("rollout", help="run tool-using agents on a task file or dataset and save trajectories",
-                       formatter_class=fmt)  # fmt: skip
+    r = sub.add_parser(
+        "rollout", help="run tool-using agents on a task file or dataset and save trajectories", formatter_class=fmt
+    )
     options: list[argparse.Action] = []
 
     def add(*names: str, **settings: Any) -> None:
         options.append(r.add_argument(*names, **settings))
 
     add("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
-    add("--data", default=DEFAULT_DATA,
+    add(
+        "--data",
+        default=DEFAULT_DATA,
         help="tasks: JSON Lines (GSM8K rows work as they are), parquet (verl's layout works as it is), a datasets "
-             "save_to_disk folder, json:FILES / csv:FILES / parquet:FILES (datasets' loaders), or "
-             "arithmetic:SPLIT:COUNT[:STEPS]")  # fmt: skip
-    add("--data-columns", default=None, metavar="FIELD=COLUMN,...",
+        "save_to_disk folder, json:FILES / csv:FILES / parquet:FILES (datasets' loaders), or "
+        "arithmetic:SPLIT:COUNT[:STEPS]",
+    )
+    add(
+        "--data-columns",
+        default=None,
+        metavar="FIELD=COLUMN,...",
         help="which column holds each task field (question, answer or ground_truth, id, system_prompt), e.g. "
-             "question=problem,answer=solution; default: GSM8K and verl column names")  # fmt: skip
+        "question=problem,answer=solution; default: GSM8K and verl column names",
+    )
     add("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
     add("--n-parallel", type=_bounded(int, *bounds(NParallelAgents)), default=16, help="trajectories in flight")
     add("--max-steps", type=_bounded(int, *bounds(MaxSteps)), default=3, help="assistant turns per trajectory")
     add("--max-prompt-length", type=_bounded(int, *bounds(MaxPromptLength)), default=2048)
-    add("--max-response-length", type=_bounded(int, *bounds(MaxResponseLength)), default=1024,
-        help="token budget after the prompt")
+    add(
+        "--max-response-length",
+        type=_bounded(int, *bounds(MaxResponseLength)),
+        default=1024,
+        help="token budget after the prompt",
+    )
     add("--max-tokens", type=_bounded(int, 1), default=384, help="cap of one turn in tokens")
     add("--temperature", type=_bounded(float, 0.0, 2.0), default=0.7)
     add("--top-p", type=_bounded(float, 1e-8, 1.0), default=1.0)
     add("--top-k", type=_bounded(int, -1), default=-1, help="-1 or 0 = off")
     add("--seed", type=int, default=0)
-    add("--tools", default="calculator",
-        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none")  # fmt: skip
-    add("--reward", default="gsm8k",
+    add(
+        "--tools",
+        default="calculator",
+        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none",
+    )
+    add(
+        "--reward",
+        default="gsm8k",
         help="gsm8k (last number), math (LaTeX answers, e.g. MATH-500), hotpotqa_f1, hotpotqa_em, has_number, "
-             "llm_judge (asks the run's own model) or module:function")  # fmt: skip
+        "llm_judge (asks the run's own model) or module:function",
+    )
     add("--system-prompt-file", default=None, help="a text file with the system prompt")
     add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
     add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
     add("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
     add("--output-dir", default=None, help="default: runs/rollout-<time>")
-    add("--resume", default=None, metavar="RUN_DIR",
+    add(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
         help=f"continue an interrupted rollout in RUN_DIR with the arguments it recorded ({ROLLOUT_ARGS}): the tasks "
-             "without a record in its trajectories.jsonl run, the summary covers all; other options must equal the "
-             "recorded ones (--no-progress and -v may differ)")  # fmt: skip
+        "without a record in its trajectories.jsonl run, the summary covers all; other options must equal the "
+        "recorded ones (--no-progress and -v may differ)",
+    )
     add("--no-progress", action="store_true")
     add("-v", "--verbose", action="store_true")
     if typed_only:
         for action in options:
             action.default = argparse.SUPPRESS
-    _config_command(sub, "train", "GRPO training: rollout -> train -> weight sync, from a YAML config",
-                    "TrainConfig", "examples/train_gsm8k.yaml", "--set steps=2 --set rollout.group_size=4",
-                    required=True, resume="continue an interrupted run in RUN_DIR from its newest complete checkpoint, "
-                    "with the config it recorded (config.json); instead of --config, and without --set")  # fmt: skip
-    _config_command(sub, "sft", "supervised fine-tuning for tool use on synthesized traces, from a YAML config",
-                    "SFTConfig", "examples/sft_tools.yaml", "--set steps=10 --set traces=64", required=False)  # fmt: skip
-    m = sub.add_parser("merge", help="fold a LoRA adapter into its base model: a plain model folder",
-                       formatter_class=fmt)  # fmt: skip
-    m.add_argument("--adapter", required=True, metavar="DIR",
-                   help="adapter folder (adapter_config.json + adapter_model.safetensors): a LoRA training "
-                        "checkpoint, an SFT run's adapter/, or a trainer's save_adapter")  # fmt: skip
+    _config_command(
+        sub,
+        "train",
+        "GRPO training: rollout -> train -> weight sync, from a YAML config",
+        "TrainConfig",
+        "examples/train_gsm8k.yaml",
+        "--set steps=2 --set rollout.group_size=4",
+        required=True,
+        resume="continue an interrupted run in RUN_DIR from its newest complete checkpoint, "
+        "with the config it recorded (config.json); instead of --config, and without --set",
+    )
+    _config_command(
+        sub,
+        "sft",
+        "supervised fine-tuning for tool use on synthesized traces, from a YAML config",
+        "SFTConfig",
+        "examples/sft_tools.yaml",
+        "--set steps=10 --set traces=64",
+        required=False,
+    )
+    m = sub.add_parser(
+        "merge", help="fold a LoRA adapter into its base model: a plain model folder", formatter_class=fmt
+    )
+    m.add_argument(
+        "--adapter",
+        required=True,
+        metavar="DIR",
+        help="adapter folder (adapter_config.json + adapter_model.safetensors): a LoRA training "
+        "checkpoint, an SFT run's adapter/, or a trainer's save_adapter",
+    )
     m.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
     m.add_argument("--base", default=None, help="base model (default: the adapter's base_model_name_or_path)")
-    m.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="saved weights' dtype (auto: the base model's)")  # fmt: skip
+    m.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="saved weights' dtype (auto: the base model's)",
+    )
     m.add_argument("-v", "--verbose", action="store_true")
     _serve_parser(sub)
-    v = sub.add_parser("view", help="write a self-contained HTML page to browse a run's trajectories",
-                       formatter_class=fmt)  # fmt: skip
+    v = sub.add_parser(
+        "view", help="write a self-contained HTML page to browse a run's trajectories", formatter_class=fmt
+    )
     v.add_argument("run_dir", help="a folder written by 'agentic-rl rollout' or 'agentic-rl train'")
     v.add_argument("--output", default=None, help="the HTML file (default: RUN_DIR/view.html)")
     v.add_argument("--model", default=None, help="tokenizer to decode tokens with (default: the run's model)")
@@ -202,8 +279,10 @@ def _run_train(args: argparse.Namespace) -> int:
     last = history[-1]
     before = start.step if start is not None else 0
     ran = f"trained {_count(len(history) - before, 'step')}" + (f" after {before} done before" if before else "")
-    print(f"{ran} into {config.output_dir} ({_count(len(history), 'step')} in all): reward {last['reward_mean']:.3f}, "
-          f"weight version {last['weight_version']}, logprob gap {_gap(last['logprob_diff'])}")  # fmt: skip
+    print(
+        f"{ran} into {config.output_dir} ({_count(len(history), 'step')} in all): reward {last['reward_mean']:.3f}, "
+        f"weight version {last['weight_version']}, logprob gap {_gap(last['logprob_diff'])}"
+    )
     return 0
 
 
@@ -224,18 +303,22 @@ def _run_sft(args: argparse.Namespace) -> int:
         manifest = run_sft(config, on_step=progress)
     families = [manifest["traces"], manifest["traces"].get("research", {})]  # calculator counts, research counts
     kept, dropped = (sum(f.get(key, 0) for f in families) for key in ("kept", "dropped_observation_mismatch"))
-    print(f"fine-tuned {config.model} for {_count(config.steps, 'step')} of {config.batch_size} traces, drawn from "
-          f"{manifest['trained_traces']} of the {kept} traces built ({dropped} dropped: a tool result disagreed) into "
-          f"{config.output_dir}: loss {manifest['first_loss']:.3f} -> {manifest['last_loss']:.3f}, "
-          f"{_held_out_text(manifest)} in {manifest['seconds']:.0f} s")  # fmt: skip
+    print(
+        f"fine-tuned {config.model} for {_count(config.steps, 'step')} of {config.batch_size} traces, drawn from "
+        f"{manifest['trained_traces']} of the {kept} traces built ({dropped} dropped: a tool result disagreed) into "
+        f"{config.output_dir}: loss {manifest['first_loss']:.3f} -> {manifest['last_loss']:.3f}, "
+        f"{_held_out_text(manifest)} in {manifest['seconds']:.0f} s"
+    )
     return 0
 
 
 def _held_out_text(manifest: dict[str, Any]) -> str:
     if not manifest["held_out_traces"]:
         return "no held-out NLL (fewer than 3 traces)"
-    return (f"held-out NLL {manifest['held_out_nll_before']:.3f} -> {manifest['held_out_nll_after']:.3f} "
-            f"({manifest['held_out_traces']} traces)")  # fmt: skip
+    return (
+        f"held-out NLL {manifest['held_out_nll_before']:.3f} -> {manifest['held_out_nll_after']:.3f} "
+        f"({manifest['held_out_traces']} traces)"
+    )
 
 
 def _serve_defaults(pairs: list[str]) -> dict[str, Any]:
@@ -274,8 +357,11 @@ def _run_serve(args: argparse.Namespace) -> int:
 
     defaults = _serve_defaults(args.defaults)
     model_dir = resolve_model(args.model)
-    engine = VLLMEngine(VLLMEngineConfig(model=model_dir, max_model_len=args.max_model_len, **dtype_option(args),
-                                         kv_cache_gib=args.kv_cache_gib))  # fmt: skip
+    engine = VLLMEngine(
+        VLLMEngineConfig(
+            model=model_dir, max_model_len=args.max_model_len, **dtype_option(args), kv_cache_gib=args.kv_cache_gib
+        )
+    )
     engine.start_sync()
     name = args.name or args.model
     servers = EngineServers([engine], AutoTokenizer.from_pretrained(str(model_dir)), model_name=name)
@@ -337,8 +423,13 @@ def main(argv: list[str] | None = None) -> int:
     except (AgenticRLError, OSError, ValueError) as exc:
         hint = ""
         missing = getattr(exc, "filename", None)
-        if isinstance(exc, FileNotFoundError) and missing is not None and str(missing) == DEFAULT_DATA \
-                and getattr(args, "data", None) == DEFAULT_DATA and not getattr(args, "resume", None):
+        if (
+            isinstance(exc, FileNotFoundError)
+            and missing is not None
+            and str(missing) == DEFAULT_DATA
+            and getattr(args, "data", None) == DEFAULT_DATA
+            and not getattr(args, "resume", None)
+        ):
             hint = " (the default data path is relative: run from the repository root, or pass --data)"
         print(f"agentic-rl {args.command}: error: {exc}{hint}", file=sys.stderr)
         return 2 if isinstance(exc, usage_errors) else 1
@@ -346,5 +437,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"agentic-rl {args.command}: interrupted", file=sys.stderr)
         return 130
     return 2
-
-

@@ -38,8 +38,9 @@ def _write_json(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def _resumed_rollout_args(args: argparse.Namespace, typed: dict[str, Any],
-                          defaults: dict[str, Any]) -> argparse.Namespace:  # fmt: skip
+def _resumed_rollout_args(
+    args: argparse.Namespace, typed: dict[str, Any], defaults: dict[str, Any]
+) -> argparse.Namespace:
     """The arguments recorded in `args.resume`, with this invocation's `--no-progress` and `-v`.
 
     Raises:
@@ -58,13 +59,25 @@ def _resumed_rollout_args(args: argparse.Namespace, typed: dict[str, Any],
         raise ConfigError(f"{path} is not a rollout's recorded arguments: {exc}") from None
     # the parser's defaults stand for options newer than the record; the folder may have moved
     wanted = {**_recorded(defaults), **recorded, "output_dir": str(run_dir.resolve())}
-    conflicts = [f"--{key.replace('_', '-')} {value!r} (recorded: {wanted.get(key)!r})"
-                 for key, value in _recorded(typed).items() if wanted.get(key) != value]  # fmt: skip
+    conflicts = [
+        f"--{key.replace('_', '-')} {value!r} (recorded: {wanted.get(key)!r})"
+        for key, value in _recorded(typed).items()
+        if wanted.get(key) != value
+    ]
     if conflicts:
-        raise ConfigError(f"--resume continues {run_dir} with its recorded arguments ({path}); these differ: "
-                          f"{', '.join(conflicts)}. Give --resume alone (plus --no-progress / -v)")  # fmt: skip
-    return argparse.Namespace(**{**wanted, "output_dir": str(run_dir), "resume": args.resume,
-                                 "no_progress": args.no_progress, "verbose": args.verbose})  # fmt: skip
+        raise ConfigError(
+            f"--resume continues {run_dir} with its recorded arguments ({path}); these differ: "
+            f"{', '.join(conflicts)}. Give --resume alone (plus --no-progress / -v)"
+        )
+    return argparse.Namespace(
+        **{
+            **wanted,
+            "output_dir": str(run_dir),
+            "resume": args.resume,
+            "no_progress": args.no_progress,
+            "verbose": args.verbose,
+        }
+    )
 
 
 def _read_system_prompt(path: str | None) -> str | None:
@@ -97,8 +110,10 @@ def _check_fresh_rollout_dir(out_dir: Path) -> None:
         raise ConfigError(f"--output-dir {out_dir} is a file, not a folder")
     earlier = [name for name in (ROLLOUT_ARGS, "trajectories.jsonl") if (out_dir / name).exists()]
     if earlier:
-        raise ConfigError(f"--output-dir {out_dir} already holds a rollout ({', '.join(earlier)}): continue it with "
-                          f"'agentic-rl rollout --resume {out_dir}', or choose another --output-dir")  # fmt: skip
+        raise ConfigError(
+            f"--output-dir {out_dir} already holds a rollout ({', '.join(earlier)}): continue it with "
+            f"'agentic-rl rollout --resume {out_dir}', or choose another --output-dir"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +185,22 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
     out_dir.mkdir(parents=True, exist_ok=True)
     done = finished_records(out_dir / "trajectories.jsonl", tasks) if resuming else {}  # drops a half-written line
     if not resuming:
-        _write_json(out_dir / ROLLOUT_ARGS, {"command": "rollout", "args": _recorded({**vars(args),
-                                                                                     "output_dir": str(out_dir)})})  # fmt: skip
-    return _RolloutPlan(args=args, resuming=resuming, tasks=tasks, done=done,
-                        todo=[i for i in range(len(tasks)) if i not in done], tool_names=tool_names,
-                        reward_fn=reward_fn, judge=judge, system_prompt=system_prompt, out_dir=out_dir)  # fmt: skip
+        _write_json(
+            out_dir / ROLLOUT_ARGS,
+            {"command": "rollout", "args": _recorded({**vars(args), "output_dir": str(out_dir)})},
+        )
+    return _RolloutPlan(
+        args=args,
+        resuming=resuming,
+        tasks=tasks,
+        done=done,
+        todo=[i for i in range(len(tasks)) if i not in done],
+        tool_names=tool_names,
+        reward_fn=reward_fn,
+        judge=judge,
+        system_prompt=system_prompt,
+        out_dir=out_dir,
+    )
 
 
 def _harness_config(args: argparse.Namespace) -> Any:
@@ -185,14 +211,23 @@ def _harness_config(args: argparse.Namespace) -> Any:
     """
     from agentic_rl.rollout.spec import HarnessConfig
 
-    return HarnessConfig(max_steps=args.max_steps, max_prompt_length=args.max_prompt_length,
-                         max_response_length=args.max_response_length, sampling=_sampling_options(args))  # fmt: skip
+    return HarnessConfig(
+        max_steps=args.max_steps,
+        max_prompt_length=args.max_prompt_length,
+        max_response_length=args.max_response_length,
+        sampling=_sampling_options(args),
+    )
 
 
 def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling options of every turn, from the rollout's arguments."""
-    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "max_tokens": args.max_tokens,
-            "seed": args.seed}  # fmt: skip
+    return {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "max_tokens": args.max_tokens,
+        "seed": args.seed,
+    }
 
 
 def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
@@ -218,16 +253,23 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     if not plan.todo:
         return None, model_dir
     options = {**dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}
-    engine = start_engine(model_dir, options, max_prompt_length=args.max_prompt_length,
-                          max_response_length=args.max_response_length)  # fmt: skip
+    engine = start_engine(
+        model_dir, options, max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length
+    )
     reward_fn = plan.reward_fn
     if plan.judge:
         from agentic_rl.engine.chat_client import EngineChatClient
         from agentic_rl.rollout.rewards import LLMJudgeReward
 
         reward_fn = LLMJudgeReward(client=EngineChatClient(engine, renderer))
-    spec = tool_agent_spec(renderer, engine, tools=build_tools(plan.tool_names, corpus=args.corpus), config=config,
-                           reward_fn=reward_fn, system_prompt=plan.system_prompt)  # fmt: skip
+    spec = tool_agent_spec(
+        renderer,
+        engine,
+        tools=build_tools(plan.tool_names, corpus=args.corpus),
+        config=config,
+        reward_fn=reward_fn,
+        system_prompt=plan.system_prompt,
+    )
     return spec, model_dir
 
 
@@ -256,7 +298,8 @@ def _generate(plan: _RolloutPlan, spec: Any, console: Any) -> tuple[list[Any], f
         t0 = time.perf_counter()
         try:
             result = await Rollout(spec, n_parallel_agents=plan.args.n_parallel).run(
-                [plan.tasks[i] for i in plan.todo], on_result=finished, indices=plan.todo)  # fmt: skip
+                [plan.tasks[i] for i in plan.todo], on_result=finished, indices=plan.todo
+            )
         finally:
             await close_tool_agent(spec, engine=spec.engine)
         return result.trajectories, time.perf_counter() - t0

@@ -78,8 +78,10 @@ def check_adapter_folder(folder: str | Path, max_lora_rank: int) -> Path:
     if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
         raise EngineError(f"{config_file}: rank r={config.get('r')!r} (or a rank_pattern value) is not an int >= 1")
     if max(ranks) > max_lora_rank:
-        raise EngineError(f"{config_file}: LoRA rank {max(ranks)} exceeds VLLMEngineConfig.max_lora_rank="
-                          f"{max_lora_rank}: raise max_lora_rank (one of {MAX_LORA_RANKS})")  # fmt: skip
+        raise EngineError(
+            f"{config_file}: LoRA rank {max(ranks)} exceeds VLLMEngineConfig.max_lora_rank="
+            f"{max_lora_rank}: raise max_lora_rank (one of {MAX_LORA_RANKS})"
+        )
     if config.get("bias", "none") != "none":
         raise EngineError(f"{config_file}: bias={config['bias']!r}: vLLM serves LoRA adapters without bias only")
     return path
@@ -135,16 +137,22 @@ class AdapterSlots:
         if not self.parked and self._fits():
             return self._load(llm, command)
         if not paused:
-            logger.info("LoRA sync of %s waits: all %d adapter slots are in use (versions %s)", command.folder,
-                        self.max_loras, self.in_use())  # fmt: skip
+            logger.info(
+                "LoRA sync of %s waits: all %d adapter slots are in use (versions %s)",
+                command.folder,
+                self.max_loras,
+                self.in_use(),
+            )
             self.parked.append(command)
             return False
         if command.result.set_running_or_notify_cancel():
-            command.result.set_exception(EngineError(
-                f"cannot load the LoRA adapter in {command.folder}: all max_loras={self.max_loras} adapters the "
-                f"engine may hold are used by requests in flight (versions {self.in_use()}) and generation is "
-                "paused, so none can end; set VLLMEngineConfig.max_loras >= max_staleness + 1"
-            ))  # fmt: skip
+            command.result.set_exception(
+                EngineError(
+                    f"cannot load the LoRA adapter in {command.folder}: all max_loras={self.max_loras} adapters the "
+                    f"engine may hold are used by requests in flight (versions {self.in_use()}) and generation is "
+                    "paused, so none can end; set VLLMEngineConfig.max_loras >= max_staleness + 1"
+                )
+            )
         return False
 
     def fail_parked(self, exc: EngineError) -> None:
@@ -175,10 +183,12 @@ class AdapterSlots:
         try:
             llm.llm_engine.add_lora(lora)
         except Exception as exc:
-            command.result.set_exception(EngineError(
-                f"vLLM did not load the LoRA adapter in {command.folder} (the engine stays at weight version "
-                f"{self.latest}): {exc}"
-            ))  # fmt: skip
+            command.result.set_exception(
+                EngineError(
+                    f"vLLM did not load the LoRA adapter in {command.folder} (the engine stays at weight version "
+                    f"{self.latest}): {exc}"
+                )
+            )
             return False
         previous, self.latest = self.latest, version
         self.loaded[version] = lora

@@ -48,8 +48,14 @@ class EngineChatClient:
         ConfigError: if `sampling` is invalid.
     """
 
-    def __init__(self, engine: Engine, renderer: ChatRenderer, *,
-                 sampling: SamplingConfig | Mapping[str, Any] | None = None, timeout_s: float | None = 60.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        renderer: ChatRenderer,
+        *,
+        sampling: SamplingConfig | Mapping[str, Any] | None = None,
+        timeout_s: float | None = 60.0,
+    ) -> None:
         self.engine = engine
         self.renderer = renderer
         self.sampling = SamplingConfig.of(GREEDY if sampling is None else sampling)
@@ -72,8 +78,10 @@ class EngineChatClient:
         prompt_ids = self.renderer.prompt_ids(messages)
         room = self.engine.max_model_len - len(prompt_ids)
         if room < 1:
-            raise EngineError(f"the prompt has {len(prompt_ids)} tokens; the model window (max_model_len) is "
-                              f"{self.engine.max_model_len}, which leaves no room for a reply")  # fmt: skip
+            raise EngineError(
+                f"the prompt has {len(prompt_ids)} tokens; the model window (max_model_len) is "
+                f"{self.engine.max_model_len}, which leaves no room for a reply"
+            )
         stops = [self.renderer.end_of_turn_id, *(self.sampling.stop_token_ids or [])]
         update = {"max_tokens": min(max_tokens, room), "stop_token_ids": list(dict.fromkeys(stops))}
         return prompt_ids, self.sampling.model_copy(update=update)

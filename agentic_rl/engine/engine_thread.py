@@ -183,8 +183,7 @@ class EngineThread:
         pinned, lora = self.adapters.take() if self.adapters is not None else (None, None)
         try:
             params = SamplingParams(output_kind=RequestOutputKind.DELTA, **request.sampling)
-            llm.llm_engine.add_request(request_id, {"prompt_token_ids": request.prompt_ids}, params,
-                                       lora_request=lora)  # fmt: skip
+            llm.llm_engine.add_request(request_id, {"prompt_token_ids": request.prompt_ids}, params, lora_request=lora)
         except Exception as exc:  # a bad request fails alone
             del self.pending[request_id]
             request.result.set_exception(EngineRejectedError(f"request rejected by vLLM: {exc}"))
@@ -271,11 +270,16 @@ class EngineThread:
         result = self.pending.pop(request_id, None)
         self._release(llm, sampled.pinned)
         if result is not None:
-            result.set_result(Generation(
-                token_ids=sampled.token_ids, logprobs=sampled.logprobs,
-                finish_reason=completion.finish_reason or "abort", stop_reason=completion.stop_reason,
-                top_logprobs=sampled.top_logprobs, weight_versions=sampled.weight_versions,
-            ))  # fmt: skip
+            result.set_result(
+                Generation(
+                    token_ids=sampled.token_ids,
+                    logprobs=sampled.logprobs,
+                    finish_reason=completion.finish_reason or "abort",
+                    stop_reason=completion.stop_reason,
+                    top_logprobs=sampled.top_logprobs,
+                    weight_versions=sampled.weight_versions,
+                )
+            )
 
     def fail_all(self, exc: EngineError) -> None:
         """Fail every pending request, and every sync waiting for an adapter slot, with `exc` (when the thread ends)."""

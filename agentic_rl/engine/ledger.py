@@ -101,8 +101,13 @@ class SampleLedger:
         """How many outputs are recorded."""
         return self._count
 
-    def record(self, prompt_ids: Sequence[int], token_ids: Sequence[int], logprobs: Sequence[float],
-               weight_version: int | Sequence[int]) -> None:  # fmt: skip
+    def record(
+        self,
+        prompt_ids: Sequence[int],
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        weight_version: int | Sequence[int],
+    ) -> None:
         """Record one output sampled from `prompt_ids`.
 
         Args:
@@ -244,8 +249,10 @@ class _RunChecker:
             samples = self.ledger._samples_at(self._key(position))
             if not samples:
                 where = "its start" if position == start else f"response position {position}"
-                return (f"sampled span [{start}, {end}): the engine never sampled from the context at {where} "
-                        "(the prompt or an inserted token differs from what the engine saw)")  # fmt: skip
+                return (
+                    f"sampled span [{start}, {end}): the engine never sampled from the context at {where} "
+                    "(the prompt or an inserted token differs from what the engine saw)"
+                )
             covered, problem = self._match(samples, position, end)
             if covered == 0:
                 return f"sampled span [{start}, {end}): {problem}"
@@ -275,15 +282,15 @@ class _RunChecker:
         ids = self.ids[position : position + n]
         same = n if sample.token_ids[:n] == array("q", ids) else _common_prefix(sample.token_ids, ids)
         if same < n:
-            return same, (f"response token {position + same} is {ids[same]}, the engine sampled "
-                          f"{sample.token_ids[same]} there")  # fmt: skip
+            return same, (
+                f"response token {position + same} is {ids[same]}, the engine sampled {sample.token_ids[same]} there"
+            )
         ours = array("f", self.logprobs[position : position + n])
         if ours != sample.logprobs[:n]:
             for j in range(n):
                 mine, theirs = self.logprobs[position + j], sample.logprobs[j]
                 if ours[j] != theirs and not abs(mine - theirs) <= LOGPROB_TOLERANCE:
-                    return n, (f"logprob of response token {position + j} is {mine!r}, the engine's is "
-                               f"{theirs!r}")  # fmt: skip
+                    return n, (f"logprob of response token {position + j} is {mine!r}, the engine's is {theirs!r}")
         if self.versions is not None:
             for j in range(n):
                 if self.versions[position + j] != sample.weight_versions[j]:

@@ -32,22 +32,30 @@ __all__ = ["VERBOSE_ENV", "VLLM_LOADER_LOGGER", "VLLM_NOISE", "counted_casts", "
 VERBOSE_ENV = "AGENTIC_RL_VERBOSE"
 """Environment variable: ``1`` keeps vLLM's start-up noise (``agentic-rl -v`` sets it)."""
 VLLM_NOISE = re.compile(
-    "|".join(re.escape(text) for text in (
-        "NUMA binding: Using MEMBIND policy",
-        "is not found in LD_PRELOAD",  # libtcmalloc, libiomp
-        "Triton is installed, but doesn't include CPU backend",
-        "Triton is not installed",
-        "requires Triton; using the V1 model runner",
-        "doesn't allow to use `torch.set_num_threads` after the thread binding",
-        "The global random seed is set to",
-        "does not officially support disabling chunked prefill",
-        "Enforce eager set, disabling torch.compile",
-        "Inductor compilation was disabled by user settings",
-    ))
-)  # fmt: skip
+    "|".join(
+        re.escape(text)
+        for text in (
+            "NUMA binding: Using MEMBIND policy",
+            "is not found in LD_PRELOAD",  # libtcmalloc, libiomp
+            "Triton is installed, but doesn't include CPU backend",
+            "Triton is not installed",
+            "requires Triton; using the V1 model runner",
+            "doesn't allow to use `torch.set_num_threads` after the thread binding",
+            "The global random seed is set to",
+            "does not officially support disabling chunked prefill",
+            "Enforce eager set, disabling torch.compile",
+            "Inductor compilation was disabled by user settings",
+        )
+    )
+)
 """The start-up messages `quiet_vllm` drops (a search in a log message or a stderr line)."""
-_NOISY_LOGGERS = ("vllm.triton_utils.importing", "vllm.platforms.cpu", "vllm.engine.arg_utils", "vllm.config.vllm",
-                  "vllm.v1.worker.cpu_worker")  # fmt: skip
+_NOISY_LOGGERS = (
+    "vllm.triton_utils.importing",
+    "vllm.platforms.cpu",
+    "vllm.engine.arg_utils",
+    "vllm.config.vllm",
+    "vllm.v1.worker.cpu_worker",
+)
 
 VLLM_LOADER_LOGGER = "vllm.model_executor.models.utils"
 _CAST_MESSAGE = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
@@ -64,8 +72,12 @@ class _CastCounter(logging.Filter):
         self.thread = threading.get_ident()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if (record.thread == self.thread and record.msg == _CAST_MESSAGE and isinstance(record.args, tuple)
-                and len(record.args) == 3):  # fmt: skip
+        if (
+            record.thread == self.thread
+            and record.msg == _CAST_MESSAGE
+            and isinstance(record.args, tuple)
+            and len(record.args) == 3
+        ):
             self.casts[(str(record.args[1]), str(record.args[2]))] += 1
             return False
         return True

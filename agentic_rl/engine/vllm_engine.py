@@ -176,8 +176,12 @@ def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
     if config.max_lora_rank is not None:
         # One more adapter in vLLM's CPU-side cache than in use, so that a new adapter loads (and is checked)
         # before the unused old one is removed, and vLLM never evicts one a request in flight still samples with.
-        kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank, max_loras=config.max_loras,
-                      max_cpu_loras=config.max_loras + 1)  # fmt: skip
+        kwargs.update(
+            enable_lora=True,
+            max_lora_rank=config.max_lora_rank,
+            max_loras=config.max_loras,
+            max_cpu_loras=config.max_loras + 1,
+        )
     kwargs.update(config.engine_kwargs)
     return kwargs
 
@@ -439,8 +443,10 @@ class VLLMEngine:
                 (`config.max_lora_rank` set), always: its base weights are never re-sent, use `update_adapter`.
         """
         if self.lora_enabled:
-            raise EngineError("update_weights: this engine serves LoRA adapters on frozen base weights "
-                              "(VLLMEngineConfig.max_lora_rank is set); sync with update_adapter(folder)")  # fmt: skip
+            raise EngineError(
+                "update_weights: this engine serves LoRA adapters on frozen base weights "
+                "(VLLMEngineConfig.max_lora_rank is set); sync with update_adapter(folder)"
+            )
         tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
 
         def load(llm: Any) -> tuple[float, str]:
@@ -497,8 +503,13 @@ class VLLMEngine:
         self._worker.inbox.put(LoadAdapter(path, result))
         version, seconds = await asyncio.wrap_future(result)
         self.last_weight_sync = f"LoRA adapter {path} as version {version}"
-        logger.info("LoRA adapter %s loaded as weight version %d in %.3f s (%.3f s with waiting)", path, version,
-                    seconds, time.perf_counter() - t0)  # fmt: skip
+        logger.info(
+            "LoRA adapter %s loaded as weight version %d in %.3f s (%.3f s with waiting)",
+            path,
+            version,
+            seconds,
+            time.perf_counter() - t0,
+        )
 
     async def loaded_adapters(self) -> list[int]:
         """The weight versions whose LoRA adapters vLLM holds now (their LoRA ids), ascending; [] without LoRA.

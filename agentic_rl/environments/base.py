@@ -72,7 +72,9 @@ class StepResult:
         elif isinstance(value, tuple) and len(value) in (2, 3):
             observation, done, info = (*value, {}) if len(value) == 2 else value
         else:
-            raise EnvStepError(f"step() must return (observation, done, info) or a StepResult, got {type(value).__name__}")
+            raise EnvStepError(
+                f"step() must return (observation, done, info) or a StepResult, got {type(value).__name__}"
+            )
         if not isinstance(done, bool):
             raise EnvStepError(f"step()'s done must be a bool, got {type(done).__name__}")
         if info is None:
@@ -91,8 +93,9 @@ def _messages(observation: Any) -> list[dict[str, Any]]:
     if isinstance(observation, dict):
         observation = [observation]
     if not isinstance(observation, list):
-        raise EnvStepError(f"an observation must be None, a string, a message dict or a list of them, got "
-                           f"{type(observation).__name__}")  # fmt: skip
+        raise EnvStepError(
+            f"an observation must be None, a string, a message dict or a list of them, got {type(observation).__name__}"
+        )
     for message in observation:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise EnvStepError(f"an observation message must be a dict with a 'role', got {message!r:.80}")

@@ -22,8 +22,9 @@ __all__ = ["close_tool_agent", "start_engine", "tool_agent_spec"]
 logger = logging.getLogger(__name__)
 
 
-def start_engine(model: str | Path, options: dict[str, Any], *, max_prompt_length: int,
-                 max_response_length: int) -> TrainableEngine:  # fmt: skip
+def start_engine(
+    model: str | Path, options: dict[str, Any], *, max_prompt_length: int, max_response_length: int
+) -> TrainableEngine:
     """Build and start the in-process vLLM engine (blocks until it is ready).
 
     Args:

@@ -222,10 +222,15 @@ class ContinuousRollout:
         if isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, int) or self.max_staleness < 0:
             raise ConfigError(f"max_staleness must be an int >= 0, got {self.max_staleness!r}")
         if self.group_size < 1 or self.groups_per_step < 1:
-            raise ConfigError(f"group_size and groups_per_step must be >= 1, got {self.group_size}, "
-                              f"{self.groups_per_step}")  # fmt: skip
+            raise ConfigError(
+                f"group_size and groups_per_step must be >= 1, got {self.group_size}, {self.groups_per_step}"
+            )
         check_n_parallel_agents(self.n_parallel_agents)
-        if isinstance(self.max_extra_draws, bool) or not isinstance(self.max_extra_draws, int) or self.max_extra_draws < 0:
+        if (
+            isinstance(self.max_extra_draws, bool)
+            or not isinstance(self.max_extra_draws, int)
+            or self.max_extra_draws < 0
+        ):
             raise ConfigError(f"max_extra_draws must be an int >= 0, got {self.max_extra_draws!r}")
         self._draws: dict[int, int] = {}  # step -> extra draws made for it
         self._tg: anyio.abc.TaskGroup | None = None
@@ -259,10 +264,22 @@ class ContinuousRollout:
                 self._admit(tg, batch, list(enumerate(self.next_batch())))
                 self.next_batch_index += 1
 
-    def _admit(self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, dict[str, Any]]], draw: int = 0) -> None:
-        groups = [Group(batch, position, task, [None] * self.group_size, admitted_at=self.steps_done, draw=draw,
-                        step_level=self.step_level, overlong_filter=self.overlong_filter)
-                  for position, task in tasks]  # fmt: skip
+    def _admit(
+        self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, dict[str, Any]]], draw: int = 0
+    ) -> None:
+        groups = [
+            Group(
+                batch,
+                position,
+                task,
+                [None] * self.group_size,
+                admitted_at=self.steps_done,
+                draw=draw,
+                step_level=self.step_level,
+                overlong_filter=self.overlong_filter,
+            )
+            for position, task in tasks
+        ]
         self.groups.extend(groups)
         if self.whole_batches:
             tg.start_soon(self._sample_batch, batch, groups)
@@ -315,8 +332,11 @@ class ContinuousRollout:
         kept = [g for g in chosen if not g.idle] if self.dynamic_sampling else chosen
         self.step_counts = {"drawn": len(chosen), "kept": len(kept), "constant": len(self.constant)}
         if self.constant and not kept:  # nothing else left after the draws: a step needs a rollout
-            logger.warning("step %d: every group trains nothing after %d extra draw(s): training them anyway "
-                           "(advantage 0)", step + 1, self._draws.get(step, 0))  # fmt: skip
+            logger.warning(
+                "step %d: every group trains nothing after %d extra draw(s): training them anyway (advantage 0)",
+                step + 1,
+                self._draws.get(step, 0),
+            )
             kept, self.constant = self.constant, []
         self._draws.pop(step, None)
         return kept
@@ -355,8 +375,12 @@ class ContinuousRollout:
     def _wants_draw(self, step: int) -> bool:
         """Dynamic sampling: step `step` is short of useful groups with nothing left to wait for, and may
         draw again."""
-        return (self.dynamic_sampling and self._tg is not None and self._quiet()
-                and self._draws.get(step, 0) < self._draw_limit())  # fmt: skip
+        return (
+            self.dynamic_sampling
+            and self._tg is not None
+            and self._quiet()
+            and self._draws.get(step, 0) < self._draw_limit()
+        )
 
     def _draw_limit(self) -> int:
         """The extra draws a quiet step may make: `max_extra_draws`, but at least one when no group is left at all
@@ -370,8 +394,13 @@ class ContinuousRollout:
         assert self._tg is not None
         d = self._draws[step] = self._draws.get(step, 0) + 1
         tasks = [(d * self.groups_per_step + i, task) for i, task in enumerate(self.next_batch())]
-        logger.info("step %d: fewer than %d useful groups: extra draw %d of %d tasks", step + 1,
-                    self.groups_per_step, d, len(tasks))  # fmt: skip
+        logger.info(
+            "step %d: fewer than %d useful groups: extra draw %d of %d tasks",
+            step + 1,
+            self.groups_per_step,
+            d,
+            len(tasks),
+        )
         self._admit(self._tg, step, tasks, draw=d)
 
     def step_record(self, step: int, groups: Sequence[Group], task_id: Callable[[Any], Any]) -> dict[str, Any]:
@@ -386,8 +415,12 @@ class ContinuousRollout:
 
     def _admits_no_more(self) -> bool:
         """Everything the run will admit is admitted and finished (its last steps may then be short)."""
-        return (self.last_step is not None and self.next_batch_index >= self.last_step and not self._unadmitted
-                and all(g.finished for g in self.groups))  # fmt: skip
+        return (
+            self.last_step is not None
+            and self.next_batch_index >= self.last_step
+            and not self._unadmitted
+            and all(g.finished for g in self.groups)
+        )
 
     def step_done(self) -> None:
         """The step's new weights are in the engine: batches the bound held back may start."""
@@ -399,8 +432,10 @@ class ContinuousRollout:
         every admitted group not trained yet (running or finished, as `PendingGroup` fields). A resumed run rolls
         those out again, so that none is lost and none is trained twice."""
         ordered = sorted(self.groups, key=lambda g: (g.batch, g.position))
-        return {"next_batch": self.next_batch_index,
-                "pending": [{"batch": g.batch, "position": g.position, "task": g.task} for g in ordered]}  # fmt: skip
+        return {
+            "next_batch": self.next_batch_index,
+            "pending": [{"batch": g.batch, "position": g.position, "task": g.task} for g in ordered],
+        }
 
     # ---- waiting -----------------------------------------------------------------------------------------------
 
@@ -425,14 +460,24 @@ def drop_stale_groups(groups: Sequence[Group], weight_version: int, max_stalenes
     """
     dropped = 0
     for group in groups:
-        oldest = min((v for t in group.trajectories if t is not None for run in t.token_runs()
-                      for v, m in zip(run.weight_versions or (), run.response_mask, strict=False) if m and v >= 0),
-                     default=None)  # fmt: skip
+        oldest = min(
+            (
+                v
+                for t in group.trajectories
+                if t is not None
+                for run in t.token_runs()
+                for v, m in zip(run.weight_versions or (), run.response_mask, strict=False)
+                if m and v >= 0
+            ),
+            default=None,
+        )
         if oldest is None or weight_version - oldest <= max_staleness:
             continue
         dropped += 1
-        reason = (f"stale: a token sampled by weight version {oldest} is more than max_staleness={max_staleness} "
-                  f"versions older than the weights it would update ({weight_version})")  # fmt: skip
+        reason = (
+            f"stale: a token sampled by weight version {oldest} is more than max_staleness={max_staleness} "
+            f"versions older than the weights it would update ({weight_version})"
+        )
         for t in group.trajectories:
             if t is not None and not t.failed:
                 t.failed, t.error = True, f"refused for training: {reason}"

@@ -37,8 +37,14 @@ from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
 from agentic_rl.rollout.turn_rewards import credit_turns, environment_turn_reward, milestone_reward, task_milestones
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
-__all__ = ["HarnessConfig", "RewardCallable", "RolloutSpec", "TerminationReason", "TrajectoryCheckpoint",
-           "run_trajectory"]  # fmt: skip
+__all__ = [
+    "HarnessConfig",
+    "RewardCallable",
+    "RolloutSpec",
+    "TerminationReason",
+    "TrajectoryCheckpoint",
+    "run_trajectory",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +59,16 @@ class _State:
     idx: int
     sample: Sample | None = None
     steps: list[Step] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=lambda: {
-        "llm_time": 0.0, "env_time": 0.0, "reward_time": 0.0, "tool_calls": 0, "tool_errors": 0,
-        "well_formed_calls": 0,
-    })  # fmt: skip
+    metrics: dict[str, Any] = field(
+        default_factory=lambda: {
+            "llm_time": 0.0,
+            "env_time": 0.0,
+            "reward_time": 0.0,
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "well_formed_calls": 0,
+        }
+    )
     recorder: RunRecorder = field(default_factory=RunRecorder)
     messages: list[dict[str, Any]] = field(default_factory=list)  # what the current run renders
     segments: list[Segment] = field(default_factory=list)  # the current run, one segment per append (alignment check)
@@ -200,7 +212,9 @@ async def _reset(spec: RolloutSpec, state: _State) -> None:
     if spec.config.milestone_weight:
         state.milestones = task_milestones(state.task)  # a malformed list fails this trajectory before it starts
     t0 = time.perf_counter()
-    state.sample = await spec.environment.reset({**state.task, "trajectory_id": f"{state.task.get('id', state.idx)}-{state.idx}"})
+    state.sample = await spec.environment.reset(
+        {**state.task, "trajectory_id": f"{state.task.get('id', state.idx)}-{state.idx}"}
+    )
     if not isinstance(state.sample, Sample):
         sample, state.sample = state.sample, None  # nothing to close
         raise EnvStepError(f"reset() must return a Sample, got {type(sample).__name__}")
@@ -227,8 +241,9 @@ async def _reward(spec: RolloutSpec, state: _State) -> float:
     t0 = time.perf_counter()
     try:
         with anyio.move_on_after(timeout_s) as scope:
-            result = await anyio.to_thread.run_sync(spec.reward_fn, state.sample.task, list(state.sample.messages),
-                                                    abandon_on_cancel=True)  # fmt: skip
+            result = await anyio.to_thread.run_sync(
+                spec.reward_fn, state.sample.task, list(state.sample.messages), abandon_on_cancel=True
+            )
         if scope.cancelled_caught:
             raise RewardError(f"the reward did not finish within reward_timeout_s={timeout_s:g}")
         state.metrics.update(getattr(result, "metrics", None) or {})  # a RewardWithMetrics' own metrics
@@ -288,12 +303,19 @@ def _finish(
     metrics, config = state.metrics, spec.config
     attempted = metrics["tool_calls"]
     failed = error is not None
-    toolcall_reward = config.toolcall_weight * metrics["well_formed_calls"] / attempted if attempted and not failed else 0.0
+    toolcall_reward = (
+        config.toolcall_weight * metrics["well_formed_calls"] / attempted if attempted and not failed else 0.0
+    )
     penalty = config.unfinished_penalty if not failed and reason.cut_by_limit else 0.0
     if not failed and config.check_alignment and state.recorder.runs:
         _check_alignment(spec, state)
-    metrics.update(steps=len(state.steps), res_reward=reward, toolcall_reward=toolcall_reward, total_time=total_s,
-                   generated_tokens=sum(run.num_sampled for run in state.recorder.runs))
+    metrics.update(
+        steps=len(state.steps),
+        res_reward=reward,
+        toolcall_reward=toolcall_reward,
+        total_time=total_s,
+        generated_tokens=sum(run.num_sampled for run in state.recorder.runs),
+    )
     if state.steps:
         state.steps[-1].done = True
     messages = list(state.sample.messages) if state.sample is not None else []
@@ -301,10 +323,20 @@ def _finish(
     task = _rewarded_task(state)
     common = {"idx": state.idx, "chat_completions": messages, "metrics": metrics, "task": task, "steps": state.steps}
     try:
-        trajectory = StepTrajectory.from_runs(runs, trajectory_reward=reward + toolcall_reward - penalty,
-                                              termination_reason=reason, failed=failed, error=error, **common)  # fmt: skip
-        credit_turns(state.steps, answer_reward=reward - penalty, toolcall_weight=0.0 if failed else config.toolcall_weight,
-                     tool_calls=attempted)  # fmt: skip
+        trajectory = StepTrajectory.from_runs(
+            runs,
+            trajectory_reward=reward + toolcall_reward - penalty,
+            termination_reason=reason,
+            failed=failed,
+            error=error,
+            **common,
+        )
+        credit_turns(
+            state.steps,
+            answer_reward=reward - penalty,
+            toolcall_weight=0.0 if failed else config.toolcall_weight,
+            tool_calls=attempted,
+        )
         trajectory.credited = True
         if penalty:
             trajectory.metrics["unfinished_penalty"] = penalty
@@ -313,8 +345,9 @@ def _finish(
         logger.error("trajectory %s (task %r) failed: invalid record: %s", state.idx, state.task.get("id"), exc)
         for run in runs:  # in place: the steps keep pointing at the trajectory's runs
             run.response_logprobs = None
-        return StepTrajectory.from_runs(runs, termination_reason=TerminationReason.ERROR, failed=True,
-                                        error=f"TrajectoryError: {exc}", **common)  # fmt: skip
+        return StepTrajectory.from_runs(
+            runs, termination_reason=TerminationReason.ERROR, failed=True, error=f"TrajectoryError: {exc}", **common
+        )
 
 
 def _rewarded_task(state: _State) -> dict[str, Any]:
@@ -381,8 +414,9 @@ def _start(spec: RolloutSpec, state: _State) -> _Stop | None:
     state.messages = list(state.sample.messages)
     _start_run(state, spec.renderer.prompt_ids(state.sample.messages, state.sample.tools))
     state.observation = state.sample.messages[-1]["content"]
-    return _prompt_too_long(len(state.recorder.current.prompt_ids), spec.config.max_prompt_length,
-                            spec.engine.max_model_len)  # fmt: skip
+    return _prompt_too_long(
+        len(state.recorder.current.prompt_ids), spec.config.max_prompt_length, spec.engine.max_model_len
+    )
 
 
 async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None:
@@ -404,9 +438,13 @@ async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None
     step.info["env_time_s"] = time.perf_counter() - t0
     step.reward = environment_turn_reward(result.info, turn)  # the environment's own reward for this turn
     if spec.config.milestone_weight:  # a process reward: the task's milestones this turn's tool results first show
-        step.reward += milestone_reward(state.milestones, state.milestones_reached,
-                                        [str(m.get("content") or "") for m in result.observation],
-                                        spec.config.milestone_weight, action=step.action or "")  # fmt: skip
+        step.reward += milestone_reward(
+            state.milestones,
+            state.milestones_reached,
+            [str(m.get("content") or "") for m in result.observation],
+            spec.config.milestone_weight,
+            action=step.action or "",
+        )
     state.metrics["env_time"] += step.info["env_time_s"]
     step.info.update(result.info)
     for key in ("tool_calls", "tool_errors", "well_formed_calls"):
@@ -429,8 +467,9 @@ async def _generate(
     run = state.recorder.current
     version = spec.engine.weight_version  # stamped on the turn (and on its tokens if the engine does not say)
     t0 = time.perf_counter()
-    generation = await _generate_within(spec.engine, run.prompt_ids + run.response_ids, sampling,
-                                        spec.config.turn_timeout_s)  # fmt: skip
+    generation = await _generate_within(
+        spec.engine, run.prompt_ids + run.response_ids, sampling, spec.config.turn_timeout_s
+    )
     llm_time_s = time.perf_counter() - t0
     state.metrics["llm_time"] += llm_time_s
     ids = generation.token_ids
@@ -451,15 +490,27 @@ async def _generate(
     state.messages.append(assistant)
     if state.memory is not None:
         state.memory.add_message({"role": "assistant", "content": end.content or "(no output)"})
-    info: dict[str, Any] = {"finish_reason": generation.finish_reason, "stop_reason": generation.stop_reason,
-                            "sampled_tokens": len(ids), "weight_version": version, "llm_time_s": llm_time_s}  # fmt: skip
+    info: dict[str, Any] = {
+        "finish_reason": generation.finish_reason,
+        "stop_reason": generation.stop_reason,
+        "sampled_tokens": len(ids),
+        "weight_version": version,
+        "llm_time_s": llm_time_s,
+    }
     if versions:  # [min, max] of its tokens: they differ when the weights changed while the turn was sampled
         info["weight_versions"] = [min(versions), max(versions)]
     if end.kept < len(ids):  # the stop token or the tokens of a stop string: not part of the turn's content
         info["unrecorded_tokens"] = len(ids) - end.kept
-    step = Step(chat_completions=list(state.sample.messages), thought=split_thought(end.content)[0],
-                action=action_text(end.content), observation=state.observation, model_response=end.content, info=info,
-                run=run, span=span)  # fmt: skip
+    step = Step(
+        chat_completions=list(state.sample.messages),
+        thought=split_thought(end.content)[0],
+        action=action_text(end.content),
+        observation=state.observation,
+        model_response=end.content,
+        info=info,
+        run=run,
+        span=span,
+    )
     state.steps.append(step)
     return generation, end, step
 
@@ -513,7 +564,9 @@ def _prompt_too_long(prompt: int, max_prompt_length: int, max_model_len: int) ->
     return TerminationReason.PROMPT_TOO_LONG, f"prompt has {prompt} tokens; {' and '.join(broken)}"
 
 
-def _cut(generation: Generation, end: TurnEnd, sampling: SamplingConfig, room: int, limit: str, turn: int) -> _Stop | None:
+def _cut(
+    generation: Generation, end: TurnEnd, sampling: SamplingConfig, room: int, limit: str, turn: int
+) -> _Stop | None:
     """Stop on a turn cut by `max_tokens`: `context_limit` when the window or the response budget set that
     `max_tokens`, else `truncated`."""
     if end.kind != CUT:
@@ -521,8 +574,10 @@ def _cut(generation: Generation, end: TurnEnd, sampling: SamplingConfig, room: i
     n = len(generation.token_ids)
     if generation.finish_reason == "length" and sampling.max_tokens == room:
         return TerminationReason.CONTEXT_LIMIT, f"turn {turn} sampled {n} tokens: {limit}"
-    return TerminationReason.TRUNCATED, (f"turn {turn} was cut after {n} tokens (finish_reason "
-                                         f"{generation.finish_reason!r}, max_tokens {sampling.max_tokens})")  # fmt: skip
+    return TerminationReason.TRUNCATED, (
+        f"turn {turn} was cut after {n} tokens (finish_reason "
+        f"{generation.finish_reason!r}, max_tokens {sampling.max_tokens})"
+    )
 
 
 def _room(spec: RolloutSpec, run: TokenRun, extra: int = 0) -> tuple[int, str]:

@@ -47,8 +47,10 @@ def finished_records(path: str | os.PathLike[str], tasks: Sequence[Any]) -> dict
         task = tasks[idx]
         expected = task.get("id") if isinstance(task, dict) else None
         if record.get("task_id") != expected:
-            raise ConfigError(f"{where}: the record of task {idx} has task id {record.get('task_id')!r}, but the "
-                              f"task file has {expected!r} there: the tasks changed since the run started")  # fmt: skip
+            raise ConfigError(
+                f"{where}: the record of task {idx} has task id {record.get('task_id')!r}, but the "
+                f"task file has {expected!r} there: the tasks changed since the run started"
+            )
         if idx in done:
             raise ConfigError(f"{where}: a second record of task {idx} (task id {expected!r})")
         done[idx] = record

@@ -40,8 +40,9 @@ class _Worker:
 
     def __init__(self, preload: Sequence[str], start_timeout_s: float) -> None:
         config = json.dumps({"sys_path": list(sys.path), "preload": list(preload)})
-        self.process = subprocess.Popen([sys.executable, str(WORKER_PROGRAM), config], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, bufsize=0)  # fmt: skip
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER_PROGRAM), config], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+        )
         assert self.process.stdin is not None and self.process.stdout is not None
         self.requests, self.replies = self.process.stdin.fileno(), self.process.stdout.fileno()
         try:
@@ -109,8 +110,9 @@ class RewardProcessPool:
         start_timeout_s: most seconds a worker may take to start and import `preload`.
     """
 
-    def __init__(self, preload: Sequence[str] = (), *, max_workers: int = DEFAULT_WORKERS,
-                 start_timeout_s: float = 120.0) -> None:  # fmt: skip
+    def __init__(
+        self, preload: Sequence[str] = (), *, max_workers: int = DEFAULT_WORKERS, start_timeout_s: float = 120.0
+    ) -> None:
         if max_workers < 1:
             raise ValueError(f"max_workers must be >= 1, got {max_workers}")
         self.preload = tuple(preload)

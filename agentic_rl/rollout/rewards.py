@@ -86,8 +86,11 @@ def _message_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = [p if isinstance(p, str) else p.get("text") for p in content
-                 if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text")]  # fmt: skip
+        texts = [
+            p if isinstance(p, str) else p.get("text")
+            for p in content
+            if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text")
+        ]
         return "\n".join(t for t in texts if isinstance(t, str))
     return ""
 
@@ -414,9 +417,18 @@ class LLMJudgeReward:
     MAX_PREDICTION_CHARS = 500
     """The longest prediction shown to the judge; a short answer is one line, and a longer one is cut."""
 
-    def __init__(self, base_url: str | None = None, *, model: str = "", api_key: str | None = None,
-                 timeout_s: float = 60.0, max_retries: int = 1, client: ChatClient | None = None, max_tokens: int = 4,
-                 on_failure: str = "raise") -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        model: str = "",
+        api_key: str | None = None,
+        timeout_s: float = 60.0,
+        max_retries: int = 1,
+        client: ChatClient | None = None,
+        max_tokens: int = 4,
+        on_failure: str = "raise",
+    ) -> None:
         if on_failure not in ("raise", "zero"):
             raise ConfigError(f"LLMJudgeReward on_failure must be 'raise' or 'zero', got {on_failure!r}")
         self.chat_client, self.model, self.max_tokens, self.on_failure = client, model, max_tokens, on_failure
@@ -426,16 +438,18 @@ class LLMJudgeReward:
                 raise ConfigError("LLMJudgeReward needs base_url and model, or client")
             import openai
 
-            self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "local", timeout=timeout_s,
-                                        max_retries=max_retries)  # fmt: skip
+            self.client = openai.OpenAI(
+                base_url=base_url, api_key=api_key or "local", timeout=timeout_s, max_retries=max_retries
+            )
 
     def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
         prediction = extract_short_answer(final_answer_text(messages))[: self.MAX_PREDICTION_CHARS]
         if not prediction:
             return _judged(0.0, calls=0, failures=0)
         quoted = json.dumps(prediction, ensure_ascii=False)  # one line, its quotes escaped: it cannot end the quote
-        content = self.PROMPT.format(question=task.get("question", ""), gold=task.get("ground_truth", ""),
-                                     prediction=quoted)  # fmt: skip
+        content = self.PROMPT.format(
+            question=task.get("question", ""), gold=task.get("ground_truth", ""), prediction=quoted
+        )
         try:
             reply = self._ask([{"role": "user", "content": content}])
         except Exception as exc:
@@ -489,8 +503,11 @@ class MetricsReward:
         metrics: metric name -> `fn(task, messages) -> float`.
     """
 
-    def __init__(self, reward_fn: Callable[[dict[str, Any], Sequence[dict[str, str]]], float],
-                 metrics: Mapping[str, Callable[[dict[str, Any], Sequence[dict[str, str]]], float]]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reward_fn: Callable[[dict[str, Any], Sequence[dict[str, str]]], float],
+        metrics: Mapping[str, Callable[[dict[str, Any], Sequence[dict[str, str]]], float]],
+    ) -> None:
         self.reward_fn, self.metrics = reward_fn, dict(metrics)
 
     def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
@@ -546,8 +563,9 @@ REWARDS = {
 }
 
 
-def resolve_reward(name: str, *, also: Sequence[str] = ()) -> Callable[[dict[str, Any], Sequence[dict[str, str]]],
-                                                                          float]:  # fmt: skip
+def resolve_reward(
+    name: str, *, also: Sequence[str] = ()
+) -> Callable[[dict[str, Any], Sequence[dict[str, str]]], float]:
     """A reward function by name: a key of `REWARDS`, or `package.module:function`.
 
     Args:

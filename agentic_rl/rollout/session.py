@@ -196,8 +196,12 @@ class Rollout:
             self._pause = None
             done.set()
         trajectories = [finished[idx] for idx in sorted(finished)]
-        logger.info("rollout call ended: %d finished, %d queued, %d suspended", len(trajectories), len(left.queued),
-                    len(left.checkpoints))  # fmt: skip
+        logger.info(
+            "rollout call ended: %d finished, %d queued, %d suspended",
+            len(trajectories),
+            len(left.queued),
+            len(left.checkpoints),
+        )
         return RolloutResult(trajectories, left if len(left) else None)
 
     async def _run_one(

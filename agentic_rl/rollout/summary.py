@@ -71,9 +71,11 @@ def _tool_call_rates(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     for t in trajectories:
         names = {
             call.name
-            for message in t.chat_completions if message.get("role") == "assistant"
-            for call in parse_tool_calls(str(message.get("content") or "")) if isinstance(call, ToolCall)
-        }  # fmt: skip
+            for message in t.chat_completions
+            if message.get("role") == "assistant"
+            for call in parse_tool_calls(str(message.get("content") or ""))
+            if isinstance(call, ToolCall)
+        }
         for name in names:
             called[name] = called.get(name, 0) + 1
     return {name: count / len(trajectories) for name, count in sorted(called.items())}

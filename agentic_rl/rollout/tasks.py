@@ -64,6 +64,12 @@ def checked_task(idx: int, task: Any) -> dict[str, Any] | StepTrajectory:
 def failed_trajectory(idx: int, task: Any, reason: TerminationReason, error: str) -> StepTrajectory:
     """An empty trajectory with `failed=True`: what a task that could not run (or broke) ends as."""
     return StepTrajectory(
-        prompt_tokens=[], response_tokens=[], response_masks=[], idx=idx, termination_reason=reason,
-        failed=True, error=error, task=task,
-    )  # fmt: skip
+        prompt_tokens=[],
+        response_tokens=[],
+        response_masks=[],
+        idx=idx,
+        termination_reason=reason,
+        failed=True,
+        error=error,
+        task=task,
+    )

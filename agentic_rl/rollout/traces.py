@@ -39,9 +39,16 @@ from agentic_rl.tools.base import Tool
 from agentic_rl.types import StepTrajectory, TerminationReason
 
 __all__ = [
-    "ReplayEngine", "Trace", "TraceStats", "gsm8k_trace", "gsm8k_traces", "hotpotqa_trace", "hotpotqa_traces",
-    "replay_traces", "tool_call_text",
-]  # fmt: skip
+    "ReplayEngine",
+    "Trace",
+    "TraceStats",
+    "gsm8k_trace",
+    "gsm8k_traces",
+    "hotpotqa_trace",
+    "hotpotqa_traces",
+    "replay_traces",
+    "tool_call_text",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +190,9 @@ def gsm8k_traces(
     taken = dict.fromkeys(by_calls, 0)
     while len(chosen) < count and any(by_calls[k] for k in by_calls if weights[k - 1] > 0):
         # the call count furthest below its share takes the next trace
-        k = min((k for k in by_calls if by_calls[k] and weights[k - 1] > 0),
-                key=lambda k: (taken[k] / weights[k - 1], k))  # fmt: skip
+        k = min(
+            (k for k in by_calls if by_calls[k] and weights[k - 1] > 0), key=lambda k: (taken[k] / weights[k - 1], k)
+        )
         chosen.append(by_calls[k].pop())
         taken[k] += 1
     rng.shuffle(chosen)
@@ -206,14 +214,21 @@ def _well_formed(row: Any) -> bool:
     if not all(isinstance(i, str) for i in ids):
         return False
     for paragraph in context:
-        if not (isinstance(paragraph, list) and len(paragraph) == 2 and isinstance(paragraph[0], str)
-                and isinstance(paragraph[1], list) and all(isinstance(x, str) for x in paragraph[1])):  # fmt: skip
+        if not (
+            isinstance(paragraph, list)
+            and len(paragraph) == 2
+            and isinstance(paragraph[0], str)
+            and isinstance(paragraph[1], list)
+            and all(isinstance(x, str) for x in paragraph[1])
+        ):
             return False
     titles = {paragraph[0] for paragraph in context}
     if not (isinstance(facts, list) and facts):
         return False
-    return all(isinstance(f, list) and len(f) == 2 and f[0] in titles and isinstance(f[1], int)
-               and not isinstance(f[1], bool) for f in facts)  # fmt: skip
+    return all(
+        isinstance(f, list) and len(f) == 2 and f[0] in titles and isinstance(f[1], int) and not isinstance(f[1], bool)
+        for f in facts
+    )
 
 
 def _supporting_documents(row: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -302,8 +317,13 @@ def hotpotqa_traces(
         else:
             traces.append(trace)
     if skipped or len(traces) < count:
-        logger.warning("research traces: %d of %d asked for; %d rows skipped (not HotpotQA-shaped, or a supporting "
-                       "document no search finds)", len(traces), count, skipped)  # fmt: skip
+        logger.warning(
+            "research traces: %d of %d asked for; %d rows skipped (not HotpotQA-shaped, or a supporting "
+            "document no search finds)",
+            len(traces),
+            count,
+            skipped,
+        )
     return traces
 
 
@@ -328,7 +348,11 @@ async def replay_traces(
 
     async def replay(trace: Trace, idx: int) -> StepTrajectory:
         engine = ReplayEngine(renderer, trace.turns)
-        result = await run_trajectory(trace.task, idx, RolloutSpec(engine=engine, environment=environment, renderer=renderer, config=config, reward_fn=reward_fn))  # fmt: skip
+        result = await run_trajectory(
+            trace.task,
+            idx,
+            RolloutSpec(engine=engine, environment=environment, renderer=renderer, config=config, reward_fn=reward_fn),
+        )
         assert isinstance(result, StepTrajectory)  # no pause given: never a checkpoint
         return result
 
@@ -347,15 +371,23 @@ async def replay_traces(
         else:
             stats.dropped_incomplete += 1
     stats.kept = len(kept)
-    logger.info("traces: %d kept, %d tool-result mismatches, %d failed, %d incomplete", stats.kept,
-                stats.dropped_observation_mismatch, stats.dropped_failed, stats.dropped_incomplete)  # fmt: skip
+    logger.info(
+        "traces: %d kept, %d tool-result mismatches, %d failed, %d incomplete",
+        stats.kept,
+        stats.dropped_observation_mismatch,
+        stats.dropped_failed,
+        stats.dropped_incomplete,
+    )
     return kept, stats
 
 
 def _drop_reason(trace: Trace, trajectory: StepTrajectory) -> str | None:
     if trajectory.failed:
         return f"failed: {trajectory.error}"
-    if trajectory.metrics.get("steps") != len(trace.turns) or trajectory.termination_reason != TerminationReason.ENV_DONE:
+    if (
+        trajectory.metrics.get("steps") != len(trace.turns)
+        or trajectory.termination_reason != TerminationReason.ENV_DONE
+    ):
         return f"incomplete: {trajectory.metrics.get('steps')} of {len(trace.turns)} turns, {trajectory.termination_reason}"
     observations = [m["content"] for m in trajectory.chat_completions if m.get("role") == "tool"]
     if len(observations) != len(trace.expected_observations):

@@ -30,8 +30,14 @@ from agentic_rl.rollout.tasks import failed_trajectory
 from agentic_rl.rollout.wrapper import BaseEngineWrapper, collect_trajectories
 from agentic_rl.types import TerminationReason, Trajectory
 
-__all__ = ["AgentRollout", "SpecRollout", "TrainingRollout", "build_training_rollout", "load_classes",
-           "refuse_untrainable"]  # fmt: skip
+__all__ = [
+    "AgentRollout",
+    "SpecRollout",
+    "TrainingRollout",
+    "build_training_rollout",
+    "load_classes",
+    "refuse_untrainable",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +48,9 @@ class TrainingRollout(Protocol):
     ledger: SampleLedger  # what the engine sampled for this rollout source
     whole_batches: bool  # `run` must get a whole batch per call (calls do not overlap): see `ContinuousRollout`
 
-    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *,
-                  indices: Sequence[int] | None = None) -> list[Trajectory]:
+    async def run(
+        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *, indices: Sequence[int] | None = None
+    ) -> list[Trajectory]:
         """One trajectory per task, in task order; `indices` are the tasks' positions in their batch (which offset
         their sampling seeds; default 0, 1, ...)."""
         ...
@@ -60,8 +67,9 @@ class SpecRollout:
     ledger: SampleLedger
     whole_batches: bool = False
 
-    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *,
-                  indices: Sequence[int] | None = None) -> list[Trajectory]:  # fmt: skip
+    async def run(
+        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *, indices: Sequence[int] | None = None
+    ) -> list[Trajectory]:
         from agentic_rl.rollout.session import Rollout
 
         rollout = Rollout(self.spec.with_sampling(sampling), n_parallel_agents=self.n_parallel_agents)
@@ -80,8 +88,9 @@ class AgentRollout:
     whole_batches: bool = True  # the agent's sampling options are its own state: one call at a time
     _lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
 
-    async def run(self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *,
-                  indices: Sequence[int] | None = None) -> list[Trajectory]:  # fmt: skip
+    async def run(
+        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *, indices: Sequence[int] | None = None
+    ) -> list[Trajectory]:
         """The agent's trajectories of `tasks`, in task order; one call at a time, each with its own sampling options
         (`indices` is not used: the agent seeds its own requests from the options it is given).
 
@@ -97,8 +106,10 @@ class AgentRollout:
         except Exception as exc:
             raise TrainingError(f"agent {name} failed to roll out {len(tasks)} tasks: {_describe(exc)}") from exc
         if len(out) != len(tasks):
-            raise TrainingError(f"agent {name} returned {len(out)} trajectories for {len(tasks)} tasks; it must return "
-                                "one per task, in task order")  # fmt: skip
+            raise TrainingError(
+                f"agent {name} returned {len(out)} trajectories for {len(tasks)} tasks; it must return "
+                "one per task, in task order"
+            )
         for i, t in enumerate(out):  # something that is not a trajectory is a refused record of its task
             if not isinstance(t, Trajectory):
                 error = f"refused for training: {name} returned {type(t).__name__}, not a Trajectory"
@@ -180,8 +191,10 @@ def load_classes(*, tools: Sequence[str | PluginRef], environment: PluginRef | N
     for i, entry in enumerate(tools):
         if isinstance(entry, str) and ":" not in entry:
             if entry not in TOOL_NAMES:
-                raise ConfigError(f"unknown tool {entry!r}: use one of {', '.join(TOOL_NAMES)} or a Tool class as "
-                                  "'package.module:Class'")  # fmt: skip
+                raise ConfigError(
+                    f"unknown tool {entry!r}: use one of {', '.join(TOOL_NAMES)} or a Tool class as "
+                    "'package.module:Class'"
+                )
             continue
         ref = PluginRef.model_validate(entry)
         _check_kwargs(ref, ref.load(what=f"tools[{i}]", base=Tool), f"tools[{i}]")
@@ -259,8 +272,9 @@ def build_training_rollout(
     return SpecRollout(RolloutSpec(recording, env, renderer, harness, reward_fn=reward_fn), n_parallel_agents, ledger)
 
 
-def _build_environment(ref: PluginRef | None, tools: list[Any], renderer: ChatRenderer,
-                       system_prompt: str | None = None) -> Environment:  # fmt: skip
+def _build_environment(
+    ref: PluginRef | None, tools: list[Any], renderer: ChatRenderer, system_prompt: str | None = None
+) -> Environment:
     """The built-in `ToolEnvironment` over `tools` (with `system_prompt`), or the user's environment (given `tools`
     when its constructor takes them)."""
     if ref is None:
@@ -281,19 +295,32 @@ def _takes_tools(ref: PluginRef, cls: type, tools: Sequence[Any]) -> bool:
     if issubclass(cls, ToolEnvironment) or "tools" in _parameters(cls):
         return True
     if tools:
-        raise ConfigError(f"environment {ref.path!r} takes no 'tools' argument, but tools were given: set tools: [] "
-                          "or give the environment its tools through environment.kwargs")  # fmt: skip
+        raise ConfigError(
+            f"environment {ref.path!r} takes no 'tools' argument, but tools were given: set tools: [] "
+            "or give the environment its tools through environment.kwargs"
+        )
     return False
 
 
-def _build_agent(ref: PluginRef, engine: Engine, renderer: ChatRenderer, tokenizer: Any, harness: HarnessConfig,
-                 n_parallel_agents: int) -> BaseEngineWrapper:  # fmt: skip
+def _build_agent(
+    ref: PluginRef,
+    engine: Engine,
+    renderer: ChatRenderer,
+    tokenizer: Any,
+    harness: HarnessConfig,
+    n_parallel_agents: int,
+) -> BaseEngineWrapper:
     """The user's agent, built with the harness's limits and sampling, on `engine`, initialized."""
     cls = ref.load(what="agent", base=BaseEngineWrapper)
-    settings = {"agent_name": cls.__name__, "tokenizer": tokenizer,
-                "sampling_params": harness.sampling.model_dump(exclude_none=True),
-                "max_prompt_length": harness.max_prompt_length, "max_response_length": harness.max_response_length,
-                "n_parallel_agents": n_parallel_agents, "max_steps": harness.max_steps}  # fmt: skip
+    settings = {
+        "agent_name": cls.__name__,
+        "tokenizer": tokenizer,
+        "sampling_params": harness.sampling.model_dump(exclude_none=True),
+        "max_prompt_length": harness.max_prompt_length,
+        "max_response_length": harness.max_response_length,
+        "n_parallel_agents": n_parallel_agents,
+        "max_steps": harness.max_steps,
+    }
     agent = ref.build(what="agent", base=BaseEngineWrapper, **settings)
     agent.use_engine(engine, renderer)
     try:

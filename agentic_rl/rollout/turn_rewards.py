@@ -39,8 +39,9 @@ def environment_turn_reward(info: Mapping[str, Any], turn: int) -> float:
     """
     value = info.get("reward", 0.0)
     if not is_finite_number(value):
-        raise EnvStepError(f"turn {turn}: step() returned info['reward']={value!r}; a per-turn reward must be a finite "
-                           "number")  # fmt: skip
+        raise EnvStepError(
+            f"turn {turn}: step() returned info['reward']={value!r}; a per-turn reward must be a finite number"
+        )
     return float(value)
 
 
@@ -58,8 +59,9 @@ def task_milestones(task: Mapping[str, Any]) -> list[str]:
     return list(dict.fromkeys(m.strip() for m in milestones))
 
 
-def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequence[str], weight: float, *,
-                     action: str = "") -> float:  # fmt: skip
+def milestone_reward(
+    milestones: Sequence[str], reached: set[str], texts: Sequence[str], weight: float, *, action: str = ""
+) -> float:
     """The milestone reward of one turn: `weight / len(milestones)` for each milestone that `texts` (the turn's tool
     results) show and `action` did not write, and that is not in `reached` yet; those are added to `reached` (in
     place).
@@ -80,8 +82,11 @@ def milestone_reward(milestones: Sequence[str], reached: set[str], texts: Sequen
     if not milestones:
         return 0.0
     written = _arguments(action)
-    new = [m for m in milestones
-           if m not in reached and not _number_written(m, written) and any(_shows(m, t, written) for t in texts)]  # fmt: skip
+    new = [
+        m
+        for m in milestones
+        if m not in reached and not _number_written(m, written) and any(_shows(m, t, written) for t in texts)
+    ]
     reached.update(new)
     return weight * len(new) / len(milestones)
 
@@ -132,9 +137,11 @@ def _number_written(milestone: str, written: Sequence[str]) -> bool:
 def _shows(milestone: str, text: str, written: Sequence[str]) -> bool:
     """Whether `text` shows `milestone` as a whole word (`_occurrences`); for a text milestone, at a place outside
     every copy of a `written` argument (a number milestone is judged by `_number_written` instead)."""
-    copies = [] if _number(milestone) is not None else [
-        (m.start(), m.end()) for w in {w.strip() for w in written} for m in re.finditer(re.escape(w), text)
-    ]  # fmt: skip
+    copies = (
+        []
+        if _number(milestone) is not None
+        else [(m.start(), m.end()) for w in {w.strip() for w in written} for m in re.finditer(re.escape(w), text)]
+    )
     return any(not any(a <= m.start() and m.end() <= b for a, b in copies) for m in _occurrences(milestone, text))
 
 

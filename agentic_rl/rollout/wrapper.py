@@ -269,8 +269,9 @@ class BaseEngineWrapper(abc.ABC):
                 return failed_trajectory(idx, checked, TerminationReason.ERROR, error)
             return result
 
-        return await run_tasks(list(tasks), run_one, n_parallel_agents=self.n_parallel_agents, on_result=on_result,
-                               indices=indices)  # fmt: skip
+        return await run_tasks(
+            list(tasks), run_one, n_parallel_agents=self.n_parallel_agents, on_result=on_result, indices=indices
+        )
 
     def _check_ready(self) -> None:  # noqa: B027  (an optional hook: the base wrapper is always ready)
         """Raise `ConfigError` before any task starts if the wrapper cannot generate yet (override as needed)."""
@@ -278,8 +279,10 @@ class BaseEngineWrapper(abc.ABC):
 
 def _defines_generation(cls: type) -> bool:
     """Whether `cls` overrides `generate_agent_trajectories_async` or `generate_trajectory` of the base class."""
-    return any(getattr(cls, name) is not getattr(BaseEngineWrapper, name)
-               for name in ("generate_agent_trajectories_async", "generate_trajectory"))  # fmt: skip
+    return any(
+        getattr(cls, name) is not getattr(BaseEngineWrapper, name)
+        for name in ("generate_agent_trajectories_async", "generate_trajectory")
+    )
 
 
 async def collect_trajectories(agent: BaseEngineWrapper, tasks: Sequence[dict[str, Any]]) -> list[Any]:
@@ -302,8 +305,10 @@ async def collect_trajectories(agent: BaseEngineWrapper, tasks: Sequence[dict[st
         if inspect.isawaitable(result):
             result = await result
     if not isinstance(result, (list, tuple)):
-        raise TypeError(f"{type(agent).__name__}.generate_agent_trajectories_async returned {type(result).__name__}, "
-                        "expected a list of trajectories")  # fmt: skip
+        raise TypeError(
+            f"{type(agent).__name__}.generate_agent_trajectories_async returned {type(result).__name__}, "
+            "expected a list of trajectories"
+        )
     return list(result)
 
 
@@ -355,9 +360,14 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(
-            agent_name, tokenizer, sampling_params, max_prompt_length, max_response_length, n_parallel_agents,
+            agent_name,
+            tokenizer,
+            sampling_params,
+            max_prompt_length,
+            max_response_length,
+            n_parallel_agents,
             max_steps,
-        )  # fmt: skip
+        )
         if engine is None and model is None:
             raise ConfigError("give either model= (a local model folder) or engine= (a started engine)")
         from agentic_rl.rollout.rewards import gsm8k_reward
@@ -419,8 +429,12 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         """
         if self._spec is None or self.engine is None:
             raise ConfigError("call initialize() before generating trajectories")
-        current = {"engine": self.engine, "config": self.harness_config, "reward_fn": self.reward_fn,
-                   "memory_factory": self.memory_factory}  # fmt: skip
+        current = {
+            "engine": self.engine,
+            "config": self.harness_config,
+            "reward_fn": self.reward_fn,
+            "memory_factory": self.memory_factory,
+        }
         if any(getattr(self._spec, name) is not value for name, value in current.items()):  # set after initialize()
             self._spec = dataclasses.replace(self._spec, **current)
         return self._spec
@@ -443,17 +457,25 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         renderer = ChatRenderer(self.tokenizer, template_kwargs=self.chat_template_kwargs)  # checked before the engine
         if self.engine is None:
             self.engine = self._owned_engine = start_engine(
-                self.model, self.engine_options, max_prompt_length=self.max_prompt_length,
+                self.model,
+                self.engine_options,
+                max_prompt_length=self.max_prompt_length,
                 max_response_length=self.max_response_length,
-            )  # fmt: skip
+            )
         self.engines = [self.engine]
         if self.serve:
             self.start_servers()
         if self.memory_config is not None:
             self.memory_factory = self._memory_factory(renderer)
-        self._spec = tool_agent_spec(renderer, self.engine, tools=self.tools, config=self.harness_config,
-                                     reward_fn=self.reward_fn, system_prompt=self.system_prompt,
-                                     memory_factory=self.memory_factory)  # fmt: skip
+        self._spec = tool_agent_spec(
+            renderer,
+            self.engine,
+            tools=self.tools,
+            config=self.harness_config,
+            reward_fn=self.reward_fn,
+            system_prompt=self.system_prompt,
+            memory_factory=self.memory_factory,
+        )
 
     def _memory_factory(self, renderer: Any) -> Callable[[], Any]:
         from agentic_rl.engine.chat_client import EngineChatClient

@@ -69,8 +69,11 @@ def error_response(exc: Exception) -> JSONResponse:
 
 def _too_large(limit: int, size: int | None = None) -> RequestError:
     got = f" ({size} bytes)" if size is not None else ""
-    return RequestError(f"the request body is larger than this server accepts{got}: at most {limit} bytes",
-                        status=413, kind="request_too_large")  # fmt: skip
+    return RequestError(
+        f"the request body is larger than this server accepts{got}: at most {limit} bytes",
+        status=413,
+        kind="request_too_large",
+    )
 
 
 class BodyLimit:
@@ -172,15 +175,17 @@ def create_app(serving: OpenAIServing) -> FastAPI:
 
     async def answer(request: Request, *, chat: bool) -> Response:
         serving: OpenAIServing = app.state.serving
-        call = await serving.aprepare(await request.body(), trajectory_id=request.headers.get(TRAJECTORY_HEADER),
-                                      chat=chat)  # fmt: skip
+        call = await serving.aprepare(
+            await request.body(), trajectory_id=request.headers.get(TRAJECTORY_HEADER), chat=chat
+        )
         call.client = _client(request)
         headers = _call_headers(call)
         if not call.request.stream:
             return _JSON(await serving.respond(call), headers=headers)
         chunks = await serving.stream(call)
-        return _EventStream(_events(chunks, serving, call),
-                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})  # fmt: skip
+        return _EventStream(
+            _events(chunks, serving, call), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers}
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -199,8 +204,7 @@ def create_app(serving: OpenAIServing) -> FastAPI:
         for entry in app.state.serving.models()["data"]:
             if entry["id"] == model_id:
                 return _JSON(entry)
-        raise RequestError(f"the model {model_id!r} does not exist", status=404, param="model",
-                           kind="not_found_error")  # fmt: skip
+        raise RequestError(f"the model {model_id!r} does not exist", status=404, param="model", kind="not_found_error")
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -211,15 +215,19 @@ def create_app(serving: OpenAIServing) -> FastAPI:
         try:
             built = app.state.serving.recorder.build(trajectory_id, pop=pop)
         except KeyError:
-            raise RequestError(f"no captured trajectory {trajectory_id!r}", status=404, param="trajectory_id",
-                               kind="not_found_error") from None  # fmt: skip
+            raise RequestError(
+                f"no captured trajectory {trajectory_id!r}", status=404, param="trajectory_id", kind="not_found_error"
+            ) from None
         record = trajectory_to_dict(built)
         if record["response_logprobs"] is not None:
             record["response_logprobs"] = finite_logprobs(record["response_logprobs"])
         for entry, step in zip(record["steps"], built.steps, strict=True):
-            entry.update(prompt_ids=step.prompt_ids, response_ids=step.response_ids,
-                         response_logprobs=finite_logprobs(step.response_logprobs),
-                         chat_completions=step.chat_completions)  # fmt: skip
+            entry.update(
+                prompt_ids=step.prompt_ids,
+                response_ids=step.response_ids,
+                response_logprobs=finite_logprobs(step.response_logprobs),
+                chat_completions=step.chat_completions,
+            )
         return _JSON(record)
 
     return app

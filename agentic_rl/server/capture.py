@@ -125,15 +125,20 @@ def template_messages(
             continue
         functions = [c.get("function", c) for c in calls]
         if renderer is not None and renderer.supports_tools:
-            out.append({
-                "role": "assistant",
-                "content": m.get("content") or "",
-                "tool_calls": [
-                    {**({"id": c["id"]} if c.get("id") else {}), "type": "function",
-                     "function": {"name": f.get("name"), "arguments": _arguments(f.get("arguments"))}}
-                    for c, f in zip(calls, functions, strict=True)
-                ],
-            })  # fmt: skip
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": m.get("content") or "",
+                    "tool_calls": [
+                        {
+                            **({"id": c["id"]} if c.get("id") else {}),
+                            "type": "function",
+                            "function": {"name": f.get("name"), "arguments": _arguments(f.get("arguments"))},
+                        }
+                        for c, f in zip(calls, functions, strict=True)
+                    ],
+                }
+            )
         else:
             blocks = [
                 format_tool_call(f.get("name"), _arguments(f.get("arguments")), call_format, ensure_ascii=True)
@@ -214,9 +219,13 @@ class TrajectoryRecorder:
 
     @staticmethod
     def _continuation(
-        prev: CapturedTurn, response: list[int], messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-        renderer: ChatRenderer, template_kwargs: dict[str, Any] | None,
-    ) -> list[int] | None:  # fmt: skip
+        prev: CapturedTurn,
+        response: list[int],
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        renderer: ChatRenderer,
+        template_kwargs: dict[str, Any] | None,
+    ) -> list[int] | None:
         """The ids that append `messages` to the previous call's run, or None when they do not extend it."""
         if prev.messages is None or prev.response_message is None:
             return None
@@ -261,9 +270,17 @@ class TrajectoryRecorder:
                 recorder.start(turn.prompt_ids)
             versions = turn.weight_version if turn.weight_versions is None else turn.weight_versions
             _, span = recorder.sample(turn.response_ids, turn.logprobs, versions)
-            captured.turns.append(dataclasses.replace(turn, prompt_ids=[], response_ids=[], logprobs=[],
-                                                      weight_versions=None, run=len(recorder.runs) - 1,
-                                                      span=span))  # fmt: skip
+            captured.turns.append(
+                dataclasses.replace(
+                    turn,
+                    prompt_ids=[],
+                    response_ids=[],
+                    logprobs=[],
+                    weight_versions=None,
+                    run=len(recorder.runs) - 1,
+                    span=span,
+                )
+            )
             self._captured.move_to_end(trajectory_id)
             while len(self._captured) > self.max_trajectories:
                 self._captured.popitem(last=False)
@@ -289,10 +306,14 @@ class TrajectoryRecorder:
         reply = [self._recorded_reply(last, runs[last.run])] if last.response_message else []
         chat = [*(last.messages or []), *reply]
         return StepTrajectory.from_runs(
-            runs, idx=idx, chat_completions=template_messages(chat, None, call_format),
+            runs,
+            idx=idx,
+            chat_completions=template_messages(chat, None, call_format),
             metrics={"steps": len(turns), "generated_tokens": sum(run.num_sampled for run in runs)},
-            termination_reason=TerminationReason.CAPTURED, task={"trajectory_id": trajectory_id}, steps=steps,
-        )  # fmt: skip
+            termination_reason=TerminationReason.CAPTURED,
+            task={"trajectory_id": trajectory_id},
+            steps=steps,
+        )
 
     def _recorded_reply(self, turn: CapturedTurn, run: TokenRun) -> dict[str, Any]:
         """The last call's reply as the record keeps it: as returned, except a chat reply cut by `max_tokens` while
@@ -318,9 +339,14 @@ def _written(turn: CapturedTurn, call_format: str) -> str:
 
 def _step(turn: CapturedTurn, run: TokenRun, call_format: str) -> Step:
     """The `Step` of one captured call."""
-    info = {"finish_reason": turn.finish_reason, "continued": turn.continued, "streamed": turn.streamed,
-            "weight_version": turn.weight_version, **({"tools": turn.tools} if turn.tools else {}),
-            **({"chat_template_kwargs": turn.template_kwargs} if turn.template_kwargs else {})}  # fmt: skip
+    info = {
+        "finish_reason": turn.finish_reason,
+        "continued": turn.continued,
+        "streamed": turn.streamed,
+        "weight_version": turn.weight_version,
+        **({"tools": turn.tools} if turn.tools else {}),
+        **({"chat_template_kwargs": turn.template_kwargs} if turn.template_kwargs else {}),
+    }
     versions = (run.weight_versions or [])[turn.span[0] : turn.span[1]]
     if versions:  # [min, max] of its tokens: they differ when the weights changed while the call was sampled
         info["weight_versions"] = [min(versions), max(versions)]
@@ -328,5 +354,8 @@ def _step(turn: CapturedTurn, run: TokenRun, call_format: str) -> Step:
         chat_completions=[*(turn.messages or []), *([turn.response_message] if turn.response_message else [])],
         action=action_text(_written(turn, call_format)),
         observation=(turn.messages or [{}])[-1].get("content", "") if turn.messages else "",
-        model_response=turn.text, info=info, run=run, span=turn.span,
-    )  # fmt: skip
+        model_response=turn.text,
+        info=info,
+        run=run,
+        span=turn.span,
+    )

@@ -100,8 +100,13 @@ def _json_format(schema: dict[str, Any]) -> dict[str, Any]:
 def _calls_only(tools: list[FunctionTool], *, most: int) -> dict[str, Any]:
     """One to `most` calls of `tools`, newline-separated, and nothing else."""
     if most == 1:
-        return {"type": "tags_with_separator", "tags": [tool_call_tag(t) for t in tools],
-                "separator": _CALL_SEPARATOR, "at_least_one": True, "stop_after_first": True}  # fmt: skip
+        return {
+            "type": "tags_with_separator",
+            "tags": [tool_call_tag(t) for t in tools],
+            "separator": _CALL_SEPARATOR,
+            "at_least_one": True,
+            "stop_after_first": True,
+        }
     return {"type": "sequence", "elements": [_any_call(tools), _more_calls(tools, most - 1)]}
 
 
@@ -118,8 +123,12 @@ def _more_calls(tools: list[FunctionTool], most: int) -> dict[str, Any]:
 
 def _text_then_calls(tools: list[FunctionTool], *, most: int) -> dict[str, Any]:
     """Free text, then optionally one to `most` calls of `tools` that end the turn."""
-    first = {"type": "triggered_tags", "triggers": [TOOL_CALL_OPEN], "tags": [tool_call_tag(t) for t in tools],
-             "stop_after_first": True}  # fmt: skip
+    first = {
+        "type": "triggered_tags",
+        "triggers": [TOOL_CALL_OPEN],
+        "tags": [tool_call_tag(t) for t in tools],
+        "stop_after_first": True,
+    }
     if most == 1:
         return first
     return {"type": "sequence", "elements": [first, _more_calls(tools, most - 1)]}
@@ -171,12 +180,17 @@ def _structured_outputs(fields: dict[str, Any]) -> Any:
     known = [f.name for f in dataclasses.fields(StructuredOutputsParams) if not f.name.startswith("_")]
     unknown = sorted(set(fields) - set(known))
     if unknown:
-        raise RequestError(f"unknown field 'structured_outputs.{unknown[0]}'; known: {', '.join(known)}",
-                           param=f"structured_outputs.{unknown[0]}")  # fmt: skip
+        raise RequestError(
+            f"unknown field 'structured_outputs.{unknown[0]}'; known: {', '.join(known)}",
+            param=f"structured_outputs.{unknown[0]}",
+        )
     kinds = [k for k in _STRUCTURED_KINDS if fields.get(k) is not None]
     if len(kinds) != 1:
-        raise RequestError(f"'structured_outputs' needs exactly one of {', '.join(_STRUCTURED_KINDS)}; got "
-                           f"{', '.join(kinds) or 'none'}", param="structured_outputs")  # fmt: skip
+        raise RequestError(
+            f"'structured_outputs' needs exactly one of {', '.join(_STRUCTURED_KINDS)}; got "
+            f"{', '.join(kinds) or 'none'}",
+            param="structured_outputs",
+        )
     try:
         return StructuredOutputsParams(**fields)
     except Exception as exc:  # vLLM's own validation errors are not ValueErrors
@@ -237,8 +251,11 @@ def output_constraint(request: SamplingFields, *, max_tool_calls: int = MAX_TOOL
         parse_tools = bool(request.tools) and request.tool_choice != "none"
     if request.structured_outputs is not None:
         if tool_format is not None or json_schema is not None:
-            raise RequestError("structured_outputs cannot be combined with a constraining tool_choice, "
-                               "parallel_tool_calls=false or response_format", param="structured_outputs")  # fmt: skip
+            raise RequestError(
+                "structured_outputs cannot be combined with a constraining tool_choice, "
+                "parallel_tool_calls=false or response_format",
+                param="structured_outputs",
+            )
         params = _structured_outputs(request.structured_outputs)
         return Constraint(params, "structured_outputs", parse_tools)
     if tool_format is None and json_schema is None:
@@ -280,6 +297,10 @@ def tool_choice_outputs(
             schema the engine cannot build a grammar from.
         ValueError: if `max_tool_calls` is below 1.
     """
-    body = {"messages": [{"role": "user", "content": ""}], "tools": [dict(t) for t in tools],
-            "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls}  # fmt: skip
+    body = {
+        "messages": [{"role": "user", "content": ""}],
+        "tools": [dict(t) for t in tools],
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": parallel_tool_calls,
+    }
     return output_constraint(parse_request(ChatCompletionRequest, body), max_tool_calls=max_tool_calls).params

@@ -36,8 +36,11 @@ def engine_failure(call: PreparedCall, exc: EngineError) -> Exception:
 def failed_request(call: PreparedCall) -> Exception:
     """The error for a request the engine ended with finish_reason `error` (no turn was sampled)."""
     if call.constraint.param is not None:  # e.g. a grammar the engine could not compile
-        return RequestError(f"the engine could not sample under the constraint from '{call.constraint.param}' "
-                            "(e.g. a recursive schema with no finite value)", param=call.constraint.param)  # fmt: skip
+        return RequestError(
+            f"the engine could not sample under the constraint from '{call.constraint.param}' "
+            "(e.g. a recursive schema with no finite value)",
+            param=call.constraint.param,
+        )
     return EngineError("the engine ended the request with an error")
 
 

@@ -170,8 +170,10 @@ class RequestPreparer:
             chat = has_messages
         request = parse_request(ChatCompletionRequest if chat else CompletionRequest, body, self.defaults)
         if request.stream and streaming is False:
-            raise RequestError("stream=true is served over HTTP (or `OpenAIServing.stream`); this call returns one "
-                               "response", param="stream")  # fmt: skip
+            raise RequestError(
+                "stream=true is served over HTTP (or `OpenAIServing.stream`); this call returns one response",
+                param="stream",
+            )
         tid = self._trajectory_id(request, trajectory_id)
         if isinstance(request, ChatCompletionRequest):
             call = self._prepare_chat(request, tid)
@@ -186,15 +188,23 @@ class RequestPreparer:
 
     def _trajectory_id(self, request: SamplingFields, header_id: str | None) -> str | None:
         if request.model is not None and request.model != self.model_name:
-            raise RequestError(f"model {request.model!r} does not exist; this server serves {self.model_name!r}",
-                               status=404, param="model", kind="not_found_error")  # fmt: skip
+            raise RequestError(
+                f"model {request.model!r} does not exist; this server serves {self.model_name!r}",
+                status=404,
+                param="model",
+                kind="not_found_error",
+            )
         if header_id is not None and not 1 <= len(header_id) <= 256:
-            raise RequestError(f"the {TRAJECTORY_HEADER} header must hold 1 to 256 characters, got {len(header_id)}",
-                               param="trajectory_id")  # fmt: skip
+            raise RequestError(
+                f"the {TRAJECTORY_HEADER} header must hold 1 to 256 characters, got {len(header_id)}",
+                param="trajectory_id",
+            )
         if header_id is not None and request.trajectory_id is not None and header_id != request.trajectory_id:
-            raise RequestError(f"the {TRAJECTORY_HEADER} header ({header_id!r}) and the body's trajectory_id "
-                               f"({request.trajectory_id!r}) name different trajectories: give one, or the same id",
-                               param="trajectory_id")  # fmt: skip
+            raise RequestError(
+                f"the {TRAJECTORY_HEADER} header ({header_id!r}) and the body's trajectory_id "
+                f"({request.trajectory_id!r}) name different trajectories: give one, or the same id",
+                param="trajectory_id",
+            )
         tid = header_id if header_id is not None else request.trajectory_id
         if tid is not None and request.n != 1:
             raise RequestError("trajectory capture records one sample per call: use n=1", param="n")
@@ -212,8 +222,9 @@ class RequestPreparer:
             try:
                 renderer = ChatRenderer(self.tokenizer, template_kwargs=template_kwargs, strict=False)
             except Exception as exc:
-                raise RequestError(f"the chat template fails with these chat_template_kwargs: {exc}",
-                                   param="chat_template_kwargs") from None  # fmt: skip
+                raise RequestError(
+                    f"the chat template fails with these chat_template_kwargs: {exc}", param="chat_template_kwargs"
+                ) from None
         with self._lock:
             renderer = self._renderers.setdefault(key, renderer)
             self._renderers.move_to_end(key)
@@ -228,8 +239,12 @@ class RequestPreparer:
         key = json.dumps(renderer.template_kwargs, sort_keys=True)
         if problem is not None and key not in self._warned:
             self._warned.add(key)
-            logger.warning("captured calls with chat_template_kwargs %s are not continued token by token, each starts "
-                           "a new token run of its trajectory: %s", key, problem)  # fmt: skip
+            logger.warning(
+                "captured calls with chat_template_kwargs %s are not continued token by token, each starts "
+                "a new token run of its trajectory: %s",
+                key,
+                problem,
+            )
         return problem
 
     def _prepare_chat(self, request: ChatCompletionRequest, tid: str | None) -> PreparedCall:
@@ -244,10 +259,19 @@ class RequestPreparer:
             raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
         constraint = output_constraint(request, max_tool_calls=self.max_tool_calls)
         sampling = self._sampling(request, len(prompt_ids), [renderer.end_of_turn_id], constraint)
-        return PreparedCall(request, prompt_ids, sampling, tid, continued, weight_version=self.engine.weight_version,
-                            messages=messages, tools=tools, constraint=constraint,
-                            template_kwargs=request.chat_template_kwargs,
-                            capture_problem=self._capture_problem(renderer, tid))  # fmt: skip
+        return PreparedCall(
+            request,
+            prompt_ids,
+            sampling,
+            tid,
+            continued,
+            weight_version=self.engine.weight_version,
+            messages=messages,
+            tools=tools,
+            constraint=constraint,
+            template_kwargs=request.chat_template_kwargs,
+            capture_problem=self._capture_problem(renderer, tid),
+        )
 
     def _prepare_completion(self, request: CompletionRequest, tid: str | None) -> PreparedCall:
         prompt_ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
@@ -261,16 +285,26 @@ class RequestPreparer:
         continued = self.recorder.completion_continues(tid, prompt_ids)
         constraint = output_constraint(request)
         sampling = self._sampling(request, len(prompt_ids), [], constraint)
-        return PreparedCall(request, prompt_ids, sampling, tid, continued, constraint=constraint,
-                            weight_version=self.engine.weight_version)
+        return PreparedCall(
+            request,
+            prompt_ids,
+            sampling,
+            tid,
+            continued,
+            constraint=constraint,
+            weight_version=self.engine.weight_version,
+        )
 
-    def _sampling(self, request: SamplingFields, prompt_len: int, stop_ids: list[int],
-                  constraint: Constraint) -> SamplingConfig:  # fmt: skip
+    def _sampling(
+        self, request: SamplingFields, prompt_len: int, stop_ids: list[int], constraint: Constraint
+    ) -> SamplingConfig:
         room = self.engine.max_model_len - prompt_len
         if room < 1:
-            raise RequestError(f"the prompt has {prompt_len} tokens; the model window (max_model_len) is "
-                               f"{self.engine.max_model_len}, which leaves no room for a completion",
-                               param="messages" if isinstance(request, ChatCompletionRequest) else "prompt")  # fmt: skip
+            raise RequestError(
+                f"the prompt has {prompt_len} tokens; the model window (max_model_len) is "
+                f"{self.engine.max_model_len}, which leaves no room for a completion",
+                param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+            )
         vocabulary = len(self.tokenizer)
         if any(t >= vocabulary for t in request.stop_token_ids or []):
             raise RequestError(f"stop_token_ids must be below the vocabulary size {vocabulary}", param="stop_token_ids")

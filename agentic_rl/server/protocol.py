@@ -60,34 +60,73 @@ TRAJECTORY_HEADER = "X-Trajectory-Id"
 
 # Real OpenAI request fields that do not change what is sampled: accepted, and ignored.
 IGNORED_FIELDS = (
-    "metadata", "store", "user", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-)  # fmt: skip
+    "metadata",
+    "store",
+    "user",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+)
 # Real OpenAI request fields that would change the output and are not implemented: a 400 unless they hold the
 # value given here (or null).
 UNSUPPORTED_FIELDS: dict[str, dict[str, Any]] = {
-    "chat": {"audio": None, "modalities": ["text"], "prediction": None, "web_search_options": None,
-             "functions": None, "function_call": None, "reasoning_effort": None, "verbosity": None,
-             "logit_bias": {}},
+    "chat": {
+        "audio": None,
+        "modalities": ["text"],
+        "prediction": None,
+        "web_search_options": None,
+        "functions": None,
+        "function_call": None,
+        "reasoning_effort": None,
+        "verbosity": None,
+        "logit_bias": {},
+    },
     "completion": {"echo": False, "best_of": 1, "suffix": None, "logit_bias": {}},
-}  # fmt: skip
+}
 
 # Defaults a reply reports when its request leaves the field out: they differ from OpenAI's (which samples up to the
 # model window, at temperature 1, without top-k), so a client may not expect them.
 REPORTED_DEFAULTS = ("max_tokens", "temperature", "top_k")
 # Fields a server may give other defaults (`agentic-rl serve --default KEY=VALUE`); `chat_template_kwargs` is chat's.
 DEFAULTABLE_FIELDS = (
-    "max_tokens", "temperature", "top_p", "top_k", "min_p", "min_tokens", "frequency_penalty", "presence_penalty",
-    "repetition_penalty", "seed", "stop", "stop_token_ids", "chat_template_kwargs",
-)  # fmt: skip
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "min_tokens",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "chat_template_kwargs",
+)
 
 # Strict: an int is a number, a string such as "0.5" or a bool is a 400, as in the OpenAI API.
 _Float = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # apply_chat_template's own arguments: chat_template_kwargs may not override them.
-_TEMPLATE_ARGUMENTS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs",
-})  # fmt: skip
+_TEMPLATE_ARGUMENTS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 
 
 def error_body(exc: RequestError) -> dict[str, Any]:
@@ -470,8 +509,9 @@ class ChatCompletionRequest(SamplingFields):
             raise RequestError("tool_choice 'required' needs tools", param="tool_choice")
         for name in wanted:
             if name not in names:
-                raise RequestError(f"tool_choice names {name!r}, which is not among the request's tools",
-                                   param="tool_choice")  # fmt: skip
+                raise RequestError(
+                    f"tool_choice names {name!r}, which is not among the request's tools", param="tool_choice"
+                )
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", param="top_logprobs")
 
@@ -543,9 +583,7 @@ def check_defaults(defaults: dict[str, Any]) -> dict[str, Any]:
     return dict(defaults)
 
 
-def parse_request(
-    model: type[SamplingFields], body: Any, defaults: dict[str, Any] | None = None
-) -> SamplingFields:
+def parse_request(model: type[SamplingFields], body: Any, defaults: dict[str, Any] | None = None) -> SamplingFields:
     """Validate a request body.
 
     Args:

@@ -50,18 +50,28 @@ class ResponseBuilder:
             choice: dict[str, Any] = {"index": i}
             if call.chat:
                 message, finish = self.message(call, text, gen.finish_reason)
-                choice.update(message=message, finish_reason=finish,
-                              logprobs=self.chat_logprobs(call, gen.token_ids, gen.logprobs, gen.top_logprobs))  # fmt: skip
+                choice.update(
+                    message=message,
+                    finish_reason=finish,
+                    logprobs=self.chat_logprobs(call, gen.token_ids, gen.logprobs, gen.top_logprobs),
+                )
             else:
-                choice.update(text=text, finish_reason=gen.finish_reason,
-                              logprobs=self.completion_logprobs(call, gen.token_ids, gen.logprobs, gen.top_logprobs))  # fmt: skip
+                choice.update(
+                    text=text,
+                    finish_reason=gen.finish_reason,
+                    logprobs=self.completion_logprobs(call, gen.token_ids, gen.logprobs, gen.top_logprobs),
+                )
             choice.update(token_ids=gen.token_ids, sampled_logprobs=finite_logprobs(gen.logprobs))
             choices.append(choice)
         return {
-            "id": call.id, "object": "chat.completion" if call.chat else "text_completion", "created": call.created,
-            "model": self.model_name, "choices": choices, "usage": token_usage(call, [g.token_ids for g in generations]),
+            "id": call.id,
+            "object": "chat.completion" if call.chat else "text_completion",
+            "created": call.created,
+            "model": self.model_name,
+            "choices": choices,
+            "usage": token_usage(call, [g.token_ids for g in generations]),
             "prompt_token_ids": call.prompt_ids,
-        }  # fmt: skip
+        }
 
     # ---- text -----------------------------------------------------------------------------------------------
 
@@ -95,22 +105,28 @@ class ResponseBuilder:
         if at is None:
             return {"role": "assistant", "content": text}, finish_reason
         head = text[:at].rstrip()
-        calls = [c for c in find_tool_calls(_complete_calls(text, finish_reason), call.tools)[1] if isinstance(c, ToolCall)]
+        calls = [
+            c for c in find_tool_calls(_complete_calls(text, finish_reason), call.tools)[1] if isinstance(c, ToolCall)
+        ]
         if not all(_encodable(c.name) for c in calls):
             calls = []
         if not calls:
             return {"role": "assistant", "content": head if finish_reason == "length" else text}, finish_reason
         tool_calls = [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": _dumps(c.arguments)}}
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": _dumps(c.arguments)},
+            }
             for c in calls
-        ]  # fmt: skip
+        ]
         return {"role": "assistant", "content": head or None, "tool_calls": tool_calls}, "tool_calls"
 
     # ---- logprobs -------------------------------------------------------------------------------------------
 
-    def chat_logprobs(self, call: PreparedCall, ids: list[int], logprobs: list[float],
-                      tops: list[dict[int, float]] | None) -> dict[str, Any] | None:  # fmt: skip
+    def chat_logprobs(
+        self, call: PreparedCall, ids: list[int], logprobs: list[float], tops: list[dict[int, float]] | None
+    ) -> dict[str, Any] | None:
         """A chat choice's `logprobs` (`{"content": [...], "refusal": None}`), or None if the request asks none."""
         request = call.request
         assert isinstance(request, ChatCompletionRequest)
@@ -120,14 +136,23 @@ class ResponseBuilder:
         content = []
         for pos, (token_id, lp) in enumerate(zip(ids, logprobs, strict=True)):
             ranked = sorted((tops[pos] if tops else {}).items(), key=lambda kv: -kv[1])[:k]
-            content.append({
-                **self.token_texts.entry(token_id), "logprob": _finite_one(lp),
-                "top_logprobs": [{**self.token_texts.entry(t), "logprob": _finite_one(v)} for t, v in ranked],
-            })  # fmt: skip
+            content.append(
+                {
+                    **self.token_texts.entry(token_id),
+                    "logprob": _finite_one(lp),
+                    "top_logprobs": [{**self.token_texts.entry(t), "logprob": _finite_one(v)} for t, v in ranked],
+                }
+            )
         return {"content": content, "refusal": None}
 
-    def completion_logprobs(self, call: PreparedCall, ids: list[int], logprobs: list[float],
-                            tops: list[dict[int, float]] | None, offset: int = 0) -> dict[str, Any] | None:  # fmt: skip
+    def completion_logprobs(
+        self,
+        call: PreparedCall,
+        ids: list[int],
+        logprobs: list[float],
+        tops: list[dict[int, float]] | None,
+        offset: int = 0,
+    ) -> dict[str, Any] | None:
         """A completion choice's `logprobs` (tokens, token_logprobs, top_logprobs, text_offset from `offset`
         characters), or None if the request asks none."""
         request = call.request
@@ -145,8 +170,12 @@ class ResponseBuilder:
             top = {self.token_texts.entry(t)["token"]: _finite_one(v) for t, v in ranked}
             top.setdefault(tokens[pos], _finite_one(logprobs[pos]))
             top_list.append(top)
-        return {"tokens": tokens, "token_logprobs": finite_logprobs(logprobs), "top_logprobs": top_list,
-                "text_offset": offsets}  # fmt: skip
+        return {
+            "tokens": tokens,
+            "token_logprobs": finite_logprobs(logprobs),
+            "top_logprobs": top_list,
+            "text_offset": offsets,
+        }
 
 
 def token_usage(call: PreparedCall, ids: list[list[int]]) -> dict[str, int]:
@@ -169,12 +198,24 @@ def record_call(
         text: the choice's final text (a whole chat response records `""`, a streamed one its final text).
     """
     assert call.trajectory_id is not None
-    recorder.record(call.trajectory_id, CapturedTurn(
-        call.prompt_ids, gen.token_ids, gen.logprobs, call.continued, gen.finish_reason, messages=call.messages,
-        response_message=message, tools=call.tools, text=text, template_kwargs=call.template_kwargs,
-        streamed=call.request.stream, weight_version=call.weight_version,
-        weight_versions=sampled_versions(gen, call.weight_version),
-    ))  # fmt: skip
+    recorder.record(
+        call.trajectory_id,
+        CapturedTurn(
+            call.prompt_ids,
+            gen.token_ids,
+            gen.logprobs,
+            call.continued,
+            gen.finish_reason,
+            messages=call.messages,
+            response_message=message,
+            tools=call.tools,
+            text=text,
+            template_kwargs=call.template_kwargs,
+            streamed=call.request.stream,
+            weight_version=call.weight_version,
+            weight_versions=sampled_versions(gen, call.weight_version),
+        ),
+    )
 
 
 def _call_start(text: str) -> int | None:

@@ -78,9 +78,16 @@ class OpenAIServing:
         self.recorder = recorder or TrajectoryRecorder(self.renderer)
         self.created = int(time.time())
         self.token_texts = TokenTexts(tokenizer)
-        self.preparer = RequestPreparer(engine, tokenizer, self.renderer, model_name=model_name, recorder=self.recorder,
-                                        max_tokens_cap=max_tokens_cap, max_tool_calls=max_tool_calls,
-                                        defaults=defaults)  # fmt: skip
+        self.preparer = RequestPreparer(
+            engine,
+            tokenizer,
+            self.renderer,
+            model_name=model_name,
+            recorder=self.recorder,
+            max_tokens_cap=max_tokens_cap,
+            max_tool_calls=max_tool_calls,
+            defaults=defaults,
+        )
         self.responses = ResponseBuilder(self.renderer, self.token_texts, model_name=model_name)
         self.max_body_bytes = max_body_bytes
         self._cut_warned: set[str] = set()
@@ -105,8 +112,18 @@ class OpenAIServing:
 
     def models(self) -> dict[str, Any]:
         """`GET /v1/models`."""
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": self.created,
-                                             "owned_by": "agentic_rl", "max_model_len": self.engine.max_model_len}]}  # fmt: skip
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "agentic_rl",
+                    "max_model_len": self.engine.max_model_len,
+                }
+            ],
+        }
 
     async def handle(self, body: Any, *, trajectory_id: str | None = None) -> dict[str, Any]:
         """Dispatch a request dict: `messages` -> chat completion, `prompt` -> completion.
@@ -157,9 +174,13 @@ class OpenAIServing:
         if len(self._cut_warned) >= _MAX_WARNED_CLIENTS:
             self._cut_warned.clear()
         self._cut_warned.add(call.client)
-        logger.warning("a reply to %s was cut at max_tokens=%d, the server's default, as the request does not set "
-                       "max_tokens: set it in the request, or start the server with --default max_tokens=N "
-                       "(warned once per client)", call.client, call.defaulted["max_tokens"])  # fmt: skip
+        logger.warning(
+            "a reply to %s was cut at max_tokens=%d, the server's default, as the request does not set "
+            "max_tokens: set it in the request, or start the server with --default max_tokens=N "
+            "(warned once per client)",
+            call.client,
+            call.defaulted["max_tokens"],
+        )
 
     @staticmethod
     def annotate(call: PreparedCall, body: dict[str, Any]) -> None:

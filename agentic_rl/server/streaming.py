@@ -178,18 +178,29 @@ def _closing_pieces(
     if new or not message or not message.get("tool_calls"):
         pieces.append(_piece(call, choice, content=new))
     for j, tool_call in enumerate((message or {}).get("tool_calls") or []):
-        head = {"index": j, "id": tool_call["id"], "type": "function",
-                "function": {"name": tool_call["function"]["name"], "arguments": ""}}  # fmt: skip
+        head = {
+            "index": j,
+            "id": tool_call["id"],
+            "type": "function",
+            "function": {"name": tool_call["function"]["name"], "arguments": ""},
+        }
         pieces.append(_piece(call, choice, tool_calls=[head]))
         arguments = {"index": j, "function": {"arguments": tool_call["function"]["arguments"]}}
         pieces.append(_piece(call, choice, tool_calls=[arguments]))
-    pieces.append({"index": choice.index, **({"delta": {}} if call.chat else {"text": ""}),
-                   "finish_reason": finish, "logprobs": None})  # fmt: skip
+    pieces.append(
+        {
+            "index": choice.index,
+            **({"delta": {}} if call.chat else {"text": ""}),
+            "finish_reason": finish,
+            "logprobs": None,
+        }
+    )
     return pieces
 
 
-def _piece(call: PreparedCall, choice: _Choice, *, content: str = "",
-           tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+def _piece(
+    call: PreparedCall, choice: _Choice, *, content: str = "", tool_calls: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """One choice part of a chunk; a chat choice's first one carries `role`."""
     if not call.chat:
         return {"index": choice.index, "text": content, "logprobs": None, "finish_reason": None}
@@ -209,9 +220,12 @@ def _chunk(
 ) -> dict[str, Any]:
     """One chunk around `choices` (and `usage` for the last chunk, when asked)."""
     chunk: dict[str, Any] = {
-        "id": call.id, "object": "chat.completion.chunk" if call.chat else "text_completion",
-        "created": call.created, "model": responses.model_name, "choices": choices,
-    }  # fmt: skip
+        "id": call.id,
+        "object": "chat.completion.chunk" if call.chat else "text_completion",
+        "created": call.created,
+        "model": responses.model_name,
+        "choices": choices,
+    }
     if usage is not None:
         chunk["usage"] = usage
     if call.trajectory_id is not None:

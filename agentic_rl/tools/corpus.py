@@ -285,8 +285,9 @@ def get_bm25_index(path: str | os.PathLike[str] = DEFAULT_CORPUS_PATH, stemmer: 
         started = time.perf_counter()
         index = BM25Index(corpus, stemmer)
         _INDEX_CACHE[key] = index
-        logger.info("BM25 index of %s (%d docs) built in %.2f s", corpus.path, len(corpus.docs),
-                    time.perf_counter() - started)  # fmt: skip
+        logger.info(
+            "BM25 index of %s (%d docs) built in %.2f s", corpus.path, len(corpus.docs), time.perf_counter() - started
+        )
         return index
 
 

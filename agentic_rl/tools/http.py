@@ -250,8 +250,9 @@ async def request_with_retries(
 
     def log_retry(state: RetryCallState) -> None:
         delay = state.next_action.sleep if state.next_action is not None else 0.0
-        logger.info("%s: %s; retry %d/%d in %.2f s", service, last_error, state.attempt_number, policy.max_retries,
-                    delay)  # fmt: skip
+        logger.info(
+            "%s: %s; retry %d/%d in %.2f s", service, last_error, state.attempt_number, policy.max_retries, delay
+        )
 
     def give_up(state: RetryCallState) -> NoReturn:
         if made < policy.attempts:  # stopped by the deadline

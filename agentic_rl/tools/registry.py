@@ -46,10 +46,14 @@ def build_tools(names: Sequence[str | PluginRef], *, corpus: str | os.PathLike[s
     refs = {i: _plugin(entry) for i, entry in enumerate(names) if not (isinstance(entry, str) and entry in factories)}
     unknown = [str(names[i]) for i, ref in refs.items() if ref is None]
     if unknown:
-        raise ConfigError(f"unknown tool(s): {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}, "
-                          "or a Tool class as 'package.module:Class'")  # fmt: skip
-    return [factories[entry]() if i not in refs else refs[i].build(what=f"tools[{i}]", base=Tool)  # type: ignore[union-attr]
-            for i, entry in enumerate(names)]  # fmt: skip
+        raise ConfigError(
+            f"unknown tool(s): {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}, "
+            "or a Tool class as 'package.module:Class'"
+        )
+    return [
+        factories[entry]() if i not in refs else refs[i].build(what=f"tools[{i}]", base=Tool)  # type: ignore[union-attr]
+        for i, entry in enumerate(names)
+    ]
 
 
 def _plugin(entry: str | PluginRef) -> PluginRef | None:

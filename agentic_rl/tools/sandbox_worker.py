@@ -49,8 +49,14 @@ IS_FORK_CHILD = False
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 8, 32, 4096, 16384
 _MNT_DETACH = 2
-_ST_TO_MS = {os.ST_NOSUID: _MS_NOSUID, os.ST_NODEV: _MS_NODEV, os.ST_NOEXEC: _MS_NOEXEC, os.ST_NOATIME: 1024,
-             os.ST_NODIRATIME: 2048, os.ST_RELATIME: 1 << 21}  # fmt: skip
+_ST_TO_MS = {
+    os.ST_NOSUID: _MS_NOSUID,
+    os.ST_NODEV: _MS_NODEV,
+    os.ST_NOEXEC: _MS_NOEXEC,
+    os.ST_NOATIME: 1024,
+    os.ST_NODIRATIME: 2048,
+    os.ST_RELATIME: 1 << 21,
+}
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -152,8 +158,14 @@ def interpreter_dirs() -> set[str]:
     sandbox must not see them.
     """
     found = set()
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable),
-                  os.path.dirname(os.path.realpath(sys.executable))]  # fmt: skip
+    candidates = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(sys.executable),
+        os.path.dirname(os.path.realpath(sys.executable)),
+    ]
     for p in candidates:
         real = os.path.realpath(p) if p else ""
         if os.path.isdir(real) and real != "/":
@@ -228,8 +240,12 @@ def private_root(workdir: str, uid: int | None, size_mb: int) -> None:
         os.close(work_fd)
         os.makedirs(new_root + "/proc")
         _mount(libc, "proc", new_root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
-        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                             ("stderr", "/proc/self/fd/2")):  # fmt: skip
+        for name, target in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
             os.symlink(target, f"{new_root}/dev/{name}")
         me = os.getuid() if uid is None else uid
         os.makedirs(new_root + "/etc", exist_ok=True)

@@ -234,11 +234,17 @@ class SerperSearchTool(_WebSearchTool):
     async def _search(self, queries: list[str], deadline: float) -> list[list[dict[str, Any]] | str]:
         items = [{"q": q, "num": self.num_results} for q in queries]
         response = await request_with_retries(
-            self._clients.get(), "POST", f"{self.base_url}/search", service=self.service, policy=self.policy,
-            deadline=deadline, auth_hint=self._auth_hint, secrets=[self.api_key],
+            self._clients.get(),
+            "POST",
+            f"{self.base_url}/search",
+            service=self.service,
+            policy=self.policy,
+            deadline=deadline,
+            auth_hint=self._auth_hint,
+            secrets=[self.api_key],
             headers={"X-API-KEY": self.api_key, "Content-Type": "application/json"},
             json=items if len(items) > 1 else items[0],
-        )  # fmt: skip
+        )
         try:
             body = response.json()
         except ValueError as exc:
@@ -285,9 +291,16 @@ class SerpApiSearchTool(_WebSearchTool):
     async def _search_one(self, query: str, deadline: float) -> list[dict[str, Any]]:
         params = {"engine": "google", "q": query, "api_key": self.api_key, "num": self.num_results}
         response = await request_with_retries(
-            self._clients.get(), "GET", f"{self.base_url}/search.json", service=self.service, policy=self.policy,
-            deadline=deadline, auth_hint=self._auth_hint, secrets=[self.api_key], params=params,
-        )  # fmt: skip
+            self._clients.get(),
+            "GET",
+            f"{self.base_url}/search.json",
+            service=self.service,
+            policy=self.policy,
+            deadline=deadline,
+            auth_hint=self._auth_hint,
+            secrets=[self.api_key],
+            params=params,
+        )
         try:
             body = response.json()
         except ValueError as exc:

@@ -130,8 +130,9 @@ class VisitTool(Tool):
             def make_summary_client() -> Any:
                 import openai
 
-                return openai.AsyncOpenAI(base_url=summary_base_url, api_key=summary_key, max_retries=0,
-                                          timeout=self.summary_timeout_s)  # fmt: skip
+                return openai.AsyncOpenAI(
+                    base_url=summary_base_url, api_key=summary_key, max_retries=0, timeout=self.summary_timeout_s
+                )
 
             self._summary_clients = PerLoop(make_summary_client, summary_client)
 
@@ -161,10 +162,16 @@ class VisitTool(Tool):
         deadline = call_deadline(self.timeout_s)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         response = await request_with_retries(
-            self._clients.get(), "GET", f"{self.base_url}/{url}", service="Jina Reader", policy=self.policy,
-            deadline=deadline, auth_hint=f"Check the API key ({JINA_KEY_ENV}).", secrets=[self.api_key or ""],
+            self._clients.get(),
+            "GET",
+            f"{self.base_url}/{url}",
+            service="Jina Reader",
+            policy=self.policy,
+            deadline=deadline,
+            auth_hint=f"Check the API key ({JINA_KEY_ENV}).",
+            secrets=[self.api_key or ""],
             headers=headers,
-        )  # fmt: skip
+        )
         page = response.text.strip()
         if not page:
             raise ToolError(f"Jina Reader returned an empty page for {url}")

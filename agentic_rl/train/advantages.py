@@ -45,8 +45,10 @@ def group_advantages(
     "Understanding R1-Zero-Like Training" for the unscaled variant.
     """
     if not (rewards.shape == group_ids.shape == valid.shape) or rewards.dim() != 1:
-        raise TrajectoryError(f"rewards, group_ids and valid must be equal 1-D shapes, got "
-                              f"{tuple(rewards.shape)}, {tuple(group_ids.shape)}, {tuple(valid.shape)}")  # fmt: skip
+        raise TrajectoryError(
+            f"rewards, group_ids and valid must be equal 1-D shapes, got "
+            f"{tuple(rewards.shape)}, {tuple(group_ids.shape)}, {tuple(valid.shape)}"
+        )
     rewards = rewards.to(torch.float32)
     valid = valid.to(torch.bool)
     if not bool(torch.isfinite(rewards[valid]).all()):
@@ -64,8 +66,16 @@ def group_advantages(
     return torch.where(count[group] > 1, centered, torch.zeros_like(centered))
 
 
-def turn_advantages(returns: torch.Tensor, group_ids: torch.Tensor, turns: torch.Tensor, valid: torch.Tensor, *,
-                    scale_by_std: bool = True, std_floor: float = 0.1, eps: float = 1e-6) -> torch.Tensor:  # fmt: skip
+def turn_advantages(
+    returns: torch.Tensor,
+    group_ids: torch.Tensor,
+    turns: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    scale_by_std: bool = True,
+    std_floor: float = 0.1,
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """Advantage of each step relative to the steps of its group at the same turn index.
 
     The steps of a group's trajectories that share a turn index k share one mean and std: A = (G - mean_{g,k}) /
@@ -118,10 +128,20 @@ def batch_advantages(batch: PackedBatch, *, scale_by_std: bool = True, std_floor
         TrajectoryError: as `group_advantages`.
     """
     if batch.trajectory_turns is not None:
-        per_trajectory = turn_advantages(batch.trajectory_rewards.cpu(), batch.trajectory_group_ids.cpu(),
-                                         batch.trajectory_turns.cpu(), batch.trajectory_valid.cpu(),
-                                         scale_by_std=scale_by_std, std_floor=std_floor)  # fmt: skip
+        per_trajectory = turn_advantages(
+            batch.trajectory_rewards.cpu(),
+            batch.trajectory_group_ids.cpu(),
+            batch.trajectory_turns.cpu(),
+            batch.trajectory_valid.cpu(),
+            scale_by_std=scale_by_std,
+            std_floor=std_floor,
+        )
     else:
-        per_trajectory = group_advantages(batch.trajectory_rewards.cpu(), batch.trajectory_group_ids.cpu(),
-                                          batch.trajectory_valid.cpu(), scale_by_std=scale_by_std, std_floor=std_floor)  # fmt: skip
+        per_trajectory = group_advantages(
+            batch.trajectory_rewards.cpu(),
+            batch.trajectory_group_ids.cpu(),
+            batch.trajectory_valid.cpu(),
+            scale_by_std=scale_by_std,
+            std_floor=std_floor,
+        )
     return per_trajectory.to(batch.row_trajectory.device)[batch.row_trajectory]

@@ -27,8 +27,9 @@ worth thousands of tokens there and only a large padding saving splits a batch."
 DEFAULT_OVERHEAD_TOKENS = 4096
 
 
-def length_buckets(attention_mask: torch.Tensor, prompt_width: int, *, skip: int = 0,
-                   overhead: float | None = None) -> list[torch.Tensor]:  # fmt: skip
+def length_buckets(
+    attention_mask: torch.Tensor, prompt_width: int, *, skip: int = 0, overhead: float | None = None
+) -> list[torch.Tensor]:
     """Row groups that minimize the padded token passes of one forward pass per group.
 
     Rows are ordered by real length (prompt + response) and cut into contiguous runs by dynamic programming over

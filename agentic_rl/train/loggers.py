@@ -127,7 +127,9 @@ class TensorBoardLogger:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:  # torch imports it lazily and needs the tensorboard package
-            raise ConfigError("the tensorboard logger needs the tensorboard package: pip install 'agentic-rl[viz]'") from exc
+            raise ConfigError(
+                "the tensorboard logger needs the tensorboard package: pip install 'agentic-rl[viz]'"
+            ) from exc
         self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
 
@@ -164,8 +166,15 @@ class WandbLogger:
 
     FLUSH_INTERVAL_S = 1.0
 
-    def __init__(self, directory: str | Path, *, project: str = "agentic-rl", name: str | None = None,
-                 config: Mapping[str, Any] | None = None, resume: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        project: str = "agentic-rl",
+        name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        resume: bool = False,
+    ) -> None:
         try:
             import wandb
         except ImportError as exc:
@@ -174,10 +183,14 @@ class WandbLogger:
         earlier = sorted(Path(directory).glob("wandb/offline-run-*-*")) if resume else []
         same = {"id": earlier[-1].name.rsplit("-", 1)[1], "resume": "allow"} if earlier else {}
         self._run = wandb.init(
-            project=project, name=name, dir=str(directory), mode="offline", config=dict(config or {}),
+            project=project,
+            name=name,
+            dir=str(directory),
+            mode="offline",
+            config=dict(config or {}),
             settings=wandb.Settings(console="off", silent=True, x_transaction_log_flush_interval=self.FLUSH_INTERVAL_S),
             **same,
-        )  # fmt: skip
+        )
         self.run_dir = Path(self._run.dir).parent  # `.../offline-run-*/files` -> the run folder
         logger.info("wandb offline run %s in %s%s", self._run.id, self.run_dir, " (resumed)" if same else "")
 
@@ -228,8 +241,15 @@ def build_loggers(
             elif name == "tensorboard":
                 built.append(TensorBoardLogger(out / "tensorboard", purge_step=resume_from))
             else:
-                built.append(WandbLogger(out, project=wandb_project, name=out.resolve().name, config=config,
-                                         resume=resume_from is not None))  # fmt: skip
+                built.append(
+                    WandbLogger(
+                        out,
+                        project=wandb_project,
+                        name=out.resolve().name,
+                        config=config,
+                        resume=resume_from is not None,
+                    )
+                )
     except BaseException:
         for made in built:
             made.close()

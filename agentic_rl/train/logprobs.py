@@ -38,8 +38,13 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 #: Sampling options that change the distribution in ways `SamplingDistribution` does not model, with their neutral
 #: values (vLLM applies them before the temperature: logit bias, penalties; or after it: min-p).
-_UNMODELED = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
-              "logit_bias": None}  # fmt: skip
+_UNMODELED = {
+    "min_p": 0.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +95,18 @@ class SamplingDistribution:
         get = sampling.get if isinstance(sampling, Mapping) else lambda name, default: getattr(sampling, name, default)
         unmodeled = [name for name, neutral in _UNMODELED.items() if get(name, neutral) not in (neutral, {})]
         if unmodeled:
-            raise ConfigError(f"sampling options {unmodeled} change the distribution in ways the trainer's logprobs "
-                              "do not reproduce; only temperature, top_k and top_p are modeled")  # fmt: skip
-        return cls(temperature=float(get("temperature", 1.0)), top_k=int(get("top_k", 0)),
-                   top_p=float(get("top_p", 1.0)))  # fmt: skip
+            raise ConfigError(
+                f"sampling options {unmodeled} change the distribution in ways the trainer's logprobs "
+                "do not reproduce; only temperature, top_k and top_p are modeled"
+            )
+        return cls(
+            temperature=float(get("temperature", 1.0)), top_k=int(get("top_k", 0)), top_p=float(get("top_p", 1.0))
+        )
 
 
-def sampling_logprobs(logits: torch.Tensor, targets: torch.Tensor,
-                      distribution: SamplingDistribution | None = None) -> torch.Tensor:  # fmt: skip
+def sampling_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, distribution: SamplingDistribution | None = None
+) -> torch.Tensor:
     """log P(target) per position under `distribution` of `logits`, computed row by row to bound memory.
 
     P = softmax(logits / temperature) restricted to the tokens the top-k and then the top-p filter keep, and
@@ -127,14 +136,18 @@ def sampling_logprobs(logits: torch.Tensor, targets: torch.Tensor,
         ValueError: if `logits` is not 2-D or 3-D or `targets` is not its shape without the last dimension.
     """
     if logits.dim() not in (2, 3) or tuple(targets.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"logits must be (B, T, V) or (T, V) and targets their shape without V, got "
-                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")  # fmt: skip
+        raise ValueError(
+            f"logits must be (B, T, V) or (T, V) and targets their shape without V, got "
+            f"{tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     if logits.dim() == 2:
         return sampling_logprobs(logits.unsqueeze(0), targets.unsqueeze(0), distribution).squeeze(0)
     if distribution is None or distribution.is_plain:
         return token_logprobs(logits, targets)
-    rows = [_row_logprobs(row.float(), target, distribution) for row, target in
-            zip(logits.unbind(0), targets.unbind(0), strict=True)]  # fmt: skip
+    rows = [
+        _row_logprobs(row.float(), target, distribution)
+        for row, target in zip(logits.unbind(0), targets.unbind(0), strict=True)
+    ]
     return torch.stack(rows) if rows else torch.empty(targets.shape, dtype=torch.float32, device=logits.device)
 
 

@@ -58,8 +58,9 @@ class LoRAConfig(Config):
     rank: int = Field(default=16, ge=1)
     alpha: float = Field(default=32.0, gt=0)
     dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] | Literal["all-linear"] = Field(default_factory=lambda: list(DEFAULT_TARGET_MODULES),
-                                                              min_length=1)  # fmt: skip
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: list(DEFAULT_TARGET_MODULES), min_length=1
+    )
 
 
 def wrap_model(model: torch.nn.Module, config: LoRAConfig) -> Any:
@@ -74,13 +75,20 @@ def wrap_model(model: torch.nn.Module, config: LoRAConfig) -> Any:
     from peft import LoraConfig, get_peft_model
 
     targets = config.target_modules if isinstance(config.target_modules, str) else list(config.target_modules)
-    lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout, target_modules=targets,
-                      bias="none", task_type="CAUSAL_LM")  # fmt: skip
+    lora = LoraConfig(
+        r=config.rank,
+        lora_alpha=config.alpha,
+        lora_dropout=config.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     try:
         return get_peft_model(model, lora)
     except ValueError as exc:
-        raise ConfigError(f"lora.target_modules={config.target_modules!r} fits no layer of "
-                          f"{type(model).__name__}: {exc}") from exc  # fmt: skip
+        raise ConfigError(
+            f"lora.target_modules={config.target_modules!r} fits no layer of {type(model).__name__}: {exc}"
+        ) from exc
 
 
 def is_lora(model: Any) -> bool:
@@ -99,8 +107,9 @@ def adapter_model(model: Any) -> torch.nn.Module:
 
 def _require_lora(model: Any, what: str) -> None:
     if not is_lora(model):
-        raise TrainingError(f"{what} needs a LoRA model (optimizer.lora / lora in the config), got "
-                            f"{type(model).__name__}")  # fmt: skip
+        raise TrainingError(
+            f"{what} needs a LoRA model (optimizer.lora / lora in the config), got {type(model).__name__}"
+        )
 
 
 def save_adapter(model: Any, folder: str | os.PathLike[str]) -> Path:
@@ -144,12 +153,19 @@ def load_adapter(model: Any, folder: str | os.PathLike[str]) -> None:
         raise TrainingError(f"the adapter in {folder} does not fit this model's: {exc}") from exc
     missing = sorted(name for name in result.missing_keys if name in ours)
     if result.unexpected_keys or missing:
-        raise TrainingError(f"the adapter in {folder} does not fit this model's: missing {missing[:3]}, "
-                            f"unexpected {sorted(result.unexpected_keys)[:3]}")  # fmt: skip
+        raise TrainingError(
+            f"the adapter in {folder} does not fit this model's: missing {missing[:3]}, "
+            f"unexpected {sorted(result.unexpected_keys)[:3]}"
+        )
 
 
-def merge_adapter(adapter: str | os.PathLike[str], out: str | os.PathLike[str], *, base: str | None = None,
-                  dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto") -> Path:  # fmt: skip
+def merge_adapter(
+    adapter: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    base: str | None = None,
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+) -> Path:
     """Fold an adapter into its base model and write a plain Hugging Face model folder (peft's `merge_and_unload`:
     W + (alpha / rank) * B @ A for every adapted layer), loadable by `transformers` and vLLM.
 

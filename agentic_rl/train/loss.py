@@ -23,8 +23,14 @@ from agentic_rl.train.shared_prefix import MIN_SHARED_PREFIX, shared_prefix_leng
 __all__ = ["LOG_RATIO_MAX", "LossOutput", "grpo_loss", "response_logprobs", "token_logprobs"]
 
 
-def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = True,  # noqa: ANN001
-                      bucket: bool = True, distribution: SamplingDistribution | None = None) -> torch.Tensor:  # fmt: skip
+def response_logprobs(
+    model: torch.nn.Module,
+    batch,
+    *,
+    share_prefix: bool = True,  # noqa: ANN001
+    bucket: bool = True,
+    distribution: SamplingDistribution | None = None,
+) -> torch.Tensor:
     """Log-probabilities the model gives each response token of a packed batch (`PackedBatch`).
 
     Only the columns that predict response tokens go through the output head when the model takes
@@ -49,8 +55,11 @@ def response_logprobs(model: torch.nn.Module, batch, *, share_prefix: bool = Tru
     p = batch.prompt_width
     r = batch.responses.shape[1]
     if not _forward_takes(model, "logits_to_keep"):
-        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                  "position_ids": batch.position_ids}  # fmt: skip
+        inputs = {
+            "input_ids": batch.input_ids,
+            "attention_mask": batch.attention_mask,
+            "position_ids": batch.position_ids,
+        }
         return sampling_logprobs(model(**inputs).logits[:, p - 1 : p - 1 + r], batch.responses, distribution)
     k = shared_prefix_length(batch.input_ids, batch.attention_mask, p) if share_prefix else 0
     cache = _prefix_cache(model, batch, k) if k >= MIN_SHARED_PREFIX else None
@@ -77,8 +86,9 @@ def _prefix_cache(model: torch.nn.Module, batch, k: int):  # noqa: ANN001, ANN20
     start = p - int(batch.attention_mask[0, :p].sum())
     prefix = batch.input_ids[:1, start : start + k]
     positions = torch.arange(k, device=prefix.device).unsqueeze(0)
-    cache = getattr(model(input_ids=prefix, position_ids=positions, use_cache=True, logits_to_keep=1),
-                    "past_key_values", None)  # fmt: skip
+    cache = getattr(
+        model(input_ids=prefix, position_ids=positions, use_cache=True, logits_to_keep=1), "past_key_values", None
+    )
     return cache if _plain_full_attention(cache) else None
 
 
@@ -97,8 +107,13 @@ def _plain_full_attention(cache: object) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
-def _logprobs(model: torch.nn.Module, batch, cache, k: int,  # noqa: ANN001
-              distribution: SamplingDistribution | None = None) -> torch.Tensor:  # fmt: skip
+def _logprobs(
+    model: torch.nn.Module,
+    batch,
+    cache,
+    k: int,  # noqa: ANN001
+    distribution: SamplingDistribution | None = None,
+) -> torch.Tensor:
     """(B, R) response logprobs (under `distribution`, `sampling_logprobs`) of one forward pass; rows read their
     first k tokens from `cache` when k > 0."""
     inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, "position_ids": batch.position_ids}
@@ -106,10 +121,14 @@ def _logprobs(model: torch.nn.Module, batch, cache, k: int,  # noqa: ANN001
         grown = cache.get_seq_length() - k  # what an earlier group's pass appended to the prefix
         if grown:
             cache.crop(-grown)  # a negative count removes that many tokens, in every transformers version
-        cache.batch_select_indices(torch.zeros(batch.input_ids.shape[0], dtype=torch.int64,
-                                               device=batch.input_ids.device))  # fmt: skip
-        inputs = {**suffix_inputs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_width, k),
-                  "past_key_values": cache, "use_cache": True}  # fmt: skip
+        cache.batch_select_indices(
+            torch.zeros(batch.input_ids.shape[0], dtype=torch.int64, device=batch.input_ids.device)
+        )
+        inputs = {
+            **suffix_inputs(batch.input_ids, batch.attention_mask, batch.position_ids, batch.prompt_width, k),
+            "past_key_values": cache,
+            "use_cache": True,
+        }
     # Exactly the R columns that predict response tokens (P - 1 ... P + R - 2 of the full row): naming them, rather
     # than keeping R + 1 and slicing the last off, spares the backward a zero-filled copy of the (B, R + 1, V) logits.
     r = batch.responses.shape[1]
@@ -165,8 +184,13 @@ class LossOutput:
     is_masked_fraction: torch.Tensor
 
 
-def _aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, sequence_ids: torch.Tensor | None,
-               normalizer: float | None = None) -> torch.Tensor:  # fmt: skip
+def _aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    sequence_ids: torch.Tensor | None,
+    normalizer: float | None = None,
+) -> torch.Tensor:
     """Sum of (B, R) float32 `values` over the response tokens, divided by the count `mode` averages over.
 
     `token-mean` sums every response token (DAPO); `sequence-mean` sums each sequence's token mean (GRPO), a sequence
@@ -205,8 +229,10 @@ def _check_finite(
     proximal_logprobs: torch.Tensor | None = None,
 ) -> None:
     if old_logprobs.shape != new_logprobs.shape or response_mask.shape != new_logprobs.shape:
-        raise TrajectoryError(f"new_logprobs {tuple(new_logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} "
-                              f"and response_mask {tuple(response_mask.shape)} must have one (B, R) shape")  # fmt: skip
+        raise TrajectoryError(
+            f"new_logprobs {tuple(new_logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} "
+            f"and response_mask {tuple(response_mask.shape)} must have one (B, R) shape"
+        )
     if advantages.shape not in (new_logprobs.shape, new_logprobs.shape[:1]):
         raise TrajectoryError(f"advantages must be (B,) or (B, R), got {tuple(advantages.shape)}")
     for name, tensor in (("ref_logprobs", ref_logprobs), ("proximal_logprobs", proximal_logprobs)):
@@ -214,8 +240,12 @@ def _check_finite(
             raise TrajectoryError(f"{name} must be (B, R) like new_logprobs, got {tuple(tensor.shape)}")
     if sequence_ids is not None and sequence_ids.shape != new_logprobs.shape[:1]:
         raise TrajectoryError(f"sequence_ids must be (B,), got {tuple(sequence_ids.shape)}")
-    tensors = {"old_logprobs": old_logprobs, "advantages": advantages, "ref_logprobs": ref_logprobs,
-               "proximal_logprobs": proximal_logprobs}  # fmt: skip
+    tensors = {
+        "old_logprobs": old_logprobs,
+        "advantages": advantages,
+        "ref_logprobs": ref_logprobs,
+        "proximal_logprobs": proximal_logprobs,
+    }
     for name, tensor in tensors.items():
         if tensor is not None and not bool(torch.isfinite(tensor).all()):
             raise TrajectoryError(f"{name} holds {int((~torch.isfinite(tensor)).sum())} NaN or Inf value(s)")
@@ -302,15 +332,30 @@ def grpo_loss(
     kl_clamped = torch.zeros_like(on_response)
     if ref_logprobs is not None and kl_coef:
         kl, kl_clamped = _k3_kl(new, ref_logprobs, mask, loss_agg_mode, sequence_ids, normalizer)
-    return _loss_output(pg_loss + kl_coef * kl, pg_loss, kl, log_ratio, mask, clipped=ratio_clipped | dual, dual=dual,
-                        kl_clamped=kl_clamped, weights=weights)  # fmt: skip
+    return _loss_output(
+        pg_loss + kl_coef * kl,
+        pg_loss,
+        kl,
+        log_ratio,
+        mask,
+        clipped=ratio_clipped | dual,
+        dual=dual,
+        kl_clamped=kl_clamped,
+        weights=weights,
+    )
 
 
 _NO_CORRECTION = OffPolicyConfig(correction="none")
 
 
-def _objective(log_ratio: torch.Tensor, adv: torch.Tensor, weights: ImportanceWeights, clip_low: float,
-               clip_high: float, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def _objective(
+    log_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    weights: ImportanceWeights,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The dual-clipped objective J of each token, times its importance weight when `weights.decoupled`.
 
     Args:
@@ -385,8 +430,14 @@ def _dual_clip(objective: torch.Tensor, adv: torch.Tensor, clip_ratio_c: float) 
     return torch.where(dual, floor, objective), dual
 
 
-def _k3_kl(new: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, mode: str,
-           sequence_ids: torch.Tensor | None, normalizer: float | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _k3_kl(
+    new: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    sequence_ids: torch.Tensor | None,
+    normalizer: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The k3 KL estimate exp(d) - d - 1, d = min(ref - new, LOG_RATIO_MAX) (Schulman 2020), aggregated like the loss.
 
     Unclamped, a token with new logprob -95 and reference -1 would give exp(94) = inf and an infinite loss. Past the
@@ -441,9 +492,16 @@ def _loss_output(
             return (flags & on_response).sum() / tokens
 
         raw = weights.raw[on_response]
-        return LossOutput(loss=loss, pg_loss=pg_loss.detach(), kl=kl.detach(), clip_fraction=share(clipped),
-                          dual_clip_fraction=share(dual), kl_clamp_fraction=share(kl_clamped),
-                          approx_kl_old=(-log_ratio * mask).sum() / tokens, is_weight_mean=raw.sum() / tokens,
-                          is_weight_max=raw.max() if raw.numel() else raw.new_zeros(()),
-                          is_truncated_fraction=share(weights.truncated),
-                          is_masked_fraction=share(weights.masked))  # fmt: skip
+        return LossOutput(
+            loss=loss,
+            pg_loss=pg_loss.detach(),
+            kl=kl.detach(),
+            clip_fraction=share(clipped),
+            dual_clip_fraction=share(dual),
+            kl_clamp_fraction=share(kl_clamped),
+            approx_kl_old=(-log_ratio * mask).sum() / tokens,
+            is_weight_mean=raw.sum() / tokens,
+            is_weight_max=raw.max() if raw.numel() else raw.new_zeros(()),
+            is_truncated_fraction=share(weights.truncated),
+            is_masked_fraction=share(weights.masked),
+        )

@@ -50,13 +50,17 @@ class OffPolicyConfig(Config):
     """
 
     correction: Literal["tis", "mask", "none"] = Field(
-        default="tis", description="tis: truncate w = pi_prox / pi_behav at tis_cap; mask: weight 0 where w (token) "
+        default="tis",
+        description="tis: truncate w = pi_prox / pi_behav at tis_cap; mask: weight 0 where w (token) "
         "or the sequence's geometric-mean w is outside [mask_low, mask_high]; none: plain PPO ratio pi_theta / "
-        "pi_behav (no decoupling)")  # fmt: skip
+        "pi_behav (no decoupling)",
+    )
     tis_cap: float = Field(default=2.0, ge=1, description="upper bound of the importance weight under `tis`")
     mask_level: Literal["token", "sequence"] = Field(
-        default="token", description="under `mask`: mask single tokens, or every token of a sequence whose "
-        "geometric-mean weight is out of bounds")  # fmt: skip
+        default="token",
+        description="under `mask`: mask single tokens, or every token of a sequence whose "
+        "geometric-mean weight is out of bounds",
+    )
     mask_low: float = Field(default=0.5, gt=0, lt=1, description="lowest importance weight kept under `mask`")
     mask_high: float = Field(default=2.0, gt=1, description="highest importance weight kept under `mask`")
 

@@ -65,8 +65,10 @@ def learning_rates(
     """
     cosine = schedule == "cosine"
     if cosine and decay is None:
-        raise ConfigError("lr_schedule: cosine needs lr_decay_steps, the optimizer step at which it reaches its floor "
-                          "(a training config sets it to the run's steps)")  # fmt: skip
+        raise ConfigError(
+            "lr_schedule: cosine needs lr_decay_steps, the optimizer step at which it reaches its floor "
+            "(a training config sets it to the run's steps)"
+        )
 
     def rate(step: int) -> float:
         if step < warmup:

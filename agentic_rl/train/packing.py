@@ -18,8 +18,15 @@ from torch.nn.utils.rnn import pad_sequence
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.types import INSERTED_VERSION, TerminationReason, TokenRun, Trajectory
 
-__all__ = ["ExclusionReason", "PackedBatch", "TokenCounts", "default_group_ids", "exclusion_reason", "is_overlong",
-           "pack_trajectories"]  # fmt: skip
+__all__ = [
+    "ExclusionReason",
+    "PackedBatch",
+    "TokenCounts",
+    "default_group_ids",
+    "exclusion_reason",
+    "is_overlong",
+    "pack_trajectories",
+]
 
 ExclusionReason = Literal["failed", "aborted", "refused", "overlong"]
 """Why a trajectory's sampled tokens stay out of the loss: `exclusion_reason`'s three (the trajectory is then left out
@@ -85,23 +92,44 @@ class TokenCounts:
     @property
     def excluded(self) -> int:
         """Sampled tokens that do not enter the loss, for any reason."""
-        return (self.excluded_failed + self.excluded_aborted + self.excluded_refused + self.excluded_over_length
-                + self.excluded_overlong)  # fmt: skip
+        return (
+            self.excluded_failed
+            + self.excluded_aborted
+            + self.excluded_refused
+            + self.excluded_over_length
+            + self.excluded_overlong
+        )
 
     def as_metrics(self) -> dict[str, int]:
         """`tokens_sampled`, `tokens_trained`, `tokens_excluded` and
         `tokens_excluded_{failed,aborted,refused,over_length,overlong}`."""
         return {
-            "tokens_sampled": self.sampled, "tokens_trained": self.trained, "tokens_excluded": self.excluded,
-            "tokens_excluded_failed": self.excluded_failed, "tokens_excluded_aborted": self.excluded_aborted,
-            "tokens_excluded_refused": self.excluded_refused, "tokens_excluded_over_length": self.excluded_over_length,
+            "tokens_sampled": self.sampled,
+            "tokens_trained": self.trained,
+            "tokens_excluded": self.excluded,
+            "tokens_excluded_failed": self.excluded_failed,
+            "tokens_excluded_aborted": self.excluded_aborted,
+            "tokens_excluded_refused": self.excluded_refused,
+            "tokens_excluded_over_length": self.excluded_over_length,
             "tokens_excluded_overlong": self.excluded_overlong,
-        }  # fmt: skip
+        }
 
 
 #: The per-row fields of a `PackedBatch` (indexed by `select`); the others describe whole trajectories.
-ROW_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "old_logprobs",
-              "weight_versions", "rewards", "group_ids", "valid", "truncated", "row_trajectory")  # fmt: skip
+ROW_FIELDS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "old_logprobs",
+    "weight_versions",
+    "rewards",
+    "group_ids",
+    "valid",
+    "truncated",
+    "row_trajectory",
+)
 
 
 @dataclass
@@ -207,8 +235,9 @@ class _Row:
 _EMPTY = torch.zeros(0, dtype=torch.long)
 
 
-def _run_row(run: TokenRun, i: int, counts: dict[str, int], max_prompt_length: int | None,
-             max_response_length: int | None) -> _Row:  # fmt: skip
+def _run_row(
+    run: TokenRun, i: int, counts: dict[str, int], max_prompt_length: int | None, max_response_length: int | None
+) -> _Row:
     """The row of one run of valid trajectory `i`, cut to the widths; counts its trained and cut tokens."""
     sampled = run.num_sampled
     if max_prompt_length is not None and len(run.prompt_ids) > max_prompt_length:
@@ -222,8 +251,15 @@ def _run_row(run: TokenRun, i: int, counts: dict[str, int], max_prompt_length: i
     counts["excluded_over_length"] += sampled - kept
     logprobs = None if run.response_logprobs is None else torch.tensor(run.response_logprobs[:cut], dtype=torch.float32)
     versions = None if run.weight_versions is None else torch.tensor(run.weight_versions[:cut], dtype=torch.long)
-    return _Row(torch.tensor(run.prompt_ids, dtype=torch.long), torch.tensor(run.response_ids[:cut], dtype=torch.long),
-                mask, logprobs, i, truncated=cut < n, versions=versions)  # fmt: skip
+    return _Row(
+        torch.tensor(run.prompt_ids, dtype=torch.long),
+        torch.tensor(run.response_ids[:cut], dtype=torch.long),
+        mask,
+        logprobs,
+        i,
+        truncated=cut < n,
+        versions=versions,
+    )
 
 
 def pack_trajectories(
@@ -268,8 +304,15 @@ def pack_trajectories(
         group_ids = default_group_ids(trajectories)
     if len(group_ids) != n:
         raise TrajectoryError(f"group_ids has {len(group_ids)} entries for {n} trajectories")
-    counts = {"sampled": 0, "trained": 0, "excluded_failed": 0, "excluded_aborted": 0, "excluded_refused": 0,
-              "excluded_over_length": 0, "excluded_overlong": 0}  # fmt: skip
+    counts = {
+        "sampled": 0,
+        "trained": 0,
+        "excluded_failed": 0,
+        "excluded_aborted": 0,
+        "excluded_refused": 0,
+        "excluded_over_length": 0,
+        "excluded_overlong": 0,
+    }
     per_trajectory: list[int] = []
     valid_list: list[bool] = []
     rows: list[_Row] = []
@@ -292,20 +335,42 @@ def pack_trajectories(
     r = max_response_length if max_response_length is not None else max(max(x.response.numel() for x in rows), 1)
     trajectory_valid = torch.tensor(valid_list, dtype=torch.bool)
     trajectory_rewards = torch.tensor([float(t.trajectory_reward) for t in trajectories]) * trajectory_valid
-    batch = _assemble(rows, p, r, pad_token_id, trajectory_rewards, torch.tensor(list(group_ids), dtype=torch.long),
-                      trajectory_valid, torch.tensor(per_trajectory, dtype=torch.long), TokenCounts(**counts))  # fmt: skip
+    batch = _assemble(
+        rows,
+        p,
+        r,
+        pad_token_id,
+        trajectory_rewards,
+        torch.tensor(list(group_ids), dtype=torch.long),
+        trajectory_valid,
+        torch.tensor(per_trajectory, dtype=torch.long),
+        TokenCounts(**counts),
+    )
     return batch.to(device)
 
 
-def _assemble(rows: list[_Row], p: int, r: int, pad_token_id: int, trajectory_rewards: torch.Tensor,
-              trajectory_group_ids: torch.Tensor, trajectory_valid: torch.Tensor, trajectory_tokens: torch.Tensor,
-              tokens: TokenCounts) -> PackedBatch:  # fmt: skip
+def _assemble(
+    rows: list[_Row],
+    p: int,
+    r: int,
+    pad_token_id: int,
+    trajectory_rewards: torch.Tensor,
+    trajectory_group_ids: torch.Tensor,
+    trajectory_valid: torch.Tensor,
+    trajectory_tokens: torch.Tensor,
+    tokens: TokenCounts,
+) -> PackedBatch:
     """The padded tensors of `rows` (P prompt columns, R response columns) with the trajectory-level fields."""
     # One C++ padding call per field (`pad_sequence`) instead of a Python copy per row and field.
     lp = torch.tensor([x.prompt.numel() for x in rows], dtype=torch.long)
     lr = torch.tensor([x.response.numel() for x in rows], dtype=torch.long)
-    input_ids = torch.cat((_pad([x.prompt for x in rows], p, pad_token_id, "left"),
-                           _pad([x.response for x in rows], r, pad_token_id, "right")), dim=1)  # fmt: skip
+    input_ids = torch.cat(
+        (
+            _pad([x.prompt for x in rows], p, pad_token_id, "left"),
+            _pad([x.response for x in rows], r, pad_token_id, "right"),
+        ),
+        dim=1,
+    )
     response_mask = _pad([x.mask for x in rows], r, 0, "right").float()
     old_logprobs = torch.zeros((len(rows), r), dtype=torch.float32)
     if any(x.logprobs is not None for x in rows):
@@ -323,14 +388,25 @@ def _assemble(rows: list[_Row], p: int, r: int, pad_token_id: int, trajectory_re
     row_trajectory = torch.tensor([x.trajectory for x in rows], dtype=torch.long)
     valid = trajectory_valid[row_trajectory]
     return PackedBatch(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-        responses=input_ids[:, p:].clone(), response_mask=response_mask * valid[:, None], old_logprobs=old_logprobs,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        responses=input_ids[:, p:].clone(),
+        response_mask=response_mask * valid[:, None],
+        old_logprobs=old_logprobs,
         weight_versions=torch.where(response_mask.bool() & valid[:, None], weight_versions, INSERTED_VERSION),
-        rewards=trajectory_rewards[row_trajectory], group_ids=trajectory_group_ids[row_trajectory], valid=valid,
-        truncated=torch.tensor([x.truncated for x in rows], dtype=torch.bool), prompt_width=p,
-        row_trajectory=row_trajectory, trajectory_rewards=trajectory_rewards, trajectory_group_ids=trajectory_group_ids,
-        trajectory_valid=trajectory_valid, trajectory_tokens=trajectory_tokens, tokens=tokens,
-    )  # fmt: skip
+        rewards=trajectory_rewards[row_trajectory],
+        group_ids=trajectory_group_ids[row_trajectory],
+        valid=valid,
+        truncated=torch.tensor([x.truncated for x in rows], dtype=torch.bool),
+        prompt_width=p,
+        row_trajectory=row_trajectory,
+        trajectory_rewards=trajectory_rewards,
+        trajectory_group_ids=trajectory_group_ids,
+        trajectory_valid=trajectory_valid,
+        trajectory_tokens=trajectory_tokens,
+        tokens=tokens,
+    )
 
 
 def _pad(rows: list[torch.Tensor], width: int, value: float, side: str) -> torch.Tensor:

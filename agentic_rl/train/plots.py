@@ -84,7 +84,12 @@ def plot_reward_curve(metrics_path: str | Path, png_path: str | Path) -> Path:
     std = [r.get("reward_std", 0.0) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
     ax.plot(steps, mean, marker="o", label="reward mean")
-    ax.fill_between(steps, [m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)], alpha=0.2)
+    ax.fill_between(
+        steps,
+        [m - s for m, s in zip(mean, std, strict=True)],
+        [m + s for m, s in zip(mean, std, strict=True)],
+        alpha=0.2,
+    )
     if "accuracy" in rows[0]:
         ax.plot(steps, [r["accuracy"] for r in rows], marker="s", label="accuracy")
     ax.set_xlabel("step")
@@ -220,8 +225,12 @@ def write_run_plots(run_dir: str | Path) -> list[Path]:
         written.append(plot_reward_curve(run / "metrics.jsonl", run / "reward_curve.png"))
         written.append(plot_metrics(run / "metrics.jsonl", run / "metrics.png"))
     step_files = sorted(
-        ((int(m.group(1)), p) for p in (run / "rollouts").glob("step_*.jsonl") if (m := re.fullmatch(r"step_(\d+)\.jsonl", p.name))),
-    )  # fmt: skip
+        (
+            (int(m.group(1)), p)
+            for p in (run / "rollouts").glob("step_*.jsonl")
+            if (m := re.fullmatch(r"step_(\d+)\.jsonl", p.name))
+        ),
+    )
     sources = [step_files[0], step_files[-1]] if len(step_files) > 1 else step_files
     lengths = {f"step {k}": read_response_lengths(p) for k, p in sources}
     if not lengths and (run / "trajectories.jsonl").is_file():

@@ -59,8 +59,17 @@ class SFTTrainer:
         ConfigError: for an out-of-range argument.
     """
 
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, lr: float = 1e-4, weight_decay: float = 0.0,
-                 micro_batch_size: int = 4, max_grad_norm: float = 1.0, bf16_autocast: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_token_id: int,
+        lr: float = 1e-4,
+        weight_decay: float = 0.0,
+        micro_batch_size: int = 4,
+        max_grad_norm: float = 1.0,
+        bf16_autocast: bool = False,
+    ) -> None:
         if not (lr > 0 and weight_decay >= 0 and micro_batch_size >= 1 and max_grad_norm > 0):
             raise ConfigError(
                 f"SFTTrainer needs lr > 0, weight_decay >= 0, micro_batch_size >= 1, max_grad_norm > 0; got lr={lr}, "
@@ -110,15 +119,20 @@ class SFTTrainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.steps_done += 1
-        return {"loss": nll_total / total, "tokens": total, "grad_norm": grad_norm,
-                "train_seconds": time.perf_counter() - t0}  # fmt: skip
+        return {
+            "loss": nll_total / total,
+            "tokens": total,
+            "grad_norm": grad_norm,
+            "train_seconds": time.perf_counter() - t0,
+        }
 
     @torch.no_grad()
     def evaluate(self, trajectories: Sequence[Trajectory]) -> float:
         """Mean NLL per trained token (nats) of `trajectories` under the current model, without updating it."""
         device = next(self.model.parameters()).device
-        batch = pack_trajectories([t for t in trajectories if not t.failed], pad_token_id=self.pad_token_id,
-                                  device=device)  # fmt: skip
+        batch = pack_trajectories(
+            [t for t in trajectories if not t.failed], pad_token_id=self.pad_token_id, device=device
+        )
         self.model.eval()
         nll_total, tokens = 0.0, 0.0
         for rows in torch.split(torch.arange(batch.input_ids.shape[0], device=device), self.micro_batch_size):
@@ -152,8 +166,9 @@ class SFTProgress:
         every: steps between two lines (default: a tenth of `total`, at least 1).
     """
 
-    def __init__(self, total: int, label: str = "sft", *, bar: bool = True, console: Any = None,
-                 every: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, total: int, label: str = "sft", *, bar: bool = True, console: Any = None, every: int | None = None
+    ) -> None:
         from rich.console import Console
 
         self.total, self.label = total, label
@@ -171,17 +186,24 @@ class SFTProgress:
 
         self._start = time.monotonic()
         if self._use_bar and not isinstance(sys.stderr, FileProxy):  # no second bar inside another one (a run's)
-            columns = [progress.TextColumn(self.label), progress.BarColumn(), progress.TextColumn("step"),
-                       progress.MofNCompleteColumn(), progress.TextColumn("loss {task.fields[loss]}"),
-                       progress.TimeElapsedColumn(), progress.TextColumn("left"),
-                       progress.TimeRemainingColumn()]  # fmt: skip
+            columns = [
+                progress.TextColumn(self.label),
+                progress.BarColumn(),
+                progress.TextColumn("step"),
+                progress.MofNCompleteColumn(),
+                progress.TextColumn("loss {task.fields[loss]}"),
+                progress.TimeElapsedColumn(),
+                progress.TextColumn("left"),
+                progress.TimeRemainingColumn(),
+            ]
             self._bar = progress.Progress(*columns, console=self.console)
             self._bar.start()
             self._task = self._bar.add_task("", total=self.total, loss="-")
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._bar is not None:
             self._bar.stop()
 

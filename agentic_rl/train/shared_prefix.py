@@ -39,8 +39,9 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return int(torch.nonzero(differs)[0]) if bool(differs.any()) else shortest - 1
 
 
-def suffix_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                  prompt_width: int, k: int) -> dict[str, torch.Tensor]:  # fmt: skip
+def suffix_inputs(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, prompt_width: int, k: int
+) -> dict[str, torch.Tensor]:
     """Each row without its first k real tokens, still left-padded to P - k prompt columns.
 
     Column c of the result holds column c + k of the input (for real tokens of the row's own part the shift is
@@ -55,5 +56,8 @@ def suffix_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, positio
     p = prompt_width
     mask = torch.cat([attention_mask[:, : p - k], attention_mask[:, p:]], dim=1)
     ones = torch.ones(mask.shape[0], k, dtype=mask.dtype, device=mask.device)
-    return {"input_ids": input_ids[:, k:], "attention_mask": torch.cat([ones, mask], dim=1),
-            "position_ids": position_ids[:, k:]}  # fmt: skip
+    return {
+        "input_ids": input_ids[:, k:],
+        "attention_mask": torch.cat([ones, mask], dim=1),
+        "position_ids": position_ids[:, k:],
+    }

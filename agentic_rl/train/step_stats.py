@@ -44,8 +44,15 @@ class LossSums:
     is_masked_fraction: float = 0.0
     lag_gap: dict[int, tuple[float, int]] = field(default_factory=dict)
 
-    def add(self, out: LossOutput, gap: torch.Tensor, *, weight: float, token_share: float,
-            lag_gap: dict[int, tuple[float, int]] | None = None) -> None:  # fmt: skip
+    def add(
+        self,
+        out: LossOutput,
+        gap: torch.Tensor,
+        *,
+        weight: float,
+        token_share: float,
+        lag_gap: dict[int, tuple[float, int]] | None = None,
+    ) -> None:
         """Add one micro-batch.
 
         Args:

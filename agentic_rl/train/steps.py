@@ -40,12 +40,18 @@ def _step_run(step: Step) -> TokenRun:
     run, (start, end) = step.run, step.span
     logprobs = None if run.response_logprobs is None else run.response_logprobs[start:end]
     versions = None if run.weight_versions is None else run.weight_versions[start:end]
-    return TokenRun(prompt_ids=step.prompt_ids, response_ids=run.response_ids[start:end],
-                    response_mask=run.response_mask[start:end], response_logprobs=logprobs, weight_versions=versions)
+    return TokenRun(
+        prompt_ids=step.prompt_ids,
+        response_ids=run.response_ids[start:end],
+        response_mask=run.response_mask[start:end],
+        response_logprobs=logprobs,
+        weight_versions=versions,
+    )
 
 
-def step_rows(trajectory: StepTrajectory, *, gamma: float = 1.0,
-              rewards: Sequence[float] | None = None) -> list[Trajectory]:  # fmt: skip
+def step_rows(
+    trajectory: StepTrajectory, *, gamma: float = 1.0, rewards: Sequence[float] | None = None
+) -> list[Trajectory]:
     """One `Trajectory` per step: its exact prompt, its sampled ids, and reward `mc_return`.
 
     A step's tokens come from the run it was sampled in (`Step.run`, `Step.span`): its prompt is the run's prompt and
@@ -62,14 +68,21 @@ def step_rows(trajectory: StepTrajectory, *, gamma: float = 1.0,
         if step.run is None:
             raise TrajectoryError(f"trajectory {trajectory.idx}, step {k}: no token run recorded")
         if not is_finite_number(reward):
-            raise TrajectoryError(f"trajectory {trajectory.idx}, step {k}: reward must be a finite number, "
-                                  f"got {reward!r}")  # fmt: skip
+            raise TrajectoryError(
+                f"trajectory {trajectory.idx}, step {k}: reward must be a finite number, got {reward!r}"
+            )
     returns = discounted_returns(rewards, gamma)
     rows = []
     for step, g in zip(steps, returns, strict=True):
         step.mc_return = g
-        rows.append(Trajectory.from_runs([_step_run(step)], idx=trajectory.idx, trajectory_reward=g,
-                                         termination_reason=trajectory.termination_reason))  # fmt: skip
+        rows.append(
+            Trajectory.from_runs(
+                [_step_run(step)],
+                idx=trajectory.idx,
+                trajectory_reward=g,
+                termination_reason=trajectory.termination_reason,
+            )
+        )
     return rows
 
 
@@ -119,8 +132,9 @@ class StepUnits:
     lengths: list[int]
 
 
-def step_units(trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] | None = None,
-               gamma: float = 1.0) -> StepUnits:  # fmt: skip
+def step_units(
+    trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] | None = None, gamma: float = 1.0
+) -> StepUnits:
     """Split a rollout into step rows for step-level advantages.
 
     A valid trajectory whose `steps` each point into one of its runs and together hold every token it sampled

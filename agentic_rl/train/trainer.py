@@ -114,15 +114,19 @@ class GRPOConfig(Config):
         given = [f"{name}={value:g}" for name, value in cosine_only.items() if value is not None]
         if self.lr_schedule == "constant" and given:
             one = len(given) == 1
-            raise ValueError(f"{' and '.join(given)} only shape{'s' * one} the cosine schedule: set lr_schedule: "
-                             f"cosine, or remove {'it' if one else 'them'}")  # fmt: skip
+            raise ValueError(
+                f"{' and '.join(given)} only shape{'s' * one} the cosine schedule: set lr_schedule: "
+                f"cosine, or remove {'it' if one else 'them'}"
+            )
         if (
             self.lr_schedule == "cosine"
             and self.lr_decay_steps is not None
             and self.lr_warmup_steps >= self.lr_decay_steps
         ):
-            raise ValueError(f"lr_warmup_steps={self.lr_warmup_steps} must be below lr_decay_steps="
-                             f"{self.lr_decay_steps}: the cosine decays after the warmup")  # fmt: skip
+            raise ValueError(
+                f"lr_warmup_steps={self.lr_warmup_steps} must be below lr_decay_steps="
+                f"{self.lr_decay_steps}: the cosine decays after the warmup"
+            )
         return self
 
 
@@ -184,9 +188,16 @@ class _StepRows:
         sequences = int(torch.unique(batch.row_trajectory[rows]).numel())
         dist = dist or DistContext()
         global_tokens, global_sequences = dist.allreduce_sum([tokens, float(sequences)])
-        return cls(rows=rows, computed=computed, total_tokens=tokens, total_sequences=sequences,
-                   computed_tokens=float(batch.response_mask[computed].sum()), global_tokens=global_tokens,
-                   global_sequences=global_sequences, world_size=dist.world_size)  # fmt: skip
+        return cls(
+            rows=rows,
+            computed=computed,
+            total_tokens=tokens,
+            total_sequences=sequences,
+            computed_tokens=float(batch.response_mask[computed].sum()),
+            global_tokens=global_tokens,
+            global_sequences=global_sequences,
+            world_size=dist.world_size,
+        )
 
     def loss_normalizer(self, loss_agg_mode: str) -> float:
         """`grpo_loss`'s `normalizer` for every micro-batch of this rank: N / W, with N the response tokens
@@ -238,17 +249,27 @@ class GRPOTrainer:
         consecutive_skips: skips since the last optimizer step that was taken.
     """
 
-    def __init__(self, model: torch.nn.Module, *, pad_token_id: int, config: GRPOConfig | None = None,
-                 reference: torch.nn.Module | None = None, dist: DistContext | None = None,
-                 sampling: SamplingDistribution | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        pad_token_id: int,
+        config: GRPOConfig | None = None,
+        reference: torch.nn.Module | None = None,
+        dist: DistContext | None = None,
+        sampling: SamplingDistribution | None = None,
+    ) -> None:
         self.config = config or GRPOConfig()
         cfg = self.config  # the schedule is checked before the model is touched
-        self.learning_rate = learning_rates(cfg.lr, cfg.lr_schedule, warmup=cfg.lr_warmup_steps,
-                                            decay=cfg.lr_decay_steps, floor=cfg.min_lr_ratio)  # fmt: skip
+        self.learning_rate = learning_rates(
+            cfg.lr, cfg.lr_schedule, warmup=cfg.lr_warmup_steps, decay=cfg.lr_decay_steps, floor=cfg.min_lr_ratio
+        )
         if self.config.lora is not None:
             if hasattr(model, "no_sync"):
-                raise ConfigError("optimizer.lora cannot train a DDP wrapper: give the model itself (gradients are "
-                                  "averaged across ranks through `dist`)")  # fmt: skip
+                raise ConfigError(
+                    "optimizer.lora cannot train a DDP wrapper: give the model itself (gradients are "
+                    "averaged across ranks through `dist`)"
+                )
             model = wrap_model(model, self.config.lora)
         self.model = model
         self.sampling = sampling
@@ -273,8 +294,12 @@ class GRPOTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs besides the weights: the optimizer's state and the step counters."""
-        return {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done,
-                "skipped_steps": self.skipped_steps, "consecutive_skips": self.consecutive_skips}  # fmt: skip
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "steps_done": self.steps_done,
+            "skipped_steps": self.skipped_steps,
+            "consecutive_skips": self.consecutive_skips,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned (the model's weights are loaded separately).
@@ -295,8 +320,10 @@ class GRPOTrainer:
             TrainingError: with `config.lora` (push the adapter instead: `save_adapter`).
         """
         if self.config.lora is not None:
-            raise TrainingError("a LoRA trainer's weights reach an engine as an adapter: use save_adapter(folder) "
-                                "and the engine's update_adapter(folder)")  # fmt: skip
+            raise TrainingError(
+                "a LoRA trainer's weights reach an engine as an adapter: use save_adapter(folder) "
+                "and the engine's update_adapter(folder)"
+            )
         return [(name, p.detach()) for name, p in self.module.named_parameters()]
 
     def save_adapter(self, folder: str | Path) -> Path:
@@ -313,9 +340,12 @@ class GRPOTrainer:
         return save_adapter(self.module, folder)
 
     def train_step(
-        self, trajectories: Sequence[Trajectory], *, group_ids: Sequence[int] | None = None,
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        group_ids: Sequence[int] | None = None,
         weight_version: int | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """One GRPO optimizer step on a rollout: every exact token run of every valid trajectory is trained.
 
         A trajectory whose history memory rewrote trains each of its runs, each on its own prompt, all with the
@@ -357,8 +387,17 @@ class GRPOTrainer:
         lr = self.learning_rate(self.steps_done)
         self._set_learning_rate(lr)
         skipped = self._optimizer_step(has_grads, grad_norm)
-        stats = self._step_stats(batch, step, sums, grad_norm=grad_norm, lr=lr, skipped=skipped, t0=t0,
-                                 weight_version=weight_version, outcome=outcome)  # fmt: skip
+        stats = self._step_stats(
+            batch,
+            step,
+            sums,
+            grad_norm=grad_norm,
+            lr=lr,
+            skipped=skipped,
+            t0=t0,
+            weight_version=weight_version,
+            outcome=outcome,
+        )
         return stats.as_metrics()
 
     @property
@@ -381,27 +420,34 @@ class GRPOTrainer:
             with self.model.disable_adapter():
                 return response_logprobs(self._policy, micro, distribution=self.sampling)
 
-    def _pack(self, trajectories: Sequence[Trajectory],
-              group_ids: Sequence[int] | None) -> tuple[PackedBatch, tuple[torch.Tensor, torch.Tensor] | None]:  # fmt: skip
+    def _pack(
+        self, trajectories: Sequence[Trajectory], group_ids: Sequence[int] | None
+    ) -> tuple[PackedBatch, tuple[torch.Tensor, torch.Tensor] | None]:
         """The rollout packed on the model's device, within the configured prompt and response widths: one row per
         run of each trajectory, or per step in `step` mode. In `step` mode also the valid trajectories' rewards and
         sampled-token counts ((V,) float32 each) for the metrics; None in trajectory mode (the batch has them)."""
         cfg = self.config
         device = next(self.module.parameters()).device
-        widths = {"max_prompt_length": cfg.max_prompt_length, "max_response_length": cfg.max_response_length,
-                  "overlong_filter": cfg.overlong_filter}  # fmt: skip
+        widths = {
+            "max_prompt_length": cfg.max_prompt_length,
+            "max_response_length": cfg.max_response_length,
+            "overlong_filter": cfg.overlong_filter,
+        }
         if cfg.advantage == "trajectory":
-            return pack_trajectories(trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device,
-                                     **widths), None  # fmt: skip
+            return pack_trajectories(
+                trajectories, pad_token_id=self.pad_token_id, group_ids=group_ids, device=device, **widths
+            ), None
         units = step_units(trajectories, group_ids=group_ids, gamma=cfg.gamma)
-        batch = pack_trajectories(units.units, pad_token_id=self.pad_token_id, group_ids=units.group_ids,
-                                  device=device, **widths)  # fmt: skip
+        batch = pack_trajectories(
+            units.units, pad_token_id=self.pad_token_id, group_ids=units.group_ids, device=device, **widths
+        )
         batch.trajectory_turns = torch.tensor(units.turns, dtype=torch.long, device=device)
         outcome = (torch.tensor(units.rewards, dtype=torch.float32), torch.tensor(units.lengths, dtype=torch.float32))
         return batch, outcome
 
-    def _accumulate_gradients(self, batch: PackedBatch, advantages: torch.Tensor, step: _StepRows,
-                              weight_version: int | None = None) -> LossSums:  # fmt: skip
+    def _accumulate_gradients(
+        self, batch: PackedBatch, advantages: torch.Tensor, step: _StepRows, weight_version: int | None = None
+    ) -> LossSums:
         """Forward, loss and backward of each micro-batch of `step.computed`, the gradients adding up in `.grad`.
 
         Every micro-batch's loss is normalized by the step's global count (`_StepRows.loss_normalizer`): with N the
@@ -424,8 +470,12 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = LossSums()
         sequence_mask = cfg.off_policy.correction == "mask" and cfg.off_policy.mask_level == "sequence"
-        chunks = _micro_batches(step.computed, batch.row_trajectory, cfg.micro_batch_size,
-                                whole_trajectories=cfg.loss_agg_mode == "sequence-mean" or sequence_mask)  # fmt: skip
+        chunks = _micro_batches(
+            step.computed,
+            batch.row_trajectory,
+            cfg.micro_batch_size,
+            whole_trajectories=cfg.loss_agg_mode == "sequence-mean" or sequence_mask,
+        )
         normalizer = step.loss_normalizer(cfg.loss_agg_mode)
         for i, idx in enumerate(chunks):
             micro = batch.select(idx, trim=True)
@@ -442,8 +492,9 @@ class GRPOTrainer:
         """A DDP wrapper's `no_sync` for every micro-batch but the last, whose backward then averages the gradients."""
         return self.model.no_sync() if (hasattr(self.model, "no_sync") and not last) else nullcontext()
 
-    def _micro_loss(self, micro: PackedBatch, advantages: torch.Tensor,
-                    normalizer: float) -> tuple[torch.Tensor, LossOutput]:  # fmt: skip
+    def _micro_loss(
+        self, micro: PackedBatch, advantages: torch.Tensor, normalizer: float
+    ) -> tuple[torch.Tensor, LossOutput]:
         """The policy's (b, r) float32 response logprobs of a micro-batch (with gradient) and its `grpo_loss`.
 
         Args:
@@ -454,10 +505,21 @@ class GRPOTrainer:
         cfg = self.config
         new = response_logprobs(self._policy, micro, distribution=self.sampling)
         ref = self.reference_logprobs(micro) if self._with_kl else None
-        out = grpo_loss(new, micro.old_logprobs, advantages, micro.response_mask,
-                        clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c,
-                        ref_logprobs=ref, kl_coef=cfg.kl_coef, loss_agg_mode=cfg.loss_agg_mode,
-                        sequence_ids=micro.row_trajectory, normalizer=normalizer, off_policy=cfg.off_policy)  # fmt: skip
+        out = grpo_loss(
+            new,
+            micro.old_logprobs,
+            advantages,
+            micro.response_mask,
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            ref_logprobs=ref,
+            kl_coef=cfg.kl_coef,
+            loss_agg_mode=cfg.loss_agg_mode,
+            sequence_ids=micro.row_trajectory,
+            normalizer=normalizer,
+            off_policy=cfg.off_policy,
+        )
         return new, out
 
     def _clip_gradients(self, step: _StepRows) -> tuple[bool, float]:
@@ -477,8 +539,11 @@ class GRPOTrainer:
         if self.dist is not None:
             self.dist.allreduce_grads_(self.module)  # every rank joins, even with no rows of its own
         has_grads = any(p.grad is not None for p in self.module.parameters())
-        grad_norm = (float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm))
-                     if has_grads else 0.0)  # fmt: skip
+        grad_norm = (
+            float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm))
+            if has_grads
+            else 0.0
+        )
         return has_grads, grad_norm
 
     def _set_learning_rate(self, lr: float) -> None:
@@ -504,8 +569,12 @@ class GRPOTrainer:
         if skipped:
             self.skipped_steps += 1
             self.consecutive_skips += 1
-            logger.warning("non-finite gradient norm %s: optimizer step skipped (%d in a row, %d so far)", grad_norm,
-                           self.consecutive_skips, self.skipped_steps)  # fmt: skip
+            logger.warning(
+                "non-finite gradient norm %s: optimizer step skipped (%d in a row, %d so far)",
+                grad_norm,
+                self.consecutive_skips,
+                self.skipped_steps,
+            )
         elif has_grads:
             self.optimizer.step()
             self.consecutive_skips = 0
@@ -518,10 +587,19 @@ class GRPOTrainer:
             )
         return skipped
 
-    def _step_stats(self, batch: PackedBatch, step: _StepRows, sums: LossSums, *, grad_norm: float, lr: float,
-                    skipped: bool,
-                    t0: float, weight_version: int | None,
-                    outcome: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepStats:  # fmt: skip
+    def _step_stats(
+        self,
+        batch: PackedBatch,
+        step: _StepRows,
+        sums: LossSums,
+        *,
+        grad_norm: float,
+        lr: float,
+        skipped: bool,
+        t0: float,
+        weight_version: int | None,
+        outcome: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> StepStats:
         """The step's metrics; `t0` is its `time.perf_counter()` start, `weight_version` the trainer's version,
         `outcome` the valid trajectories' rewards and lengths when the batch's rows are steps (`_pack`)."""
         mask = batch.response_mask[step.rows]

@@ -214,11 +214,20 @@ def _view_record(record: dict[str, Any], pieces: _Pieces) -> dict[str, Any]:
         step = steps[k] if k < len(steps) else {}
         info = dict(step.get("info") or {})
         text = str(message.get("content") or "")
-        turns.append({
-            "tok": tok, "lp": lp, "wv": wv, "env": env, "text": text, "calls": _clean(_calls(text)),
-            "results": [{"role": m.get("role", ""), "content": str(m.get("content") or "")} for m in after],
-            "not_shown": info.pop("observation_not_shown", None), "info": _clean(info), "reward": _clean(step.get("reward")),
-        })  # fmt: skip
+        turns.append(
+            {
+                "tok": tok,
+                "lp": lp,
+                "wv": wv,
+                "env": env,
+                "text": text,
+                "calls": _clean(_calls(text)),
+                "results": [{"role": m.get("role", ""), "content": str(m.get("content") or "")} for m in after],
+                "not_shown": info.pop("observation_not_shown", None),
+                "info": _clean(info),
+                "reward": _clean(step.get("reward")),
+            }
+        )
     lead = [(start, end) for value, start, end in runs if value == 0 and start == 0]  # inserted before turn 1
     metrics = _clean(record.get("metrics") or {})
     question = next((str(m.get("content") or "") for m in chat if m.get("role") == "user"), "")
@@ -226,14 +235,24 @@ def _view_record(record: dict[str, Any], pieces: _Pieces) -> dict[str, Any]:
     cut = reason in _CUT_REASONS or any(t["info"].get("truncated") for t in turns)
     prompt_ids = record.get("prompt_ids") or []
     return {
-        "idx": record.get("idx"), "task": record.get("task_id"), "source": record.get("source", ""),
-        "reward": _clean(record.get("trajectory_reward")), "failed": bool(record.get("failed")),
-        "error": record.get("error"), "reason": reason, "truncated": cut, "n_turns": len(turns),
-        "generated": int(sum(mask)), "question": question[:300], "metrics": metrics,
+        "idx": record.get("idx"),
+        "task": record.get("task_id"),
+        "source": record.get("source", ""),
+        "reward": _clean(record.get("trajectory_reward")),
+        "failed": bool(record.get("failed")),
+        "error": record.get("error"),
+        "reason": reason,
+        "truncated": cut,
+        "n_turns": len(turns),
+        "generated": int(sum(mask)),
+        "question": question[:300],
+        "metrics": metrics,
         "prompt": pieces.tokenizer.decode(prompt_ids, skip_special_tokens=False) if prompt_ids else "",
-        "prompt_tokens": len(prompt_ids), "lead": token_pieces[lead[0][0] : lead[0][1]] if lead else [],
-        "continuous": len(record.get("runs") or ()) <= 1, "turns": turns,
-    }  # fmt: skip
+        "prompt_tokens": len(prompt_ids),
+        "lead": token_pieces[lead[0][0] : lead[0][1]] if lead else [],
+        "continuous": len(record.get("runs") or ()) <= 1,
+        "turns": turns,
+    }
 
 
 def view_records(records: Sequence[dict[str, Any]], tokenizer: Any) -> dict[str, Any]:
@@ -308,8 +327,12 @@ def build_view(
 
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(name)))
     data = view_records(records, tokenizer)
-    data.update(title=run.resolve().name, run_dir=str(run.resolve()), page_size=page_size,
-                model=model or run_model(run) or getattr(tokenizer, "name_or_path", ""))  # fmt: skip
+    data.update(
+        title=run.resolve().name,
+        run_dir=str(run.resolve()),
+        page_size=page_size,
+        model=model or run_model(run) or getattr(tokenizer, "name_or_path", ""),
+    )
     template = resources.files("agentic_rl.viewer").joinpath("template.html").read_text(encoding="utf-8")
     page = template.replace("__RUN_DATA__", _embed_json(data), 1)
     out = Path(output) if output is not None else run / "view.html"
