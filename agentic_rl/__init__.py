@@ -26,8 +26,8 @@ from agentic_rl.errors import (
 )
 from agentic_rl.models import DEFAULT_MODEL, resolve_model
 from agentic_rl.parser import ToolCall, ToolCallError, parse_tool_calls
+from agentic_rl.rewards.functions import final_answer_text, gsm8k_reward
 from agentic_rl.rollout.harness import TrajectoryCheckpoint, run_trajectory
-from agentic_rl.rollout.rewards import final_answer_text, gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.session import Rollout, RolloutResult, SuspendedRollout
 from agentic_rl.rollout.spec import HarnessConfig, RolloutSpec

@@ -100,14 +100,14 @@ class DerivedModel:
 DERIVED: dict[str, DerivedModel] = {
     TOOL_MODEL: DerivedModel(
         base=DEFAULT_MODEL,
-        build="agentic_rl.sft:build_tool_model",
-        fingerprint="agentic_rl.sft:tool_model_fingerprint",
+        build="agentic_rl.loop.sft:build_tool_model",
+        fingerprint="agentic_rl.loop.sft:tool_model_fingerprint",
         description="SmolLM2-135M-Instruct fine-tuned to call a calculator (GSM8K traces), built on first use",
     ),
     RESEARCH_MODEL: DerivedModel(
         base=TOOL_MODEL,
-        build="agentic_rl.sft:build_research_model",
-        fingerprint="agentic_rl.sft:research_model_fingerprint",
+        build="agentic_rl.loop.sft:build_research_model",
+        fingerprint="agentic_rl.loop.sft:research_model_fingerprint",
         description="the tool model fine-tuned to search and visit (examples/sft_research.yaml: HotpotQA research "
         "traces from the file's second half), built on first use",
     ),

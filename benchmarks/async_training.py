@@ -71,7 +71,7 @@ from common import Goal, save, table, verdict
 
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.tool_env import ToolEnvironment
-from agentic_rl.rollout.continuous import ContinuousRollout
+from agentic_rl.loop.scheduler import ContinuousRollout
 
 Z99 = NormalDist().inv_cdf(0.99)
 TOOLS = {"slow": (2.0, 20.0), "fast": (0.05, 0.5)}  # median and p99 seconds

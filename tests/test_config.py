@@ -96,7 +96,7 @@ def test_a_boolean_is_no_number_for_any_numeric_setting(build, field, value):
 
 
 def test_a_list_of_numbers_refuses_booleans_in_it():
-    from agentic_rl.sft import SFTConfig
+    from agentic_rl.loop.sft import SFTConfig
 
     assert SFTConfig(call_weights=[2, 1.5, 0]).call_weights == [2.0, 1.5, 0.0]
     with pytest.raises(ConfigError, match=r"SFTConfig\.call_weights=\[1.0, True, 1.0\] is invalid: numbers are expected"):
@@ -185,7 +185,7 @@ def test_an_agent_of_your_own_refuses_the_built_in_reward_shaping_it_would_ignor
 
 def test_a_run_with_an_agent_of_your_own_resumes_from_its_recorded_config(tmp_path):
     """The recorded config.json holds every field at its value: defaults written out are not settings to refuse."""
-    from agentic_rl.loop_config import load_run_config
+    from agentic_rl.loop.config import load_run_config
 
     given = {
         "agent": "examples.custom_agent:ReflectingAgent",
@@ -203,7 +203,7 @@ def test_a_run_with_an_agent_of_your_own_resumes_from_its_recorded_config(tmp_pa
 )
 def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
     from agentic_rl.data import SHARED_DATA
-    from agentic_rl.sft import SFTConfig
+    from agentic_rl.loop.sft import SFTConfig
 
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
@@ -219,7 +219,7 @@ def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
 def test_evaluation_is_greedy_by_default_and_otherwise_sampled_with_the_same_seed_every_time():
     from types import SimpleNamespace
 
-    from agentic_rl.loop import _sampling
+    from agentic_rl.loop.run import _sampling
 
     def run(**overrides):
         return SimpleNamespace(config=TrainConfig(data="arithmetic:train:4", **overrides), dist=SimpleNamespace(rank=1))

@@ -174,7 +174,7 @@ def test_train_config_takes_a_column_mapping_from_yaml_and_overrides(tmp_path):
 
 def test_a_milestones_column_becomes_the_tasks_milestones_that_a_real_search_can_reach():
     from agentic_rl.data import SHARED_DATA
-    from agentic_rl.rollout.turn_rewards import milestone_reward, task_milestones
+    from agentic_rl.rewards.turns import milestone_reward, task_milestones
     from agentic_rl.tools.search import LocalSearchTool
 
     data = SHARED_DATA / "hotpotqa_dev_distractor_500.jsonl"
@@ -198,7 +198,7 @@ def test_a_milestones_column_becomes_the_tasks_milestones_that_a_real_search_can
 
 def test_a_training_config_refuses_milestones_it_would_not_use_or_could_not_read(tmp_path):
     from agentic_rl.loop import TrainConfig
-    from agentic_rl.loop_config import config_tasks
+    from agentic_rl.loop.config import config_tasks
 
     rows = [{"question": "q1", "answer": "1", "docs": ["a", "b"]}, {"question": "q2", "answer": "2", "docs": [3, 4]}]
     data = tmp_path / "tasks.jsonl"

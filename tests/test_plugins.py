@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop_config import TrainConfig
+from agentic_rl.loop.config import TrainConfig
 from agentic_rl.plugins import PluginRef, load_object
-from agentic_rl.rollout.training import load_classes
+from agentic_rl.loop.sources import load_classes
 from agentic_rl.tools.base import Tool
 from agentic_rl.tools.calculator import CalculatorTool
 from agentic_rl.tools.registry import build_tools

@@ -295,7 +295,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def _run_sft(args: argparse.Namespace) -> int:
-    from agentic_rl.sft import SFTConfig, run_sft
+    from agentic_rl.loop.sft import SFTConfig, run_sft
     from agentic_rl.train.sft import SFTProgress
 
     config = SFTConfig.from_yaml(args.config, args.set)

@@ -162,8 +162,8 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
     """
     from agentic_rl.data import load_tasks
     from agentic_rl.errors import ConfigError
+    from agentic_rl.rewards.functions import resolve_reward
     from agentic_rl.rollout.records import finished_records
-    from agentic_rl.rollout.rewards import resolve_reward
     from agentic_rl.tools.registry import TOOL_NAMES
 
     resuming = args.resume is not None
@@ -259,7 +259,7 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     reward_fn = plan.reward_fn
     if plan.judge:
         from agentic_rl.engine.chat_client import EngineChatClient
-        from agentic_rl.rollout.rewards import LLMJudgeReward
+        from agentic_rl.rewards.functions import LLMJudgeReward
 
         reward_fn = LLMJudgeReward(client=EngineChatClient(engine, renderer))
     spec = tool_agent_spec(

@@ -33,8 +33,8 @@ from agentic_rl.errors import (
 )
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import action_text, split_thought
+from agentic_rl.rewards.turns import credit_turns, environment_turn_reward, milestone_reward, task_milestones
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
-from agentic_rl.rollout.turn_rewards import credit_turns, environment_turn_reward, milestone_reward, task_milestones
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
 __all__ = [

@@ -8,7 +8,7 @@ The training loop, the command line and `ToolAgentEngineWrapper` build one spec 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -21,29 +21,9 @@ from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment
 from agentic_rl.limits import AtLeastOne
 from agentic_rl.memory import MemorySimple
+from agentic_rl.rewards.base import RewardCallable, RewardWithMetrics
 
 __all__ = ["HarnessConfig", "RewardCallable", "RewardWithMetrics", "RolloutSpec"]
-
-RewardCallable = Callable[[dict[str, Any], Sequence[dict[str, str]]], float]
-"""`reward_fn(task, messages) -> float`: the reward of a finished trajectory's final answer."""
-
-
-class RewardWithMetrics(float):
-    """A reward (a `float`) that carries per-trajectory metrics: the harness adds `metrics` to the trajectory's
-    `metrics` (e.g. the LLM judge's `judge_failures`, an F1 reported beside the reward). Everything else reads it as
-    the plain number.
-
-    Args:
-        value: the reward.
-        metrics: metric name -> number (floats or ints; JSON-serializable).
-    """
-
-    metrics: dict[str, float]
-
-    def __new__(cls, value: float, metrics: Mapping[str, float] | None = None) -> RewardWithMetrics:
-        reward = super().__new__(cls, value)
-        reward.metrics = dict(metrics or {})
-        return reward
 
 
 class HarnessConfig(Config):

@@ -119,7 +119,7 @@ def batch_advantages(batch: PackedBatch, *, scale_by_std: bool = True, std_floor
     Group statistics are taken over trajectories (`batch.trajectory_rewards`, `trajectory_group_ids`,
     `trajectory_valid`), not rows: a trajectory split into several runs by memory weighs once in its group's mean
     and std, and each of its runs gets the same advantage. A batch of steps (`batch.trajectory_turns` set, see
-    `train.steps.step_units`) takes them per group and turn index instead (`turn_advantages`).
+    `train.turn_rows.step_units`) takes them per group and turn index instead (`turn_advantages`).
 
     Returns:
         (B,) float32 on the batch's device, 0 on rows of invalid trajectories.

@@ -164,7 +164,7 @@ class PackedBatch:
         trajectory_tokens: (N,) int64, tokens each trajectory sampled, over all its runs.
         tokens: where the sampled tokens went (`TokenCounts`).
         trajectory_turns: (N,) int64, the turn index of each packed trajectory when the packed "trajectories" are the
-            steps of a rollout (`train.steps.step_units`, step-level advantages: group statistics are then taken per
+            steps of a rollout (`train.turn_rows.step_units`, step-level advantages: group statistics are then taken per
             group and turn index); None (default) when each packed trajectory is a whole one.
     """
 

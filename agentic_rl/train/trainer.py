@@ -25,7 +25,7 @@ from agentic_rl.train.off_policy import OffPolicyConfig, lag_sums
 from agentic_rl.train.optim import adamw, learning_rates, load_optimizer_state
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
 from agentic_rl.train.step_stats import LossSums, StepStats
-from agentic_rl.train.steps import step_units
+from agentic_rl.train.turn_rows import step_units
 from agentic_rl.types import Trajectory
 
 __all__ = ["GRPOConfig", "GRPOTrainer"]
@@ -75,7 +75,7 @@ class GRPOConfig(Config):
         advantage: `trajectory` (default): every token of a trajectory gets its trajectory's group-relative
             advantage. `step`: each turn of a trajectory is its own row (its exact prompt: the run's prompt and
             everything before the turn; its sampled ids), rewarded with its discounted return from `Step.reward`
-            (`train.steps.step_units`), and normalized within its task group per turn index (`turn_advantages`).
+            (`train.turn_rows.step_units`), and normalized within its task group per turn index (`turn_advantages`).
             In step mode a row is a sequence of its own (`sequence-mean`, `sequence`-level masking), and the widths
             apply to each row: a late turn's prompt holds the turns before it.
         gamma: discount of the step returns in `step` mode, in [0, 1] (1: each turn is credited with every reward

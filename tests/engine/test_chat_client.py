@@ -13,7 +13,7 @@ from agentic_rl.engine.base import Generation
 from agentic_rl.engine.chat_client import ChatClient, EngineChatClient
 from agentic_rl.errors import ConfigError, EngineAbortedError, EngineError, RewardError
 from agentic_rl.memory import ChatSummaryClient, MemorySummary, SummaryClient, summary_request
-from agentic_rl.rollout.rewards import LLMJudgeReward, judge_verdict
+from agentic_rl.rewards.functions import LLMJudgeReward, judge_verdict
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 TASK = {"question": "What is the capital of France?", "ground_truth": "Paris"}

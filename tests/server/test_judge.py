@@ -7,7 +7,7 @@ import pytest
 
 def test_llm_judge_reward_asks_the_local_server(base_url, serving):
     from agentic_rl.errors import RewardError
-    from agentic_rl.rollout.rewards import LLMJudgeReward
+    from agentic_rl.rewards.functions import LLMJudgeReward
 
     judge = LLMJudgeReward(f"{base_url}/v1", model="smollm2")
     task = {"question": "What is the capital of France?", "ground_truth": "Paris"}

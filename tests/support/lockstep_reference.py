@@ -13,8 +13,8 @@ import sys
 
 import anyio
 
-from agentic_rl.loop import _sampling, _set_up, load_train_config, weights_digest
-from agentic_rl.rollout.training import refuse_untrainable
+from agentic_rl.loop.run import _sampling, _set_up, load_train_config, weights_digest
+from agentic_rl.loop.sources import refuse_untrainable
 from agentic_rl.train.distributed import init_from_env, shard
 
 

@@ -14,7 +14,7 @@ from support.train_runs import answer_group, write_train_config
 
 from agentic_rl.cli import main
 from agentic_rl.errors import ConfigError, TrainingError
-from agentic_rl.loop_lora import restore_weights
+from agentic_rl.loop.weight_sync import restore_weights
 from agentic_rl.train.checkpoints import load_state, save_checkpoint, weights_digest
 from agentic_rl.train.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, LoRAConfig, adapter_model, wrap_model
 from agentic_rl.train.loss import response_logprobs
@@ -152,7 +152,7 @@ def test_sft_with_lora_writes_the_merged_model_and_the_adapter(tmp_path, tiny):
     from transformers import AutoModelForCausalLM
 
     from agentic_rl.data import SHARED_DATA
-    from agentic_rl.sft import SFTConfig, run_sft
+    from agentic_rl.loop.sft import SFTConfig, run_sft
 
     if not (SHARED_DATA / "gsm8k_train.jsonl").is_file():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
@@ -190,7 +190,7 @@ def test_lora_training_resumed_from_a_checkpoint_ends_with_the_weights_of_an_uni
 
     from support.processes import cli_command, run
 
-    from agentic_rl.loop_lora import TMPFS
+    from agentic_rl.loop.weight_sync import TMPFS
 
     started = time.time()
     settings = {"steps": 2, "checkpoint_every": 1, "keep_checkpoints": 2,
@@ -217,7 +217,7 @@ def test_adapter_folders_of_a_run_whose_process_is_gone_are_removed_by_the_next_
     import subprocess
     import sys
 
-    from agentic_rl.loop_lora import FOLDER_PREFIX, remove_orphaned_folders
+    from agentic_rl.loop.weight_sync import FOLDER_PREFIX, remove_orphaned_folders
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True).stdout.strip()  # fmt: skip

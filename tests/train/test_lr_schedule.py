@@ -11,7 +11,7 @@ import torch
 from support.train_runs import answer_group, write_train_config
 
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop_config import load_train_config
+from agentic_rl.loop.config import load_train_config
 from agentic_rl.train.checkpoints import weights_digest
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
 

@@ -89,7 +89,7 @@ def test_a_derived_model_is_built_once_and_rebuilt_when_its_recipe_changes(tmp_p
 
 def test_research_traces_come_from_the_second_half_and_need_the_rollouts_system_prompt(tokenizer, tmp_path):
     from agentic_rl.data import SHARED_DATA, iter_jsonl
-    from agentic_rl.sft import SFTConfig, synthesize_traces, tool_model_fingerprint
+    from agentic_rl.loop.sft import SFTConfig, synthesize_traces, tool_model_fingerprint
 
     data = SHARED_DATA / "hotpotqa_dev_distractor_500.jsonl"
     if not data.is_file():
@@ -139,7 +139,7 @@ def test_sft_on_the_tiny_model_reports_step_loss_and_time_left_as_log_lines_off_
     import re
 
     from agentic_rl.data import SHARED_DATA
-    from agentic_rl.sft import SFTConfig, run_sft
+    from agentic_rl.loop.sft import SFTConfig, run_sft
     from agentic_rl.train.sft import SFTProgress
 
     if not (SHARED_DATA / "gsm8k_train.jsonl").is_file():
@@ -193,7 +193,7 @@ def test_sft_progress_draws_a_bar_with_step_loss_and_time_left_on_a_terminal(cap
 def test_building_the_tool_model_reports_its_steps(tmp_path, monkeypatch, caplog):
     import logging
 
-    from agentic_rl import sft
+    from agentic_rl.loop import sft
     from agentic_rl.train.sft import SFTProgress
 
     seen = {}
@@ -220,14 +220,14 @@ def test_building_the_tool_model_reports_its_steps(tmp_path, monkeypatch, caplog
 async def test_traces_are_synthesized_from_inside_an_event_loop(tokenizer):
     """`agentic-rl train` builds a missing tool model on first use, from async code: the replay that records the
     traces runs its own event loop, which must not clash with the caller's."""
-    from agentic_rl.sft import SFTConfig, synthesize_traces
+    from agentic_rl.loop.sft import SFTConfig, synthesize_traces
 
     kept, counts = synthesize_traces(SFTConfig(traces=3), tokenizer)
     assert len(kept) == counts["kept"] == 3 and counts["alignment_mismatches"] == 0
 
 
 def test_bf16_autocast_auto_follows_the_cpus_native_bf16_and_the_fingerprint_records_the_choice(monkeypatch, tmp_path):
-    from agentic_rl.sft import SFTConfig, tool_model_fingerprint
+    from agentic_rl.loop.sft import SFTConfig, tool_model_fingerprint
     from ascend import device
 
     for flags, expected in (({"avx2", "fma"}, False), ({"avx512f", "avx512_bf16"}, True), ({"amx_bf16"}, True),

@@ -1,4 +1,4 @@
-"""What a training run rolls out with (`agentic_rl.rollout.training`): a user's agent behind `AgentRollout`, a
+"""What a training run rolls out with (`agentic_rl.loop.sources`): a user's agent behind `AgentRollout`, a
 user's environment or tools under the harness, and the gate that refuses records the engine did not sample. A
 scripted engine stands in for vLLM here; tests/test_loop_custom.py trains the real thing."""
 
@@ -17,7 +17,7 @@ from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import ConfigError, TrainingError
 from agentic_rl.plugins import PluginRef
 from agentic_rl.rollout.spec import HarnessConfig, RolloutSpec
-from agentic_rl.rollout.training import AgentRollout, SpecRollout, build_training_rollout, refuse_untrainable
+from agentic_rl.loop.sources import AgentRollout, SpecRollout, build_training_rollout, refuse_untrainable
 from agentic_rl.rollout.wrapper import BaseEngineWrapper
 from agentic_rl.types import TokenRun, Trajectory
 

@@ -21,7 +21,7 @@ import anyio
 
 from agentic_rl.engine.base import PausableEngine, TrainableEngine
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop_config import (
+from agentic_rl.loop.config import (
     EngineSection,
     RolloutSection,
     TrainConfig,
@@ -30,9 +30,9 @@ from agentic_rl.loop_config import (
     load_train_config,
     system_prompt,
 )
-from agentic_rl.loop_lora import WeightSync, lora_engine_options, restore_weights
-from agentic_rl.loop_metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
-from agentic_rl.loop_rewards import check_reward, reward_figures, reward_keys, train_reward
+from agentic_rl.loop.metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
+from agentic_rl.loop.rewards import check_reward, reward_figures, reward_keys, train_reward
+from agentic_rl.loop.weight_sync import WeightSync, lora_engine_options, restore_weights
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint, weights_digest
 from agentic_rl.types import write_trajectories
@@ -348,9 +348,9 @@ async def _start_rollouts(
         ConfigError: if the engine cannot take new weights, or a class the config names cannot be loaded or built.
     """
     from agentic_rl.chat import ChatRenderer
+    from agentic_rl.loop.sources import build_training_rollout, load_classes
     from agentic_rl.rollout.agent import start_engine
     from agentic_rl.rollout.spec import HarnessConfig
-    from agentic_rl.rollout.training import build_training_rollout, load_classes
 
     r = config.rollout
     harness = HarnessConfig(
@@ -455,7 +455,7 @@ def _feed(run: _Run, state: dict[str, Any] | None) -> Any:
     sharded by group), batch s sampled with step s's options, admitted under `rollout.max_staleness`, with
     `rollout.dynamic_sampling` (one rank only) extra draws from the same order; resuming, the checkpoint's admitted
     but untrained groups are rolled out again first."""
-    from agentic_rl.rollout.continuous import ContinuousRollout, PendingGroup
+    from agentic_rl.loop.scheduler import ContinuousRollout, PendingGroup
     from agentic_rl.train.distributed import shard
 
     r = run.config.rollout
@@ -512,8 +512,8 @@ async def _train_step(run: _Run, step: int, started: float) -> StepFigures:
     the whole rollout), one GRPO step on their trajectories in a worker thread, then the new weights into the engine
     (asleep during the GRPO step when `engine.sleep_while_training`; generation paused during it with the `pause`
     placement, running on with `overlap`). Their task ids go to the task ids file, in training order."""
-    from agentic_rl.rollout.continuous import drop_stale_groups
-    from agentic_rl.rollout.training import refuse_untrainable
+    from agentic_rl.loop.scheduler import drop_stale_groups
+    from agentic_rl.loop.sources import refuse_untrainable
 
     config = run.config
     sleep = config.engine.sleep_while_training

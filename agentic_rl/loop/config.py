@@ -339,7 +339,7 @@ def config_tasks(config: TrainConfig, field: str, limit: int | None = None) -> l
         ConfigError: naming the field and its value, for a spec or file that gives no tasks, or, with
             `rollout.milestone_weight`, naming the task whose `milestones` is not a list of non-empty strings.
     """
-    from agentic_rl.rollout.turn_rewards import task_milestones
+    from agentic_rl.rewards.turns import task_milestones
 
     spec = getattr(config, field)
     try:

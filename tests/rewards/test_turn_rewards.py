@@ -12,7 +12,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.rollout.harness import HarnessConfig
-from agentic_rl.rollout.rewards import gsm8k_reward
+from agentic_rl.rewards.functions import gsm8k_reward
 from agentic_rl.rollout.session import Rollout
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool

@@ -1,7 +1,7 @@
 """Every reward call is bounded in wall-clock time: a reward that never returns fails its own trajectory (a reward
 error, never trained on), its siblings finish, cancellation does not wait for it, and the rollout goes on.
 
-math-verify runs in worker processes (`agentic_rl.rollout.reward_pool`) killed past their bound; any other reward is
+math-verify runs in worker processes (`agentic_rl.rewards.pool`) killed past their bound; any other reward is
 waited for at most `HarnessConfig.reward_timeout_s`. The tests show each bound by what returns first (or at all),
 never by timing it: elapsed seconds are only printed.
 """
@@ -18,10 +18,10 @@ from support.engines import CountingEnvironment, ScriptedEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.errors import RewardError
-from agentic_rl.rollout import rewards
+from agentic_rl.rewards import functions as rewards
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
-from agentic_rl.rollout.reward_pool import RewardProcessPool
-from agentic_rl.rollout.reward_worker import math_verify_score
+from agentic_rl.rewards.pool import RewardProcessPool
+from agentic_rl.rewards.worker import math_verify_score
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool
@@ -218,7 +218,7 @@ def test_a_process_reward_of_ones_own_is_killed_past_its_bound_and_serves_on():
 
 
 async def test_cancelling_a_rollout_while_math_verify_runs_away_does_not_wait_for_it(tokenizer, pool, monkeypatch):
-    from agentic_rl.rollout import reward_pool
+    from agentic_rl.rewards import pool as reward_pool
 
     monkeypatch.setattr(reward_pool, "math_verify_pool", lambda: pool)
     monkeypatch.setattr(rewards, "MATH_VERIFY_TIMEOUT_S", 3600.0)  # neither bound is what ends it

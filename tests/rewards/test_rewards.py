@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentic_rl.errors import ConfigError, RewardError
-from agentic_rl.rollout.rewards import (
+from agentic_rl.rewards.functions import (
     answer_f1,
     extract_gsm8k_answer,
     extract_number_answer,
@@ -64,7 +64,7 @@ def test_short_answer_extraction_prefers_tags_then_answer_is_then_last_line():
 
 def test_rewards_resolve_by_name_or_import_path():
     assert resolve_reward("gsm8k") is gsm8k_reward
-    assert resolve_reward("agentic_rl.rollout.rewards:hotpotqa_f1_reward") is hotpotqa_f1_reward
+    assert resolve_reward("agentic_rl.rewards.functions:hotpotqa_f1_reward") is hotpotqa_f1_reward
     with pytest.raises(ConfigError, match="unknown reward"):
         resolve_reward("nope")
     with pytest.raises(ConfigError, match="cannot import"):

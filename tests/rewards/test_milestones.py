@@ -10,12 +10,12 @@ from support.engines import SteeredEngine
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import EnvStepError
-from agentic_rl.loop_config import TrainConfig
+from agentic_rl.loop.config import TrainConfig
 from agentic_rl.rollout.harness import HarnessConfig
-from agentic_rl.rollout.rewards import gsm8k_reward
+from agentic_rl.rewards.functions import gsm8k_reward
 from agentic_rl.rollout.session import Rollout
 from agentic_rl.rollout.spec import RolloutSpec
-from agentic_rl.rollout.turn_rewards import milestone_reward, task_milestones
+from agentic_rl.rewards.turns import milestone_reward, task_milestones
 from agentic_rl.tools.calculator import CalculatorTool
 
 WEIGHT = 0.6

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from support.processes import cli_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = {
     "model": "tiny-random-smollm2", "steps": 2, "seed": 0,
     "rollout": {"tasks_per_step": 2, "group_size": 3, "n_parallel_agents": 8, "max_steps": 2, "max_prompt_length": 1024,

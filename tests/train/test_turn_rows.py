@@ -8,7 +8,7 @@ import torch
 from agentic_rl.errors import TrajectoryError
 from agentic_rl.train.advantages import turn_advantages
 from agentic_rl.train.packing import pack_trajectories
-from agentic_rl.train.steps import discounted_returns, step_rewards, step_rows, step_units
+from agentic_rl.train.turn_rows import discounted_returns, step_rewards, step_rows, step_units
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TokenRun
 
 

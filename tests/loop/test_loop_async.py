@@ -13,7 +13,7 @@ import yaml
 from support.processes import cli_command, run
 from support.train_runs import write_train_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
 
 

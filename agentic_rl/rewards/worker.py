@@ -1,4 +1,4 @@
-"""The worker program of `agentic_rl.rollout.reward_pool`: one persistent Python process that scores answers.
+"""The worker program of `agentic_rl.rewards.pool`: one persistent Python process that scores answers.
 
 `RewardProcessPool` runs this file by path, ``[sys.executable, <this file>, <JSON config>]``; the config holds the
 parent's ``sys.path`` and the modules to import before the worker answers ``("ready",)``. It then reads one request

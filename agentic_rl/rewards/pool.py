@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from agentic_rl.errors import RewardError
-from agentic_rl.rollout.reward_worker import read_frame, write_frame
+from agentic_rl.rewards.worker import read_frame, write_frame
 
 __all__ = ["DEFAULT_WORKERS", "RewardProcessPool", "math_verify_pool"]
 
 DEFAULT_WORKERS = max(2, min(4, os.cpu_count() or 1))
 """Worker processes of a pool by default: a hung worker leaves at least one other free."""
 
-WORKER_PROGRAM = Path(__file__).with_name("reward_worker.py")
+WORKER_PROGRAM = Path(__file__).with_name("worker.py")
 
 
 class _Worker:

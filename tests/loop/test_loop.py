@@ -19,7 +19,7 @@ from agentic_rl.errors import ConfigError
 from agentic_rl.loop import load_train_config
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 
 
 def test_config_overrides_and_validation(tmp_path):

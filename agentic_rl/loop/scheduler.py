@@ -49,7 +49,7 @@ from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.rollout.runner import check_n_parallel_agents
 from agentic_rl.train.packing import exclusion_reason, is_overlong
-from agentic_rl.train.steps import step_rewards
+from agentic_rl.train.turn_rows import step_rewards
 from agentic_rl.types import Trajectory
 
 __all__ = ["ContinuousRollout", "Group", "PendingGroup", "drop_stale_groups"]

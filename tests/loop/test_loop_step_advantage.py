@@ -15,7 +15,7 @@ from support.train_runs import write_train_config
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop import load_train_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_step_advantage_settings_load_and_bad_values_name_their_key(tmp_path):

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from agentic_rl.loop_config import TrainConfig
+from agentic_rl.loop.config import TrainConfig
 
 __all__ = ["WeightSync", "lora_engine_options", "remove_orphaned_folders", "restore_weights"]
 

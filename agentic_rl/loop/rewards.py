@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop_config import TrainConfig
+from agentic_rl.loop.config import TrainConfig
 
 __all__ = ["JUDGE", "JUDGE_COUNTS", "check_reward", "reward_figures", "reward_keys", "train_reward"]
 
@@ -29,7 +29,7 @@ def check_reward(config: TrainConfig) -> None:
     Raises:
         ConfigError: naming the unknown reward or metric, or the unset API key variable.
     """
-    from agentic_rl.rollout.rewards import resolve_reward
+    from agentic_rl.rewards.functions import resolve_reward
 
     if config.agent is not None:
         return
@@ -62,7 +62,7 @@ def train_reward(config: TrainConfig, engine: Any, renderer: Any) -> Any:
     Raises:
         ConfigError: for an unknown reward or metric name, or an unset API key variable.
     """
-    from agentic_rl.rollout.rewards import LLMJudgeReward, MetricsReward, resolve_reward
+    from agentic_rl.rewards.functions import LLMJudgeReward, MetricsReward, resolve_reward
 
     if config.agent is not None:
         return None

@@ -240,7 +240,7 @@ def math_verify_reward(prediction: str, gold: str | Sequence[str]) -> float:
     Raises:
         RewardError: if no spelling of the ground truth parses, or math-verify did not finish in time.
     """
-    from agentic_rl.rollout.reward_pool import math_verify_pool
+    from agentic_rl.rewards.pool import math_verify_pool
 
     spellings = [gold] if isinstance(gold, str) else list(gold)
     return float(math_verify_pool().call("math_verify", (prediction, spellings), timeout_s=MATH_VERIFY_TIMEOUT_S))
@@ -376,7 +376,7 @@ def judge_verdict(reply: str) -> float | None:
 
 
 def _judged(value: float, *, calls: int, failures: int) -> float:
-    from agentic_rl.rollout.spec import RewardWithMetrics
+    from agentic_rl.rewards.base import RewardWithMetrics
 
     return RewardWithMetrics(value, {"judge_calls": calls, "judge_failures": failures})
 
@@ -511,7 +511,7 @@ class MetricsReward:
         self.reward_fn, self.metrics = reward_fn, dict(metrics)
 
     def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
-        from agentic_rl.rollout.spec import RewardWithMetrics
+        from agentic_rl.rewards.base import RewardWithMetrics
 
         reward = self.reward_fn(task, messages)
         values = dict(getattr(reward, "metrics", None) or {})
@@ -548,7 +548,7 @@ class ProcessReward:
         self.name, self.module_name, self.timeout_s = name, module_name, timeout_s
 
     def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
-        from agentic_rl.rollout.reward_pool import shared_pool
+        from agentic_rl.rewards.pool import shared_pool
 
         args = (task, list(messages))
         return float(shared_pool((self.module_name,)).call(self.name, args, timeout_s=self.timeout_s))

@@ -18,9 +18,9 @@ from support.processes import cli_env
 from agentic_rl.data import load_tasks
 from agentic_rl.errors import ConfigError, RewardError
 from agentic_rl.loop import load_train_config
-from agentic_rl.loop_config import system_prompt
-from agentic_rl.loop_rewards import check_reward, reward_figures, reward_keys, train_reward
-from agentic_rl.rollout.rewards import (
+from agentic_rl.loop.config import system_prompt
+from agentic_rl.loop.rewards import check_reward, reward_figures, reward_keys, train_reward
+from agentic_rl.rewards.functions import (
     LLMJudgeReward,
     MetricsReward,
     extract_short_answer,
@@ -31,7 +31,7 @@ from agentic_rl.rollout.rewards import (
 from agentic_rl.rollout.spec import RewardWithMetrics
 from agentic_rl.train.distributed import init_from_env
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "deep_research" / "deep_research_search_judge.yaml"
 HOTPOTQA = ROOT.parent / "shared" / "data" / "hotpotqa_dev_distractor_500.jsonl"
 TASK = {"question": "Which city is the capital of France?", "ground_truth": "Paris"}

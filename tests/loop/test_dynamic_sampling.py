@@ -20,7 +20,7 @@ import torch
 
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.rollout.continuous import ContinuousRollout, Group, PendingGroup
+from agentic_rl.loop.scheduler import ContinuousRollout, Group, PendingGroup
 from agentic_rl.types import Step, StepTrajectory, Trajectory
 
 pytestmark = pytest.mark.anyio
@@ -156,7 +156,7 @@ async def test_without_constant_groups_dynamic_sampling_changes_nothing():
 
 async def test_a_step_of_constant_groups_only_draws_every_time_then_trains_them(caplog):
     sim = _Rollout(4, p_constant=1.0, failures=False)
-    with caplog.at_level(logging.WARNING, logger="agentic_rl.rollout.continuous"):
+    with caplog.at_level(logging.WARNING, logger="agentic_rl.loop.scheduler"):
         out, _ = await _train(_feed(sim, k=1, steps=2, per_step=2, draws=3), range(2))
     for step, trained, constant, counts, _ in out:
         assert constant == [] and all(g.idle for g in trained)

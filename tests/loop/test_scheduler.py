@@ -15,7 +15,7 @@ import torch
 
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.rollout.continuous import ContinuousRollout, Group, PendingGroup, drop_stale_groups
+from agentic_rl.loop.scheduler import ContinuousRollout, Group, PendingGroup, drop_stale_groups
 from agentic_rl.types import TokenRun, Trajectory
 
 pytestmark = pytest.mark.anyio
