@@ -11,6 +11,7 @@ that changes ids for many tokenizers (SmolLM2 re-encodes two sampled `Ċ` tokens
 - `alignment`: `check_alignment`, a trajectory's ids against a full re-render of its conversation.
 """
 
-from agentic_rl.chat.renderer import AlignmentReport, ChatRenderer, Segment, check_alignment
+from agentic_rl.chat.alignment import AlignmentReport, check_alignment
+from agentic_rl.chat.renderer import ChatRenderer, Segment
 
 __all__ = ["AlignmentReport", "ChatRenderer", "Segment", "check_alignment"]
