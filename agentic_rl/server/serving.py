@@ -20,8 +20,8 @@ from agentic_rl.engine.base import Engine
 from agentic_rl.server.capture import TrajectoryRecorder
 from agentic_rl.server.constraints import MAX_TOOL_CALLS
 from agentic_rl.server.engine_calls import generate_choices
+from agentic_rl.server.json_body import parse_json
 from agentic_rl.server.prepare import PreparedCall, RequestPreparer
-from agentic_rl.server.protocol import parse_json
 from agentic_rl.server.responses import ResponseBuilder, finite_logprobs, record_call
 from agentic_rl.server.streaming import ChunkStream, stream_chunks
 from agentic_rl.server.tokens import TokenTexts
@@ -155,7 +155,7 @@ class OpenAIServing:
         self, body: Any, *, trajectory_id: str | None = None, chat: bool | None = None, streaming: bool | None = None
     ) -> PreparedCall:
         """`prepare` in a worker thread: validating, rendering and tokenizing a large request leave the event loop
-        free for other requests. `body` may be the raw bytes of an HTTP body (decoded by `protocol.parse_json`).
+        free for other requests. `body` may be the raw bytes of an HTTP body (decoded by `json_body.parse_json`).
 
         Raises:
             RequestError: for a body that is not acceptable JSON or an invalid request (400), an unknown model (404).

@@ -355,7 +355,7 @@ def test_the_rollout_renders_with_chat_template_kwargs_too(engine, thinking_toke
 def test_a_deep_body_is_refused_unread_whatever_the_recursion_limit():
     """Libraries raise the process's recursion limit; past it the C decoder would overflow the thread's stack."""
     from agentic_rl.errors import RequestError
-    from agentic_rl.server.protocol import MAX_JSON_DEPTH, parse_json
+    from agentic_rl.server.json_body import MAX_JSON_DEPTH, parse_json
 
     before = sys.getrecursionlimit()
     sys.setrecursionlimit(1_000_000)
