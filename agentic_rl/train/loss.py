@@ -320,32 +320,48 @@ def grpo_loss(
     _check_finite(new_logprobs, old_logprobs, advantages, response_mask, ref_logprobs, sequence_ids, proximal_logprobs)
     new = new_logprobs.float()
     mask = response_mask.float()
-    on_response = mask.bool()  # `where`, not `* mask`: a NaN on a padding position must not reach the loss
     adv = advantages.float() if advantages.dim() == 2 else advantages.float()[:, None].expand_as(new)
-    log_ratio = torch.where(on_response, new - old_logprobs.float(), 0.0)
-    proximal = new.detach() if proximal_logprobs is None else proximal_logprobs.float()
-    weights = importance_weights(proximal, old_logprobs, mask, off_policy or _NO_CORRECTION, sequence_ids)
-    log_ratio_prox = torch.where(on_response, new - proximal, 0.0) if weights.decoupled else log_ratio
+    log_ratio, log_ratio_prox, weights = _log_ratios(
+        new, old_logprobs, mask, proximal_logprobs, off_policy, sequence_ids
+    )
     objective, ratio_clipped, dual = _objective(log_ratio_prox, adv, weights, clip_low, clip_high, clip_ratio_c)
     pg_loss = _aggregate(-objective, mask, loss_agg_mode, sequence_ids, normalizer)
-    kl = torch.zeros((), device=new.device)
-    kl_clamped = torch.zeros_like(on_response)
-    if ref_logprobs is not None and kl_coef:
-        kl, kl_clamped = _k3_kl(new, ref_logprobs, mask, loss_agg_mode, sequence_ids, normalizer)
+    kl, kl_clamped = _k3_kl(new, ref_logprobs if kl_coef else None, mask, loss_agg_mode, sequence_ids, normalizer)
+    loss, clipped = pg_loss + kl_coef * kl, ratio_clipped | dual
     return _loss_output(
-        pg_loss + kl_coef * kl,
-        pg_loss,
-        kl,
-        log_ratio,
-        mask,
-        clipped=ratio_clipped | dual,
-        dual=dual,
-        kl_clamped=kl_clamped,
-        weights=weights,
+        loss, pg_loss, kl, log_ratio, mask, clipped=clipped, dual=dual, kl_clamped=kl_clamped, weights=weights
     )
 
 
 _NO_CORRECTION = OffPolicyConfig(correction="none")
+
+
+def _log_ratios(
+    new: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    proximal_logprobs: torch.Tensor | None,
+    off_policy: OffPolicyConfig | None,
+    sequence_ids: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, ImportanceWeights]:
+    """Which policy the ratio is taken against: the behaviour policy (plain PPO), or the proximal one with the
+    behaviour policy's importance weights (decoupled PPO).
+
+    Args:
+        new: (B, R) float32 policy logprobs (nats, with gradient).
+        old_logprobs, proximal_logprobs, off_policy, sequence_ids: as `grpo_loss` takes them.
+        mask: (B, R) float32 response mask.
+
+    Returns:
+        new - old, (B, R) float32, 0 off the response; the log-ratio the objective clips (new - proximal when the
+        correction decouples, else new - old); the importance weights (`off_policy.importance_weights`).
+    """
+    on_response = mask.bool()  # `where`, not `* mask`: a NaN on a padding position must not reach the loss
+    log_ratio = torch.where(on_response, new - old_logprobs.float(), 0.0)
+    proximal = new.detach() if proximal_logprobs is None else proximal_logprobs.float()
+    weights = importance_weights(proximal, old_logprobs, mask, off_policy or _NO_CORRECTION, sequence_ids)
+    log_ratio_prox = torch.where(on_response, new - proximal, 0.0) if weights.decoupled else log_ratio
+    return log_ratio, log_ratio_prox, weights
 
 
 def _objective(
@@ -432,7 +448,7 @@ def _dual_clip(objective: torch.Tensor, adv: torch.Tensor, clip_ratio_c: float) 
 
 def _k3_kl(
     new: torch.Tensor,
-    ref_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
     mask: torch.Tensor,
     mode: str,
     sequence_ids: torch.Tensor | None,
@@ -447,13 +463,15 @@ def _k3_kl(
 
     Args:
         new: (B, R) float32 policy logprobs (nats, with gradient).
-        ref_logprobs: (B, R) float reference-policy logprobs (nats).
+        ref_logprobs: (B, R) float reference-policy logprobs (nats); None: no KL term (0, nothing clamped).
         mask: (B, R) float32 response mask.
         mode, sequence_ids, normalizer: as `_aggregate` takes them.
 
     Returns:
         The scalar float32 KL; and (B, R) bool, where d was clamped.
     """
+    if ref_logprobs is None:
+        return torch.zeros((), device=new.device), torch.zeros_like(mask.bool())
     delta = torch.where(mask.bool(), ref_logprobs.float() - new, 0.0)
     clamped = delta > LOG_RATIO_MAX
     delta = torch.clamp(delta, max=LOG_RATIO_MAX)
