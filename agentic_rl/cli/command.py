@@ -393,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     _configure_logging(args.verbose)
+    from agentic_rl.loop.sft import register_derived_models
+
+    register_derived_models()  # every command may name smollm2-135m-tools or -research (a model or a merge base)
     if getattr(args, "no_progress", False):  # the libraries' own bars too (loading and saving weights)
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
         from transformers.utils import logging as transformers_logging

@@ -162,8 +162,8 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
     """
     from agentic_rl.data import load_tasks
     from agentic_rl.errors import ConfigError
+    from agentic_rl.records import finished_records
     from agentic_rl.rewards.functions import resolve_reward
-    from agentic_rl.rollout.records import finished_records
     from agentic_rl.tools.registry import TOOL_NAMES
 
     resuming = args.resume is not None
@@ -283,9 +283,9 @@ def _generate(plan: _RolloutPlan, spec: Any, console: Any) -> tuple[list[Any], f
     import anyio
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agentic_rl.records import trajectory_to_dict
     from agentic_rl.rollout.agent import close_tool_agent
     from agentic_rl.rollout.session import Rollout
-    from agentic_rl.types import trajectory_to_dict
 
     records = (plan.out_dir / "trajectories.jsonl").open("a" if plan.resuming else "w", encoding="utf-8")
 
@@ -322,8 +322,8 @@ def _backend_options() -> dict[str, Any]:
 def _write_summary(plan: _RolloutPlan, model_dir: Path, trajectories: list[Any], wall: float) -> dict[str, Any]:
     """The rollout's `summary.json` over this run's trajectories and the finished records from before, written; a
     finished run resumed keeps its summary (with its throughput)."""
+    from agentic_rl.records import trajectory_from_dict
     from agentic_rl.rollout.summary import summarize
-    from agentic_rl.types import trajectory_from_dict
 
     summary_path = plan.out_dir / "summary.json"
     if not plan.todo and summary_path.is_file():

@@ -7,9 +7,10 @@ the masked NLL of the tokens the policy writes (`train.sft`, on the same packing
 Hugging Face folder (weights, tokenizer) with a `manifest.json` (base model, data digest, config, trace counts,
 losses).
 
-The registry builds `smollm2-135m-tools` with `build_tool_model` the first time it is asked for, and rebuilds it
-when `tool_model_fingerprint` (base model, data digest, recipe) no longer matches its manifest; likewise
-`smollm2-135m-research` (the tool model, then `examples/sft_research.yaml`) with `build_research_model`.
+Importing this module registers `smollm2-135m-tools` in the model registry (`models.register_model`): the registry
+builds it with `build_tool_model` the first time it is asked for, and rebuilds it when `tool_model_fingerprint` (base
+model, data digest, recipe) no longer matches its manifest; likewise `smollm2-135m-research` (the tool model, then
+`examples/sft_research.yaml`) with `build_research_model`.
 """
 
 from __future__ import annotations
@@ -30,14 +31,17 @@ from pydantic import Field, field_validator, model_validator
 from agentic_rl.config import Config, Weight
 from agentic_rl.data import SHARED_DATA, iter_jsonl
 from agentic_rl.errors import ConfigError
-from agentic_rl.models import DEFAULT_MODEL, file_sha256
+from agentic_rl.models import DEFAULT_MODEL, file_sha256, register_model
 from agentic_rl.train.lora import LoRAConfig
 
 __all__ = [
+    "RESEARCH_MODEL",
     "RESEARCH_SFT_CONFIG",
     "SFTConfig",
+    "TOOL_MODEL",
     "build_research_model",
     "build_tool_model",
+    "register_derived_models",
     "research_model_fingerprint",
     "run_sft",
     "synthesize_traces",
@@ -52,6 +56,10 @@ HELD_OUT_TRACES = 16
 
 #: Bump when the recipe changes in a way the config does not show (forces cached tool models to rebuild).
 RECIPE_VERSION = 4
+
+#: The registry names of the models this recipe builds (registered at the end of the module).
+TOOL_MODEL = "smollm2-135m-tools"
+RESEARCH_MODEL = "smollm2-135m-research"
 
 
 class SFTConfig(Config):
@@ -469,3 +477,27 @@ def build_research_model(base_dir: Path, out_dir: Path) -> dict[str, Any]:
     )
     with SFTProgress(config.steps, "fine-tuning for research") as progress:
         return run_sft(config, output_dir=out_dir, on_step=progress)
+
+
+def register_derived_models() -> None:
+    """Register `smollm2-135m-tools` and `smollm2-135m-research` in the model registry (`models.register_model`), so
+    that `resolve_model` builds them on first use. Importing this module (or `agentic_rl.loop`) does it; an entry
+    point that may resolve those names calls it to say so (again is harmless: registering replaces)."""
+    register_model(
+        TOOL_MODEL,
+        base=DEFAULT_MODEL,
+        build=build_tool_model,
+        fingerprint=tool_model_fingerprint,
+        description="SmolLM2-135M-Instruct fine-tuned to call a calculator (GSM8K traces), built on first use",
+    )
+    register_model(
+        RESEARCH_MODEL,
+        base=TOOL_MODEL,
+        build=build_research_model,
+        fingerprint=research_model_fingerprint,
+        description="the tool model fine-tuned to search and visit (examples/sft_research.yaml: HotpotQA research "
+        "traces from the file's second half), built on first use",
+    )
+
+
+register_derived_models()

@@ -164,7 +164,7 @@ def create_app(serving: OpenAIServing) -> FastAPI:
     took server defaults for fields its request left out lists them (`server_defaults` in the body or the first
     chunk, and the `X-Server-Defaults` header). A client that disconnects is routine: logged at debug level.
     """
-    from agentic_rl.types import trajectory_to_dict
+    from agentic_rl.records import trajectory_to_dict
 
     app = FastAPI(title="agentic_rl", docs_url=None, redoc_url=None, default_response_class=_JSON)
     app.state.serving = serving

@@ -1,4 +1,5 @@
-"""Recipes for the derived-model registry test: a "build" that copies the base folder and counts its calls."""
+"""Recipes for the derived-model registry test (`models.register_model`): a "build" that copies the base folder and
+counts its calls, a fingerprint, and a build that fails."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from support import derived_builders
 
 from agentic_rl import models
 from agentic_rl.errors import ConfigError, ModelError
-from agentic_rl.models import DerivedModel, resolve_model
+from agentic_rl.models import register_model, resolve_model
 from agentic_rl.train.sft import SFTTrainer, masked_nll
 from agentic_rl.types import Trajectory
 
@@ -63,9 +63,10 @@ def test_sft_trainer_refuses_a_batch_without_trained_tokens(tokenizer):
 
 
 def test_a_derived_model_is_built_once_and_rebuilt_when_its_recipe_changes(tmp_path, monkeypatch, model_dir):
-    spec = DerivedModel(base=models.DEFAULT_MODEL, build="support.derived_builders:copy_build",
-                        fingerprint="support.derived_builders:fingerprint", description="test copy")  # fmt: skip
-    monkeypatch.setitem(models.DERIVED, "copy-model", spec)
+    monkeypatch.setattr(models, "DERIVED", dict(models.DERIVED))  # registrations end with the test
+    base = models.DEFAULT_MODEL
+    fingerprint = derived_builders.fingerprint
+    register_model("copy-model", base=base, build=derived_builders.copy_build, fingerprint=fingerprint, description="")
     derived_builders.BUILDS.clear()
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -79,9 +80,8 @@ def test_a_derived_model_is_built_once_and_rebuilt_when_its_recipe_changes(tmp_p
     monkeypatch.setitem(derived_builders.VERSION, "value", 2)
     resolve_model("copy-model", cache_dir=cache)
     assert len(derived_builders.BUILDS) == 2  # a changed recipe rebuilds
-    broken = DerivedModel(base=models.DEFAULT_MODEL, build="support.derived_builders:failing_build",
-                          fingerprint="support.derived_builders:fingerprint", description="broken")  # fmt: skip
-    monkeypatch.setitem(models.DERIVED, "broken-model", broken)
+    failing = derived_builders.failing_build
+    register_model("broken-model", base=base, build=failing, fingerprint=fingerprint, description="")
     with pytest.raises(ModelError, match="building broken-model failed: RuntimeError: the recipe broke"):
         resolve_model("broken-model", cache_dir=cache)
     assert not (cache / "broken-model").exists()

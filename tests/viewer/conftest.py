@@ -12,7 +12,8 @@ import pytest
 @pytest.fixture
 def make_record(tokenizer):
     """A two-turn trajectory record (calculator call, tool result, answer) tokenized by SmolLM2's tokenizer."""
-    from agentic_rl.types import Step, StepTrajectory, trajectory_to_dict
+    from agentic_rl.records import trajectory_to_dict
+    from agentic_rl.types import Step, StepTrajectory
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
@@ -102,12 +103,12 @@ def rollout_run(engine, tokenizer, model_dir, tmp_path_factory) -> Path:
 
     from agentic_rl.chat import ChatRenderer
     from agentic_rl.environments.tool_env import ToolEnvironment
-    from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
+    from agentic_rl.records import trajectory_to_dict
     from agentic_rl.rewards.functions import gsm8k_reward
+    from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
     from agentic_rl.rollout.runner import run_tasks
     from agentic_rl.rollout.spec import RolloutSpec
     from agentic_rl.tools.calculator import CalculatorTool
-    from agentic_rl.types import trajectory_to_dict
 
     renderer = ChatRenderer(tokenizer)
     forced = ForcedCallEngine(engine, tokenizer, forced_turns=1)

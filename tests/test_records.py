@@ -1,5 +1,6 @@
-"""Reading a rollout's records back to continue it: the half-written last line, which tasks are done, and running
-the rest with their original indices (no engine needed)."""
+"""The `trajectories.jsonl` records (`agentic_rl.records`): a trajectory written and read back, and continuing a
+rollout from them: the half-written last line, which tasks are done, and running the rest with their original
+indices (no engine needed)."""
 
 from __future__ import annotations
 
@@ -10,17 +11,24 @@ import pytest
 
 from agentic_rl.data import drop_partial_line
 from agentic_rl.errors import ConfigError, TrajectoryError
-from agentic_rl.rollout.records import finished_records
+from agentic_rl.records import finished_records, trajectory_from_dict, trajectory_to_dict, write_trajectories
 from agentic_rl.rollout.runner import run_tasks
-from agentic_rl.types import StepTrajectory, trajectory_from_dict, trajectory_to_dict
+from agentic_rl.types import StepTrajectory, Trajectory
 
 TASKS = [{"id": f"t{i}", "question": "q", "ground_truth": "1"} for i in range(4)]
 
 
 def record(idx: int, task_id: object = None) -> str:
-    t = StepTrajectory(prompt_tokens=[1, 2], response_tokens=[3, 4, 5], response_masks=[1, 0, 1], idx=idx,
-                       response_logprobs=[-0.5, 0.0, -1.5], trajectory_reward=0.5, termination_reason="env_done",
-                       task={"id": f"t{idx}" if task_id is None else task_id})  # fmt: skip
+    t = StepTrajectory(
+        prompt_tokens=[1, 2],
+        response_tokens=[3, 4, 5],
+        response_masks=[1, 0, 1],
+        idx=idx,
+        response_logprobs=[-0.5, 0.0, -1.5],
+        trajectory_reward=0.5,
+        termination_reason="env_done",
+        task={"id": f"t{idx}" if task_id is None else task_id},
+    )
     return json.dumps(trajectory_to_dict(t)) + "\n"
 
 
@@ -69,6 +77,21 @@ def test_trajectory_from_dict_restores_what_the_summary_needs():
     assert t.response_logprobs.tolist() == [-0.5, 0.0, -1.5]
     with pytest.raises(TrajectoryError, match="'prompt_ids'"):
         trajectory_from_dict({k: v for k, v in row.items() if k != "prompt_ids"})
+
+
+def test_write_trajectories_writes_one_record_per_line_with_its_task_id(tmp_path):
+    path = tmp_path / "step_1.jsonl"
+    plain = Trajectory(prompt_tokens=[1], response_tokens=[2], response_masks=[1], idx=1)
+    write_trajectories(path, [json_trajectory(0), plain], task_ids=["ignored", "t1"])
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [row["task_id"] for row in rows] == ["t0", "t1"]  # a record's own task id wins over task_ids
+    assert trajectory_from_dict(rows[1]).response_tokens.tolist() == [2]
+    write_trajectories(path, [plain])  # overwrites, and no task_id without task_ids
+    assert "task_id" not in json.loads(path.read_text())
+
+
+def json_trajectory(idx: int) -> StepTrajectory:
+    return StepTrajectory(prompt_tokens=[1], response_tokens=[2], response_masks=[1], idx=idx, task={"id": f"t{idx}"})
 
 
 def test_run_tasks_keeps_given_indices():
