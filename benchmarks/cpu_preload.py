@@ -94,8 +94,10 @@ def worker(model_name: str, sequences: int, tokens: int, runs: int, train_shape:
     from transformers import AutoTokenizer
 
     from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from agentic_rl.loop.sft import register_derived_models
     from agentic_rl.models import resolve_model
 
+    register_derived_models()  # the default model is smollm2-135m-tools
     model = resolve_model(model_name)
     prompts = _prompts(AutoTokenizer.from_pretrained(str(model)), sequences)
     config = VLLMEngineConfig(model=model, max_model_len=1024, kv_cache_gib=1.0)
