@@ -182,52 +182,9 @@ def _view_record(record: dict[str, Any], pieces: _Pieces) -> dict[str, Any]:
             f"response_logprobs have {len(ids)}, {len(mask)} and {len(logprobs)} entries"
         )
     chat: list[dict[str, Any]] = record.get("chat_completions") or []
-    first_assistant = next((i for i, m in enumerate(chat) if m.get("role") == "assistant"), len(chat))
-    replies: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []  # assistant message, messages after it
-    for message in chat[first_assistant:]:
-        if message.get("role") == "assistant" or not replies:
-            replies.append((message, []))
-        else:
-            replies[-1][1].append(message)
-    steps: list[dict[str, Any]] = record.get("steps") or []
-    versions: list[int] | None = record.get("weight_versions")
-    if versions is not None and len(versions) != len(ids):
-        versions = None  # not the ids' versions (a record written by hand): shown per turn only
     token_pieces = pieces.encode(ids)
     runs = _runs(mask)
-    model_runs = [(start, end) for value, start, end in runs if value == 1]
-    n_turns = max(len(model_runs), len(replies), len(steps))
-    turns: list[dict[str, Any]] = []
-    for k in range(n_turns):
-        tok: list[int] = []
-        lp: list[float] = []
-        env: list[int] = []
-        wv: list[list[int]] | None = None
-        if k < len(model_runs):
-            start, end = model_runs[k]
-            tok = token_pieces[start:end]
-            lp = [round(float(x), 4) for x in logprobs[start:end]]
-            wv = None if versions is None else _version_changes(versions[start:end])
-            next_start = model_runs[k + 1][0] if k + 1 < len(model_runs) else len(ids)
-            env = token_pieces[end:next_start]
-        message, after = replies[k] if k < len(replies) else ({}, [])
-        step = steps[k] if k < len(steps) else {}
-        info = dict(step.get("info") or {})
-        text = str(message.get("content") or "")
-        turns.append(
-            {
-                "tok": tok,
-                "lp": lp,
-                "wv": wv,
-                "env": env,
-                "text": text,
-                "calls": _clean(_calls(text)),
-                "results": [{"role": m.get("role", ""), "content": str(m.get("content") or "")} for m in after],
-                "not_shown": info.pop("observation_not_shown", None),
-                "info": _clean(info),
-                "reward": _clean(step.get("reward")),
-            }
-        )
+    turns = _view_turns(record, chat, token_pieces, runs, logprobs)
     lead = [(start, end) for value, start, end in runs if value == 0 and start == 0]  # inserted before turn 1
     metrics = _clean(record.get("metrics") or {})
     question = next((str(m.get("content") or "") for m in chat if m.get("role") == "user"), "")
@@ -253,6 +210,67 @@ def _view_record(record: dict[str, Any], pieces: _Pieces) -> dict[str, Any]:
         "continuous": len(record.get("runs") or ()) <= 1,
         "turns": turns,
     }
+
+
+def _replies(chat: Sequence[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each assistant message of a conversation with the messages after it (up to the next assistant message)."""
+    first_assistant = next((i for i, m in enumerate(chat) if m.get("role") == "assistant"), len(chat))
+    replies: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+    for message in chat[first_assistant:]:
+        if message.get("role") == "assistant" or not replies:
+            replies.append((message, []))
+        else:
+            replies[-1][1].append(message)
+    return replies
+
+
+def _view_turns(
+    record: dict[str, Any],
+    chat: Sequence[dict[str, Any]],
+    token_pieces: list[int],
+    runs: list[tuple[int, int, int]],
+    logprobs: Sequence[float],
+) -> list[dict[str, Any]]:
+    """The turns of one trajectory: the sampled tokens of each, what was inserted after them, its message, tool
+    calls, results, step info and reward (see `view_records`)."""
+    replies = _replies(chat)
+    steps: list[dict[str, Any]] = record.get("steps") or []
+    versions: list[int] | None = record.get("weight_versions")
+    if versions is not None and len(versions) != len(token_pieces):
+        versions = None  # not the ids' versions (a record written by hand): shown per turn only
+    model_runs = [(start, end) for value, start, end in runs if value == 1]
+    turns: list[dict[str, Any]] = []
+    for k in range(max(len(model_runs), len(replies), len(steps))):
+        tok: list[int] = []
+        lp: list[float] = []
+        env: list[int] = []
+        wv: list[list[int]] | None = None
+        if k < len(model_runs):
+            start, end = model_runs[k]
+            tok = token_pieces[start:end]
+            lp = [round(float(x), 4) for x in logprobs[start:end]]
+            wv = None if versions is None else _version_changes(versions[start:end])
+            next_start = model_runs[k + 1][0] if k + 1 < len(model_runs) else len(token_pieces)
+            env = token_pieces[end:next_start]
+        message, after = replies[k] if k < len(replies) else ({}, [])
+        step = steps[k] if k < len(steps) else {}
+        info = dict(step.get("info") or {})
+        text = str(message.get("content") or "")
+        turns.append(
+            {
+                "tok": tok,
+                "lp": lp,
+                "wv": wv,
+                "env": env,
+                "text": text,
+                "calls": _clean(_calls(text)),
+                "results": [{"role": m.get("role", ""), "content": str(m.get("content") or "")} for m in after],
+                "not_shown": info.pop("observation_not_shown", None),
+                "info": _clean(info),
+                "reward": _clean(step.get("reward")),
+            }
+        )
+    return turns
 
 
 def view_records(records: Sequence[dict[str, Any]], tokenizer: Any) -> dict[str, Any]:
