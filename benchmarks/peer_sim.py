@@ -51,7 +51,7 @@ from typing import Any
 
 import anyio
 from common import Goal, save, table, verdict
-from peer_verifiers import DATA, HERE, PEER_VENV, run_client, run_peer
+from peer_client import DATA, HERE, PEER_VENV, run_client, run_peer
 from sim_engine import BatchingEngine, tool_call_turn
 
 OURS_HTTP = HERE / "peer" / "ours_http.py"
