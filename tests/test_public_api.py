@@ -20,3 +20,40 @@ def test_importing_the_package_does_not_import_vllm():
     code = "import sys, agentic_rl; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+TRAINING_NAMES = ("train", "run_training", "TrainConfig", "GRPOConfig", "run_sft", "SFTConfig")
+
+
+def test_the_training_entry_points_are_the_loops_own():
+    import agentic_rl.loop
+
+    for name in TRAINING_NAMES:
+        assert name in agentic_rl.__all__
+        assert getattr(agentic_rl, name) is getattr(agentic_rl.loop, name), name
+    from agentic_rl import GRPOConfig, train
+
+    assert train is agentic_rl.loop.train and GRPOConfig is agentic_rl.loop.GRPOConfig
+
+
+def _run(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_importing_the_package_loads_neither_the_loop_nor_the_trainer():
+    code = "import sys, agentic_rl; print(sorted(m for m in sys.modules if m.startswith(('agentic_rl.loop', 'agentic_rl.train'))))"
+    assert _run(code) == "[]"
+
+
+def test_train_stays_the_entry_point_once_the_trainer_subpackage_is_loaded():
+    # the subpackage first (the import system binds it on the package), then the name
+    code = (
+        "import sys, agentic_rl\n"
+        "from agentic_rl.train import trainer\n"
+        "from agentic_rl.train.loss import grpo_loss\n"
+        "import agentic_rl.loop\n"
+        "from agentic_rl import train\n"
+        "print(train is agentic_rl.loop.train, agentic_rl.train is train, trainer.__name__,\n"
+        "      sys.modules['agentic_rl.train'].__name__, 'train' in dir(agentic_rl))"
+    )
+    assert _run(code) == "True True agentic_rl.train.trainer agentic_rl.train True"
