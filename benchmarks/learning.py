@@ -90,7 +90,7 @@ def process_metrics(out: Path) -> dict[str, dict[str, float]] | None:
     write it itself (`milestone_reward`'s rule, with the turn's `action_text` as the harness passes it), that give
     a final answer at all (`answered`, `final_answer_text`), and that answer right (`right`: answer reward 1). None when `eval_data` is not an `arithmetic:` spec."""
     from agentic_rl.parser import action_text
-    from agentic_rl.rewards.functions import final_answer_text
+    from agentic_rl.rewards import final_answer_text
     from agentic_rl.rewards.turns import milestone_reward
     from agentic_rl.synthetic import parse_arithmetic_spec
 

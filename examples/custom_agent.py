@@ -29,7 +29,7 @@ from agentic_rl import (
     resolve_model,
     run_trajectory,
 )
-from agentic_rl.rewards.functions import resolve_reward
+from agentic_rl.rewards import resolve_reward
 
 MODEL = "smollm2-135m-instruct"
 

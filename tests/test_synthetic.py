@@ -8,7 +8,7 @@ import pytest
 
 from agentic_rl.data import load_tasks
 from agentic_rl.errors import ConfigError
-from agentic_rl.rewards.functions import gsm8k_reward
+from agentic_rl.rewards import gsm8k_reward
 from agentic_rl.synthetic import arithmetic_problem, arithmetic_tasks, parse_arithmetic_spec
 
 

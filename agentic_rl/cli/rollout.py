@@ -163,7 +163,7 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
     from agentic_rl.data import load_tasks
     from agentic_rl.errors import ConfigError
     from agentic_rl.records import finished_records
-    from agentic_rl.rewards.functions import resolve_reward
+    from agentic_rl.rewards.registry import resolve_reward
     from agentic_rl.tools.registry import TOOL_NAMES
 
     resuming = args.resume is not None
@@ -258,10 +258,9 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     )
     reward_fn = plan.reward_fn
     if plan.judge:
-        from agentic_rl.engine.chat_client import EngineChatClient
-        from agentic_rl.rewards.functions import LLMJudgeReward
+        from agentic_rl.rewards.judge import build_judge
 
-        reward_fn = LLMJudgeReward(client=EngineChatClient(engine, renderer))
+        reward_fn = build_judge(engine=engine, renderer=renderer)
     spec = tool_agent_spec(
         renderer,
         engine,

@@ -29,7 +29,7 @@ def check_reward(config: TrainConfig) -> None:
     Raises:
         ConfigError: naming the unknown reward or metric, or the unset API key variable.
     """
-    from agentic_rl.rewards.functions import resolve_reward
+    from agentic_rl.rewards.registry import resolve_reward
 
     if config.agent is not None:
         return
@@ -54,36 +54,34 @@ def _api_key(config: TrainConfig) -> str | None:
 
 
 def train_reward(config: TrainConfig, engine: Any, renderer: Any) -> Any:
-    """The run's `reward_fn(task, messages)`: `config.reward` (for `llm_judge`: an `LLMJudgeReward` over
-    `config.judge.base_url`, else over `engine` in process via `EngineChatClient`, failures scored 0 and counted),
+    """The run's `reward_fn(task, messages)`: `config.reward` (for `llm_judge`: the judge of `config.judge` from
+    `rewards.build_judge`, over `judge.base_url`, else over `engine` in process, failures scored 0 and counted),
     wrapped in a `MetricsReward` when `config.reward_metrics` names metrics; None with an agent of your own (it
     brings its reward).
 
     Raises:
         ConfigError: for an unknown reward or metric name, or an unset API key variable.
     """
-    from agentic_rl.rewards.functions import LLMJudgeReward, MetricsReward, resolve_reward
+    from agentic_rl.rewards.judge import build_judge
+    from agentic_rl.rewards.registry import MetricsReward, resolve_reward
 
     if config.agent is not None:
         return None
     judge = config.judge
     if config.reward != JUDGE:
         reward_fn = resolve_reward(config.reward, also=[JUDGE])
-    elif judge.base_url is not None:
-        reward_fn = LLMJudgeReward(
-            judge.base_url,
+    else:
+        reward_fn = build_judge(
+            base_url=judge.base_url,
             model=judge.model,
             api_key=_api_key(config),
             timeout_s=judge.timeout_s,
             max_retries=judge.max_retries,
             max_tokens=judge.max_tokens,
             on_failure="zero",
+            engine=engine,
+            renderer=renderer,
         )
-    else:
-        from agentic_rl.engine.chat_client import EngineChatClient
-
-        client = EngineChatClient(engine, renderer, timeout_s=judge.timeout_s)
-        reward_fn = LLMJudgeReward(client=client, max_tokens=judge.max_tokens, on_failure="zero")
     if not config.reward_metrics:
         return reward_fn
     return MetricsReward(reward_fn, {name: resolve_reward(name) for name in config.reward_metrics})

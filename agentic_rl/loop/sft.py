@@ -216,7 +216,7 @@ def _replayed(
 
 def _calculator_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[str, Any]]:
     from agentic_rl.environments.tool_env import ToolEnvironment
-    from agentic_rl.rewards.functions import gsm8k_reward
+    from agentic_rl.rewards.math import gsm8k_reward
     from agentic_rl.rollout.traces import gsm8k_traces
     from agentic_rl.tools.calculator import CalculatorTool
 
@@ -230,7 +230,7 @@ def _calculator_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dic
 
 def _research_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[str, Any]]:
     from agentic_rl.environments.tool_env import ToolEnvironment
-    from agentic_rl.rewards.functions import hotpotqa_f1_reward
+    from agentic_rl.rewards.qa import hotpotqa_f1_reward
     from agentic_rl.rollout.traces import hotpotqa_traces
     from agentic_rl.tools.registry import build_tools
 

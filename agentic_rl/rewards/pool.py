@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentic_rl.errors import RewardError
+from agentic_rl.errors import ConfigError, RewardError
 from agentic_rl.rewards.worker import read_frame, write_frame
 
-__all__ = ["DEFAULT_WORKERS", "RewardProcessPool", "math_verify_pool"]
+__all__ = ["DEFAULT_WORKERS", "ProcessReward", "RewardProcessPool", "math_verify_pool", "shared_pool"]
 
 DEFAULT_WORKERS = max(2, min(4, os.cpu_count() or 1))
 """Worker processes of a pool by default: a hung worker leaves at least one other free."""
@@ -228,3 +228,32 @@ def shared_pool(preload: Sequence[str]) -> RewardProcessPool:
 def math_verify_pool() -> RewardProcessPool:
     """The process's pool of math-verify workers (`math_verify_reward` scores in it)."""
     return shared_pool(("math_verify",))
+
+
+class ProcessReward:
+    """A reward function named `package.module:function`, run in worker processes with a hard bound.
+
+    The harness waits for any reward at most `HarnessConfig.reward_timeout_s`, but a reward that never returns
+    keeps its thread (a thread cannot be stopped). Wrapped in `ProcessReward`, the function runs in a pool of
+    worker processes that import its module once (`reward_pool.shared_pool`): past `timeout_s` its worker is
+    killed and replaced, and the call raises `RewardError`. The function sees a copy of `task` and `messages` and
+    the state of its own process, not of the caller's (a counter it keeps counts per worker).
+
+    Args:
+        name: `package.module:function`, importable with the caller's `sys.path`.
+        timeout_s: most seconds one call may run; keep it below `reward_timeout_s`.
+
+    Raises:
+        ConfigError: if `name` is not of the form `package.module:function`.
+        RewardError: from `__call__` past `timeout_s`, or with the type and message of what the function raised.
+    """
+
+    def __init__(self, name: str, *, timeout_s: float = 30.0) -> None:
+        module_name, sep, attr = name.partition(":")
+        if not (sep and module_name and attr):
+            raise ConfigError(f"ProcessReward needs 'package.module:function', got {name!r}")
+        self.name, self.module_name, self.timeout_s = name, module_name, timeout_s
+
+    def __call__(self, task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+        args = (task, list(messages))
+        return float(shared_pool((self.module_name,)).call(self.name, args, timeout_s=self.timeout_s))

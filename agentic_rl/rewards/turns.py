@@ -1,21 +1,9 @@
-"""Per-turn rewards: what the harness writes into each `Step.reward` of a trajectory.
+"""Per-turn facts that shaping (`rewards.shaping`) weighs: the environment's own reward of a turn, and the task's
+milestones a turn's tool results first show.
 
-A turn's reward is the sum of
-- the environment's own reward for it: `info["reward"]` of the `step()` that reacted to the turn (0 when absent);
-- its share of the tool-call reward: `toolcall_weight * well_formed_calls_k / tool_calls` with `well_formed_calls_k`
-  the well-formed calls of turn k (its `info["well_formed_calls"]`) and `tool_calls` the trajectory's attempted
-  calls, so that the shares add up to the trajectory's `toolcall_reward`;
-- its milestone reward: `milestone_weight / len(milestones)` for each of the task's `milestones` (strings: an
-  intermediate result, a supporting document's title) that this turn's tool results first show, other than as an
-  echo of what its own calls wrote (`milestone_reward`); a process reward for step-level training, which most
-  tasks leave out;
-- on the last turn only, the final answer's reward (`reward_fn`), less `unfinished_penalty` when a limit cut the
-  trajectory (`HarnessConfig.unfinished_penalty`; subtracted from `trajectory_reward` too).
-
-The sum of a trajectory's step rewards therefore equals its `trajectory_reward` (up to float rounding) whenever the
-environment gives no per-turn reward of its own and no milestone is set; per-turn environment and milestone rewards
-are added to the steps only (they are what step-level training, `GRPOConfig.advantage = "step"`, learns from), never
-to `trajectory_reward`. A failed trajectory's turns get no tool-call or answer share (its `trajectory_reward` is 0).
+A milestone is a string of the task's `milestones` (an intermediate result, a supporting document's title); a turn
+that first shows one, other than as an echo of what its own calls wrote (`milestone_reward`), earns a process reward
+for step-level training, which most tasks leave out.
 """
 
 from __future__ import annotations
@@ -26,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentic_rl.errors import EnvStepError
-from agentic_rl.types import Step, is_finite_number
+from agentic_rl.types import is_finite_number
 
-__all__ = ["credit_turns", "environment_turn_reward", "milestone_reward", "task_milestones"]
+__all__ = ["environment_turn_reward", "milestone_reward", "task_milestones"]
 
 
 def environment_turn_reward(info: Mapping[str, Any], turn: int) -> float:
@@ -156,20 +144,3 @@ def _number(text: str) -> float | None:
 def _occurrences(milestone: str, text: str) -> list[re.Match[str]]:
     """Where `milestone` occurs in `text` as a whole word (see `milestone_reward`)."""
     return list(re.finditer(rf"(?<![\w.-])(?<!\d,){re.escape(milestone)}(?![\w]|[.,]\d)", text))
-
-
-def credit_turns(steps: Sequence[Step], *, answer_reward: float, toolcall_weight: float, tool_calls: int) -> None:
-    """Add each turn's tool-call share, and the answer's reward to the last turn, to `Step.reward` (in place).
-
-    Args:
-        steps: the trajectory's steps, each `reward` holding the environment's own reward for that turn.
-        answer_reward: the final answer's reward, less the unfinished penalty when a limit cut the trajectory (0 for
-            a failed trajectory).
-        toolcall_weight: the tool-call reward's scale (`HarnessConfig.toolcall_weight`; 0 for a failed trajectory).
-        tool_calls: the tool calls the trajectory attempted (0: no tool-call share).
-    """
-    if tool_calls:
-        for step in steps:
-            step.reward += toolcall_weight * int(step.info.get("well_formed_calls", 0)) / tool_calls
-    if steps:
-        steps[-1].reward += answer_reward

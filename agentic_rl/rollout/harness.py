@@ -9,8 +9,8 @@ This is the single place per trajectory that turns an unexpected exception into 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,12 +28,12 @@ from agentic_rl.errors import (
     EngineAbortedError,
     EngineTimeoutError,
     EnvStepError,
-    RewardError,
     TrajectoryError,
 )
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import action_text, split_thought
-from agentic_rl.rewards.turns import credit_turns, environment_turn_reward, milestone_reward, task_milestones
+from agentic_rl.rewards.base import score_answer
+from agentic_rl.rewards.shaping import TrajectoryFacts, TurnFacts
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
@@ -77,7 +77,7 @@ class _State:
     observation: Any = None  # what the model saw last
     elapsed_s: float = 0.0
     milestones: list[str] = field(default_factory=list)  # the task's, validated once when it starts
-    milestones_reached: set[str] = field(default_factory=set)
+    turn_facts: dict[int, TurnFacts] = field(default_factory=dict)  # by step: what shaping reads of each turn
 
 
 @dataclass(slots=True)
@@ -209,8 +209,7 @@ async def run_trajectory(
 
 async def _reset(spec: RolloutSpec, state: _State) -> None:
     """`environment.reset`, then the memory of a new trajectory."""
-    if spec.config.milestone_weight:
-        state.milestones = task_milestones(state.task)  # a malformed list fails this trajectory before it starts
+    state.milestones = spec.config.shaping().milestones(state.task)  # a malformed list fails it before it starts
     t0 = time.perf_counter()
     state.sample = await spec.environment.reset(
         {**state.task, "trajectory_id": f"{state.task.get('id', state.idx)}-{state.idx}"}
@@ -226,10 +225,8 @@ async def _reset(spec: RolloutSpec, state: _State) -> None:
 
 
 async def _reward(spec: RolloutSpec, state: _State) -> float:
-    """The final answer's reward, computed in a worker thread (0 without a reward function) and waited for at most
-    `config.reward_timeout_s` seconds: past it the thread is abandoned (it cannot be stopped; rewards that can run
-    away, such as math-verify, bound their own work in a worker process) and the trajectory fails. Any failure is
-    also noted in `metrics["reward_error"]`; the metrics of a `RewardWithMetrics` join the trajectory's.
+    """The final answer's reward, 0 without a reward function (`score_answer`: bounded by `config.reward_timeout_s`;
+    its time, its failure and the metrics of a `RewardWithMetrics` noted in the trajectory's metrics).
 
     Raises:
         RewardError: past the bound, or if the reward is not a finite number; else what the reward raised.
@@ -237,25 +234,10 @@ async def _reward(spec: RolloutSpec, state: _State) -> float:
     if spec.reward_fn is None:
         return 0.0
     assert state.sample is not None
-    timeout_s = spec.config.reward_timeout_s
-    t0 = time.perf_counter()
-    try:
-        with anyio.move_on_after(timeout_s) as scope:
-            result = await anyio.to_thread.run_sync(
-                spec.reward_fn, state.sample.task, list(state.sample.messages), abandon_on_cancel=True
-            )
-        if scope.cancelled_caught:
-            raise RewardError(f"the reward did not finish within reward_timeout_s={timeout_s:g}")
-        state.metrics.update(getattr(result, "metrics", None) or {})  # a RewardWithMetrics' own metrics
-        reward = float(result)
-        if not math.isfinite(reward):
-            raise RewardError(f"reward function returned {reward}")
-    except Exception as exc:
-        state.metrics["reward_error"] = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        state.metrics["reward_time"] = time.perf_counter() - t0
-    return reward
+    messages = list(state.sample.messages)
+    return await score_answer(
+        spec.reward_fn, state.sample.task, messages, timeout_s=spec.config.reward_timeout_s, metrics=state.metrics
+    )
 
 
 def _failure(exc: Exception, state: _State) -> TerminationReason:
@@ -295,24 +277,27 @@ def _finish(
 ) -> StepTrajectory:
     """The finished trajectory: rewards, the alignment check, and the record (a failed one if it is invalid).
 
-    `trajectory_reward` is the answer's reward plus the tool-call reward (`toolcall_weight` times the share of
-    well-formed calls), less `unfinished_penalty` when a limit cut the trajectory. Each `Step.reward` gets the
-    environment's reward for its turn, that turn's part of the tool-call reward, and on the last step the answer's
-    reward less that penalty (`turn_rewards.credit_turns`): without per-turn environment rewards the step rewards add
-    up to `trajectory_reward`."""
+    `trajectory_reward` and each `Step.reward` are what the run's shaping (`HarnessConfig.shaping`, see
+    `rewards.shaping`) makes of the trajectory's facts."""
     metrics, config = state.metrics, spec.config
-    attempted = metrics["tool_calls"]
     failed = error is not None
-    toolcall_reward = (
-        config.toolcall_weight * metrics["well_formed_calls"] / attempted if attempted and not failed else 0.0
+    facts = TrajectoryFacts(
+        turns=[state.turn_facts.get(k, TurnFacts()) for k in range(len(state.steps))],
+        answer_reward=reward,
+        failed=failed,
+        cut_by_limit=reason.cut_by_limit,
+        tool_calls=metrics["tool_calls"],
+        well_formed_calls=metrics["well_formed_calls"],
+        milestones=state.milestones,
     )
-    penalty = config.unfinished_penalty if not failed and reason.cut_by_limit else 0.0
+    shaping = config.shaping()
+    shaped = shaping.score(facts)
     if not failed and config.check_alignment and state.recorder.runs:
         _check_alignment(spec, state)
     metrics.update(
         steps=len(state.steps),
         res_reward=reward,
-        toolcall_reward=toolcall_reward,
+        toolcall_reward=shaped.metrics["toolcall_reward"],
         total_time=total_s,
         generated_tokens=sum(run.num_sampled for run in state.recorder.runs),
     )
@@ -325,26 +310,21 @@ def _finish(
     try:
         trajectory = StepTrajectory.from_runs(
             runs,
-            trajectory_reward=reward + toolcall_reward - penalty,
+            trajectory_reward=shaped.trajectory_reward,
             termination_reason=reason,
             failed=failed,
             error=error,
             **common,
         )
-        credit_turns(
-            state.steps,
-            answer_reward=reward - penalty,
-            toolcall_weight=0.0 if failed else config.toolcall_weight,
-            tool_calls=attempted,
-        )
+        shaped.credit(state.steps)
         trajectory.credited = True
-        if penalty:
-            trajectory.metrics["unfinished_penalty"] = penalty
+        trajectory.metrics.update({k: v for k, v in shaped.metrics.items() if k not in metrics})
         return trajectory
     except TrajectoryError as exc:  # e.g. the engine reported a NaN logprob: this trajectory fails, not the batch
         logger.error("trajectory %s (task %r) failed: invalid record: %s", state.idx, state.task.get("id"), exc)
         for run in runs:  # in place: the steps keep pointing at the trajectory's runs
             run.response_logprobs = None
+        shaping.score(dataclasses.replace(facts, answer_reward=0.0, failed=True)).credit(state.steps)
         return StepTrajectory.from_runs(
             runs, termination_reason=TerminationReason.ERROR, failed=True, error=f"TrajectoryError: {exc}", **common
         )
@@ -436,15 +416,9 @@ async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None
     t0 = time.perf_counter()
     result = StepResult.of(await spec.environment.step(state.sample))
     step.info["env_time_s"] = time.perf_counter() - t0
-    step.reward = environment_turn_reward(result.info, turn)  # the environment's own reward for this turn
-    if spec.config.milestone_weight:  # a process reward: the task's milestones this turn's tool results first show
-        step.reward += milestone_reward(
-            state.milestones,
-            state.milestones_reached,
-            [str(m.get("content") or "") for m in result.observation],
-            spec.config.milestone_weight,
-            action=step.action or "",
-        )
+    tool_results = result.observation if state.milestones else ()  # only milestones read them
+    facts = state.turn_facts[len(state.steps) - 1] = TurnFacts.of(result.info, turn, step.action, tool_results)
+    step.reward = facts.env_reward  # the environment's own reward for this turn
     state.metrics["env_time"] += step.info["env_time_s"]
     step.info.update(result.info)
     for key in ("tool_calls", "tool_errors", "well_formed_calls"):

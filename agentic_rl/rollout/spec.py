@@ -22,6 +22,7 @@ from agentic_rl.environments.base import Environment
 from agentic_rl.limits import AtLeastOne
 from agentic_rl.memory import MemorySimple
 from agentic_rl.rewards.base import RewardCallable, RewardWithMetrics
+from agentic_rl.rewards.shaping import Shaping
 
 __all__ = ["HarnessConfig", "RewardCallable", "RewardWithMetrics", "RolloutSpec"]
 
@@ -43,10 +44,10 @@ class HarnessConfig(Config):
             numerics depend on the batch. Stop strings and further `stop_token_ids` end a turn as complete (see
             `agentic_rl.engine.turns`).
         toolcall_weight: `toolcall_reward = toolcall_weight * well-formed calls / attempted calls` (0 without calls).
-            Each turn's `Step.reward` gets the part of it that its own well-formed calls earn (`turn_rewards`).
+            Each turn's `Step.reward` gets the part of it that its own well-formed calls earn (`rewards.shaping`).
         milestone_weight: process reward for tasks that list `milestones` (strings such as an intermediate result):
             a turn whose tool results first show a milestone gets `milestone_weight / len(milestones)` for it in its
-            `Step.reward` (`turn_rewards.milestone_reward`). Step rewards only: `trajectory_reward` is unchanged, so
+            `Step.reward` (`rewards.turns.milestone_reward`). Step rewards only: `trajectory_reward` is unchanged, so
             only step-level training (`GRPOConfig.advantage = "step"`) learns from it. 0: off.
         unfinished_penalty: subtracted from the reward of a trajectory that a limit cut before the environment
             ended it (termination `max_steps`, `context_limit` or `truncated`: e.g. still calling tools at its last
@@ -62,9 +63,11 @@ class HarnessConfig(Config):
             the trajectory fails and the environment may have leaked resources.
         reward_timeout_s: most seconds the harness waits for `reward_fn`; past it the trajectory fails with a
             `RewardError` (`metrics["reward_error"]` says so; a failed trajectory is never trained on, so a reward
-            that hung never counts as a real 0) and the rollout goes on. The reward's thread cannot be stopped:
-            rewards that can run away bound their own work in worker processes (`math_verify_reward`; wrap a
-            function of your own in `rewards.ProcessReward` for the same hard bound).
+            that hung never counts as a real 0) and the rollout goes on. An async reward is cancelled there; a sync
+            reward's thread cannot be stopped: rewards that can run away bound their own work in worker processes
+            (`math_verify_reward`; wrap a function of your own in `rewards.ProcessReward` for the same hard bound).
+
+    The three weights make the rollout's reward shaping (`shaping()`, see `rewards.shaping`).
 
     Raises:
         ConfigError: naming the first field that is out of range or of the wrong type.
@@ -84,6 +87,15 @@ class HarnessConfig(Config):
     close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0
     reward_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 60.0
 
+    def shaping(self) -> Shaping:
+        """The reward shaping of these weights: `toolcall_weight`, `milestone_weight` and `unfinished_penalty`
+        (`rewards.shaping.Shaping.of`)."""
+        return Shaping.of(
+            toolcall_weight=self.toolcall_weight,
+            milestone_weight=self.milestone_weight,
+            unfinished_penalty=self.unfinished_penalty,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RolloutSpec:
@@ -94,9 +106,9 @@ class RolloutSpec:
         environment: decides what each assistant turn leads to, and when a trajectory is done.
         renderer: the chat template of the engine's model.
         config: limits and sampling (`HarnessConfig`).
-        reward_fn: `reward_fn(task, messages) -> float` for the final answer, run in a worker thread and waited
-            for at most `config.reward_timeout_s` seconds; None: 0. A `RewardWithMetrics` it returns adds its
-            metrics to the trajectory's.
+        reward_fn: `reward_fn(task, messages) -> float` for the final answer, sync (run in a worker thread) or
+            `async def` (awaited on the rollout's loop), waited for at most `config.reward_timeout_s` seconds;
+            None: 0. A `RewardWithMetrics` it returns adds its metrics to the trajectory's.
         memory_factory: builds a fresh memory per trajectory (`MemorySimple` / `MemorySummary`); None: every turn
             is prompted with the whole history.
     """

@@ -370,7 +370,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         )
         if engine is None and model is None:
             raise ConfigError("give either model= (a local model folder) or engine= (a started engine)")
-        from agentic_rl.rewards.functions import gsm8k_reward
+        from agentic_rl.rewards.math import gsm8k_reward
 
         self.model = model
         self.tools = list(tools)

@@ -13,7 +13,7 @@ from agentic_rl.engine.base import Generation
 from agentic_rl.engine.chat_client import ChatClient, EngineChatClient
 from agentic_rl.errors import ConfigError, EngineAbortedError, EngineError, RewardError
 from agentic_rl.memory import ChatSummaryClient, MemorySummary, SummaryClient, summary_request
-from agentic_rl.rewards.functions import LLMJudgeReward, judge_verdict
+from agentic_rl.rewards import LLMJudgeReward, call_reward, judge_verdict
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 TASK = {"question": "What is the capital of France?", "ground_truth": "Paris"}
@@ -89,14 +89,16 @@ def test_failing_engine_is_a_summary_fallback_and_a_judge_reward_error(renderer,
     assert memory.fallbacks == 1 and memory.summaries == 0 and memory.count_tokens(out) <= 400
     judge = LLMJudgeReward(client=broken)
     with pytest.raises(RewardError, match="judge call failed: EngineError: engine is closed"):
-        judge(TASK, ANSWER)
+        anyio.run(judge, TASK, ANSWER)
 
-    async def in_a_worker_thread() -> None:
+    async def as_the_harness_calls_it() -> None:
         with pytest.raises(RewardError, match="engine is closed"):
-            await anyio.to_thread.run_sync(judge, TASK, ANSWER)
+            await call_reward(judge, TASK, ANSWER)
 
-    anyio.run(in_a_worker_thread)
-    counted = LLMJudgeReward(client=broken, on_failure="zero")(TASK, ANSWER)  # as training judges: 0, counted
+    anyio.run(as_the_harness_calls_it)
+    counted = anyio.run(
+        LLMJudgeReward(client=broken, on_failure="zero"), TASK, ANSWER
+    )  # as training judges: 0, counted
     assert counted == 0.0 and counted.metrics == {"judge_calls": 1, "judge_failures": 1}
     with pytest.raises(ConfigError, match="base_url"):
         LLMJudgeReward()
@@ -133,17 +135,19 @@ def test_summaries_come_from_the_engine(engine, renderer, tokenizer):
 def test_judge_verdicts_come_from_the_engine(engine, renderer):
     recording = RecordingEngine(engine)
     judge = LLMJudgeReward(client=EngineChatClient(recording, renderer))
-    direct = judge(TASK, ANSWER)  # from synchronous code: its own event loop
+    direct = anyio.run(judge, TASK, ANSWER)  # from synchronous code: its own event loop
 
     async def as_the_harness_calls_it() -> float:
-        return await anyio.to_thread.run_sync(judge, TASK, ANSWER)
+        return await call_reward(judge, TASK, ANSWER)  # awaited on the loop that serves the engine
 
     threaded = anyio.run(as_the_harness_calls_it)
     assert len(recording.calls) == 2 and direct == threaded
     for prompt_ids, sampling, generation in recording.calls:
         assert "Reference answer: Paris" in renderer.decode(prompt_ids) and sampling.max_tokens == 4
         assert direct == (judge_verdict(renderer.decode(generation.token_ids)) or 0.0)
-    assert judge(TASK, [{"role": "assistant", "content": ""}]) == 0.0 and len(recording.calls) == 2  # no call
+    assert (
+        anyio.run(judge, TASK, [{"role": "assistant", "content": ""}]) == 0.0 and len(recording.calls) == 2
+    )  # no call
 
 
 def test_wrapper_summarizes_and_judges_with_its_engine_and_starts_no_server(engine, tokenizer):

@@ -13,7 +13,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.errors import EnvStepError
 from agentic_rl.plugins import load_object
-from agentic_rl.rewards.functions import gsm8k_reward
+from agentic_rl.rewards import gsm8k_reward
 from agentic_rl.rollout.session import Rollout
 from agentic_rl.rollout.spec import HarnessConfig, RolloutSpec
 

@@ -11,11 +11,11 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import EnvStepError
 from agentic_rl.loop.config import TrainConfig
+from agentic_rl.rewards import gsm8k_reward
+from agentic_rl.rewards.turns import milestone_reward, task_milestones
 from agentic_rl.rollout.harness import HarnessConfig
-from agentic_rl.rewards.functions import gsm8k_reward
 from agentic_rl.rollout.session import Rollout
 from agentic_rl.rollout.spec import RolloutSpec
-from agentic_rl.rewards.turns import milestone_reward, task_milestones
 from agentic_rl.tools.calculator import CalculatorTool
 
 WEIGHT = 0.6
@@ -23,7 +23,11 @@ WEIGHT = 0.6
 
 def _call(expression: str) -> str:
     body = '{"name": "calculator", "arguments": {"expression": "' + expression + '"}}'
-    return "<tool_call>\n" + body.replace("{", r"\{").replace("}", r"\}").replace("*", r"\*").replace("+", r"\+") + "\n</tool_call>"
+    return (
+        "<tool_call>\n"
+        + body.replace("{", r"\{").replace("}", r"\}").replace("*", r"\*").replace("+", r"\+")
+        + "\n</tool_call>"
+    )
 
 
 def test_a_milestone_counts_once_as_a_whole_word():
@@ -40,7 +44,17 @@ def test_a_milestone_counts_once_as_a_whole_word():
     echoed = '<tool_call>{"name": "search", "arguments": {"query": "hp00001"}}</tool_call>'
     assert milestone_reward(["hp00001"], reached := set(), ['Results for "hp00001": none'], 1.0, action=echoed) == 0
     assert reached == set() and milestone_reward(["hp00001"], reached, ["hp00001: Paris"], 1.0, action="") == 1.0
-    for spelling in ("193", "193.0", "193e0", "1,93", "1_93", "+193", "(193)", "-193", "-(-193)"):  # the value, however written
+    for spelling in (
+        "193",
+        "193.0",
+        "193e0",
+        "1,93",
+        "1_93",
+        "+193",
+        "(193)",
+        "-193",
+        "-(-193)",
+    ):  # the value, however written
         assert milestone_reward(["193"], set(), ["193"], 1.0, action=f'{{"expression": "{spelling}"}}') == 0, spelling
     assert milestone_reward(["193"], set(), ["193"], 1.0, action='{"expression": "200-7"}') == 1.0  # computed
     query = '<tool_call>{"name": "search", "arguments": {"query": "Paris population"}}</tool_call>'
@@ -108,4 +122,6 @@ async def _steered_rollout(engine, tokenizer, expressions: list[str], milestones
 def test_the_training_config_refuses_milestones_without_step_level_advantages():
     with pytest.raises(ValueError, match="only optimizer.advantage: step learns from it"):
         TrainConfig(rollout={"milestone_weight": 0.5})
-    assert TrainConfig(rollout={"milestone_weight": 0.5}, optimizer={"advantage": "step"}).rollout.milestone_weight == 0.5
+    assert (
+        TrainConfig(rollout={"milestone_weight": 0.5}, optimizer={"advantage": "step"}).rollout.milestone_weight == 0.5
+    )

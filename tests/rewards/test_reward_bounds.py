@@ -18,10 +18,10 @@ from support.engines import CountingEnvironment, ScriptedEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.errors import RewardError
-from agentic_rl.rewards import functions as rewards
-from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
-from agentic_rl.rewards.pool import RewardProcessPool
+from agentic_rl.rewards import math as rewards  # math_reward and the MATH_VERIFY_TIMEOUT_S it reads
+from agentic_rl.rewards.pool import ProcessReward, RewardProcessPool
 from agentic_rl.rewards.worker import math_verify_score
+from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool
@@ -207,14 +207,14 @@ def reward_of_length(task: dict[str, Any], messages: list[dict[str, str]]) -> fl
 def test_a_process_reward_of_ones_own_is_killed_past_its_bound_and_serves_on():
     from agentic_rl.errors import ConfigError
 
-    reward = rewards.ProcessReward(f"{__name__}:reward_of_length", timeout_s=1.0)
+    reward = ProcessReward(f"{__name__}:reward_of_length", timeout_s=1.0)
     assert reward({"id": 0}, [{"role": "assistant", "content": "four"}]) == 4.0
     thread, out = _in_thread(reward, {"id": 1}, [{"role": "assistant", "content": "forever"}])
     thread.join(FAILSAFE_S)
     assert not thread.is_alive() and "did not finish within 1 s" in str(out["error"])
     assert reward({"id": 2}, [{"role": "assistant", "content": "12"}]) == 2.0  # a new worker
     with pytest.raises(ConfigError, match="package.module:function"):
-        rewards.ProcessReward("no_colon")
+        ProcessReward("no_colon")
 
 
 async def test_cancelling_a_rollout_while_math_verify_runs_away_does_not_wait_for_it(tokenizer, pool, monkeypatch):

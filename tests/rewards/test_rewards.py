@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentic_rl.errors import ConfigError, RewardError
-from agentic_rl.rewards.functions import (
+from agentic_rl.rewards import (
     answer_f1,
     extract_gsm8k_answer,
     extract_number_answer,
@@ -64,7 +64,7 @@ def test_short_answer_extraction_prefers_tags_then_answer_is_then_last_line():
 
 def test_rewards_resolve_by_name_or_import_path():
     assert resolve_reward("gsm8k") is gsm8k_reward
-    assert resolve_reward("agentic_rl.rewards.functions:hotpotqa_f1_reward") is hotpotqa_f1_reward
+    assert resolve_reward("agentic_rl.rewards.qa:hotpotqa_f1_reward") is hotpotqa_f1_reward
     with pytest.raises(ConfigError, match="unknown reward"):
         resolve_reward("nope")
     with pytest.raises(ConfigError, match="cannot import"):
@@ -203,12 +203,26 @@ def test_no_reasoning_block_is_graded_and_content_parts_are_joined():
     assert final_answer_text(chat) == "I am not sure." and gsm8k_reward({"ground_truth": "2288"}, chat) == 0.0
     assert final_answer_text(_chat("maybe 2288</think>So 12. <think>or 2288")) == "So 12."  # opened by the prompt
     assert final_answer_text(_chat("Total 12<think>x</think>34")) == "Total 12 34"  # no number fused across a block
-    parts = [{"role": "assistant", "content": [{"type": "reasoning", "text": "maybe 7"}, {"type": "text", "text": "Total:"},
-                                               {"type": "text", "text": "12"}, "3 apples", {"type": "text", "text": None}]}]
+    parts = [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "reasoning", "text": "maybe 7"},
+                {"type": "text", "text": "Total:"},
+                {"type": "text", "text": "12"},
+                "3 apples",
+                {"type": "text", "text": None},
+            ],
+        }
+    ]
     assert final_answer_text(parts) == "Total:\n12\n3 apples" and gsm8k_reward({"ground_truth": "3"}, parts) == 1.0
     for content in ({"text": "42"}, 42):
         assert final_answer_text([{"role": "assistant", "content": content}]) == ""
-    legacy = {"role": "assistant", "content": "I'll compute 42", "function_call": {"name": "calculator", "arguments": "{}"}}
+    legacy = {
+        "role": "assistant",
+        "content": "I'll compute 42",
+        "function_call": {"name": "calculator", "arguments": "{}"},
+    }
     assert final_answer_text([legacy]) == ""
 
 
@@ -217,8 +231,11 @@ def test_no_reasoning_block_is_graded_and_content_parts_are_joined():
     [
         (gsm8k_reward, "#### Step 1: add\n5 + 7 = 12\n#### Step 2: double\n12 * 2 = 24\n\nThe answer is 24.", "24"),
         (math_reward, "#### Final Answer\n$\\frac{14}{3}$", "\\frac{14}{3}"),
-        (math_reward, "#### Step 2: simplify\n$\\frac{28}{6} = \\frac{14}{3}$\nThe answer is $\\frac{14}{3}$",
-         "\\frac{14}{3}"),
+        (
+            math_reward,
+            "#### Step 2: simplify\n$\\frac{28}{6} = \\frac{14}{3}$\nThe answer is $\\frac{14}{3}$",
+            "\\frac{14}{3}",
+        ),
         (math_reward, "**Final Answer:**\n\n$$\n\\frac{14}{3}\n$$", "\\frac{14}{3}"),
         (math_reward, "The final answer is:\n\\[\n\\frac{14}{3}\n\\]", "\\frac{14}{3}"),
         (hotpotqa_em_reward, "The answer is:\nParis", "Paris"),

@@ -11,8 +11,8 @@ from support.engines import ForcedCallEngine
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import ToolEnvironment
+from agentic_rl.rewards import gsm8k_reward
 from agentic_rl.rollout.harness import HarnessConfig
-from agentic_rl.rewards.functions import gsm8k_reward
 from agentic_rl.rollout.session import Rollout
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool
@@ -35,7 +35,9 @@ class _TurnRewardEnv(Environment):
         result = StepResult.of(await self.inner.step(sample))
         turn = self.turns[sample.id] = self.turns.get(sample.id, -1) + 1
         reward = self.rewards(sample.task["id"], turn)
-        return result if reward is None else StepResult(result.observation, result.done, {**result.info, "reward": reward})
+        return (
+            result if reward is None else StepResult(result.observation, result.done, {**result.info, "reward": reward})
+        )
 
     async def close(self, sample: Sample) -> None:
         await self.inner.close(sample)

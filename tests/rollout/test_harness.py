@@ -12,8 +12,8 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import EnvStepError
+from agentic_rl.rewards import final_answer_text, gsm8k_reward
 from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, run_trajectory
-from agentic_rl.rewards.functions import final_answer_text, gsm8k_reward
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.base import Tool

@@ -11,7 +11,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
 from agentic_rl.parser import ToolCall, parse_tool_calls
 from agentic_rl.rollout.harness import HarnessConfig
-from agentic_rl.rewards.functions import gsm8k_reward
+from agentic_rl.rewards import gsm8k_reward
 from agentic_rl.rollout.traces import Trace, gsm8k_trace, gsm8k_traces, replay_traces, tool_call_text
 from agentic_rl.tools.calculator import CalculatorTool
 
@@ -123,7 +123,7 @@ def _hotpotqa_rows():
 
 
 def test_hotpotqa_traces_search_then_visit_each_supporting_document_and_replay_exactly(tokenizer):
-    from agentic_rl.rewards.functions import hotpotqa_f1_reward
+    from agentic_rl.rewards import hotpotqa_f1_reward
     from agentic_rl.rollout.traces import hotpotqa_traces
     from agentic_rl.tools.registry import build_tools
 

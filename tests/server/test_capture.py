@@ -329,7 +329,7 @@ def test_n_streamed_choices_each_send_their_own_tool_call_ids(base_url):
 def test_a_last_turn_cut_while_writing_a_call_is_recorded_as_a_call_not_an_answer(base_url, tokenizer):
     """The client gets the text before the cut call; the record keeps the call's start, so no reward grades the
     text before it as the final answer."""
-    from agentic_rl.rewards.functions import final_answer_text, gsm8k_reward
+    from agentic_rl.rewards import final_answer_text, gsm8k_reward
 
     tid = f"t-{uuid.uuid4().hex}"
     long_call = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "(1 \+ ){300}1"\}\}'

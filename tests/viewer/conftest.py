@@ -104,7 +104,7 @@ def rollout_run(engine, tokenizer, model_dir, tmp_path_factory) -> Path:
     from agentic_rl.chat import ChatRenderer
     from agentic_rl.environments.tool_env import ToolEnvironment
     from agentic_rl.records import trajectory_to_dict
-    from agentic_rl.rewards.functions import gsm8k_reward
+    from agentic_rl.rewards import gsm8k_reward
     from agentic_rl.rollout.harness import HarnessConfig, run_trajectory
     from agentic_rl.rollout.runner import run_tasks
     from agentic_rl.rollout.spec import RolloutSpec
