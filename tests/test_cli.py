@@ -144,6 +144,34 @@ def test_out_of_range_options_are_rejected_before_anything_starts(capsys):
         assert argv[0] in capsys.readouterr().err
 
 
+def test_the_rollout_options_set_every_harness_field_and_check_the_new_ones(capsys):
+    from agentic_rl.cli import main
+    from agentic_rl.cli.command import _parser
+    from agentic_rl.cli.rollout import _harness_config
+    from agentic_rl.rollout.spec import HarnessConfig
+
+    defaults = _harness_config(_parser().parse_args(["rollout"]))
+    argv, wanted = ["rollout", "--temperature", "0.5", "--seed", "7"], {}
+    for name in HarnessConfig.model_fields.keys() - {"sampling"}:  # each set by the option of its name
+        value, flag = getattr(defaults, name), "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(flag if not value else "--no-" + flag[2:])
+            wanted[name] = not value
+        else:
+            wanted[name] = value - 1 if isinstance(value, int) else value + 0.5
+            argv += [flag, str(wanted[name])]
+    harness = _harness_config(_parser().parse_args(argv))
+    assert {name: getattr(harness, name) for name in wanted} == wanted
+    assert (harness.sampling.temperature, harness.sampling.seed) == (0.5, 7)
+    assert defaults.model_dump(exclude={"sampling", "max_steps", "max_prompt_length", "max_response_length"}) == (
+        HarnessConfig().model_dump(exclude={"sampling", "max_steps", "max_prompt_length", "max_response_length"})
+    )
+    for bad in (["--turn-timeout-s", "0"], ["--close-timeout-s", "-1"], ["--toolcall-weight", "-0.1"]):
+        with pytest.raises(SystemExit) as info:
+            main(["rollout", *bad])
+        assert info.value.code == 2 and bad[0] in capsys.readouterr().err
+
+
 def test_input_errors_are_one_line_messages_with_exit_code_2(tmp_path, capsys):
     from agentic_rl.cli import main
 

@@ -233,3 +233,34 @@ def test_evaluation_is_greedy_by_default_and_otherwise_sampled_with_the_same_see
     assert sampled.seed not in {_sampling(run(eval_temperature=0.7, seed=3), step).seed for step in range(100)}
     with pytest.raises(ConfigError, match="eval_temperature"):
         TrainConfig(data="arithmetic:train:4", eval_temperature=-0.1)
+
+
+def _other_value(name: str, value: object) -> object:
+    """A valid value of the `HarnessConfig` field `name` other than `value` (its default somewhere)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1 if isinstance(value, int) else value + 0.5
+    if isinstance(value, SamplingConfig):
+        return value.model_copy(update={"temperature": 0.5, "top_p": 0.9, "seed": 7})
+    raise AssertionError(f"HarnessConfig.{name}: give the test a value for a field of type {type(value).__name__}")
+
+
+def test_the_rollout_section_carries_every_harness_field_into_the_harness_config():
+    section, harness_defaults = TrainConfig().rollout, HarnessConfig()
+    values = {name: _other_value(name, getattr(section, name)) for name in HarnessConfig.model_fields}
+    assert all(values[name] != getattr(harness_defaults, name) for name in values)  # a dropped field would show
+    config = TrainConfig.model_validate({"rollout": values, "optimizer": {"advantage": "step"}})
+    harness = config.rollout.harness_config()
+    assert isinstance(harness, HarnessConfig)
+    assert {name: getattr(harness, name) for name in values} == values
+    assert TrainConfig().rollout.harness_config().model_dump(exclude={"sampling"}) == {
+        **HarnessConfig().model_dump(exclude={"sampling"}),
+        **TrainConfig().rollout.model_dump(include=set(HarnessConfig.model_fields) - {"sampling"}),
+    }
+
+
+def test_the_rollout_section_checks_the_timeouts():
+    for field in ("turn_timeout_s", "close_timeout_s"):
+        with pytest.raises(ConfigError, match=rf"TrainConfig\.rollout\.{field}"):
+            TrainConfig.model_validate({"rollout": {field: 0}})

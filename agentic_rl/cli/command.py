@@ -18,18 +18,19 @@ DEFAULT_CORPUS = "../shared/data/corpus.jsonl"
 _DTYPE_HELP = "default: bfloat16 on GPUs/NPUs and on CPUs with native bf16 instructions, else float32"
 
 
-def _bounded(kind: type, low: float | None = None, high: float | None = None) -> Any:
-    """An argparse type that converts with `kind` and enforces [low, high]."""
+def _bounded(kind: type, low: float | None = None, high: float | None = None, *, above: bool = False) -> Any:
+    """An argparse type that converts with `kind` and enforces [low, high] (with `above`, (low, high])."""
 
     def convert(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if (low is not None and value < low) or (high is not None and value > high):
+        too_low = low is not None and (value <= low if above else value < low)
+        if too_low or (high is not None and value > high):
             lo = "-inf" if low is None else low
             hi = "inf" if high is None else high
-            raise argparse.ArgumentTypeError(f"{text} is outside [{lo}, {hi}]")
+            raise argparse.ArgumentTypeError(f"{text} is outside {'(' if above else '['}{lo}, {hi}]")
         return value
 
     return convert
@@ -102,22 +103,8 @@ def _serve_parser(sub: Any) -> None:
     s.add_argument("-v", "--verbose", action="store_true")
 
 
-def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
-    """The `agentic-rl` parser; with `typed_only`, `rollout` options left out of the command line stay unset (to
-    tell which options were given)."""
-    from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents, bounds
-
-    parser = argparse.ArgumentParser(prog="agentic-rl", description="Agentic RL rollouts on a colocated vLLM engine.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    fmt = argparse.ArgumentDefaultsHelpFormatter
-    r = sub.add_parser(
-        "rollout", help="run tool-using agents on a task file or dataset and save trajectories", formatter_class=fmt
-    )
-    options: list[argparse.Action] = []
-
-    def add(*names: str, **settings: Any) -> None:
-        options.append(r.add_argument(*names, **settings))
-
+def _task_options(add: Any) -> None:
+    """The rollout's model, tasks, tools and reward."""
     add("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
     add(
         "--data",
@@ -134,6 +121,25 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         "question=problem,answer=solution; default: GSM8K and verl column names",
     )
     add("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
+    add(
+        "--tools",
+        default="calculator",
+        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none",
+    )
+    add(
+        "--reward",
+        default="gsm8k",
+        help="gsm8k (last number), math (LaTeX answers, e.g. MATH-500), hotpotqa_f1, hotpotqa_em, has_number, "
+        "llm_judge (asks the run's own model) or module:function",
+    )
+    add("--system-prompt-file", default=None, help="a text file with the system prompt")
+    add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
+
+
+def _turn_options(add: Any) -> None:
+    """The rollout's limits and sampling options (`HarnessConfig.max_*` and `sampling`)."""
+    from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents, bounds
+
     add("--n-parallel", type=_bounded(int, *bounds(NParallelAgents)), default=16, help="trajectories in flight")
     add("--max-steps", type=_bounded(int, *bounds(MaxSteps)), default=3, help="assistant turns per trajectory")
     add("--max-prompt-length", type=_bounded(int, *bounds(MaxPromptLength)), default=2048)
@@ -148,19 +154,54 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
     add("--top-p", type=_bounded(float, 1e-8, 1.0), default=1.0)
     add("--top-k", type=_bounded(int, -1), default=-1, help="-1 or 0 = off")
     add("--seed", type=int, default=0)
+
+
+def _harness_options(add: Any) -> None:
+    """The rest of `HarnessConfig`, one option per field of the same name (defaults: the harness's own)."""
+    from agentic_rl.rollout.spec import HarnessConfig
+
+    harness = HarnessConfig()
+    weight = _bounded(float, 0.0)
+    seconds = _bounded(float, 0.0, above=True)
+    add("--toolcall-weight", type=weight, default=harness.toolcall_weight, help="reward per share of well-formed calls")
     add(
-        "--tools",
-        default="calculator",
-        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none",
+        "--milestone-weight",
+        type=weight,
+        default=harness.milestone_weight,
+        help="step reward for the milestones a task lists, shared among them (0: off)",
     )
     add(
-        "--reward",
-        default="gsm8k",
-        help="gsm8k (last number), math (LaTeX answers, e.g. MATH-500), hotpotqa_f1, hotpotqa_em, has_number, "
-        "llm_judge (asks the run's own model) or module:function",
+        "--unfinished-penalty",
+        type=weight,
+        default=harness.unfinished_penalty,
+        help="subtracted from the reward of a trajectory a limit cut (0: off)",
     )
-    add("--system-prompt-file", default=None, help="a text file with the system prompt")
-    add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
+    add(
+        "--check-alignment",
+        action=argparse.BooleanOptionalAction,
+        default=harness.check_alignment,
+        help="compare each trajectory's ids with a full chat-template re-render",
+    )
+    add("--turn-timeout-s", type=seconds, default=harness.turn_timeout_s, help="most seconds of one engine request")
+    add("--close-timeout-s", type=seconds, default=harness.close_timeout_s, help="most seconds of environment.close")
+    add("--reward-timeout-s", type=seconds, default=harness.reward_timeout_s, help="most seconds of one reward call")
+
+
+def _rollout_parser(sub: Any, *, typed_only: bool) -> None:
+    """The `rollout` subcommand's options; with `typed_only`, those left out of the command line stay unset."""
+    r = sub.add_parser(
+        "rollout",
+        help="run tool-using agents on a task file or dataset and save trajectories",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    options: list[argparse.Action] = []
+
+    def add(*names: str, **settings: Any) -> None:
+        options.append(r.add_argument(*names, **settings))
+
+    _task_options(add)
+    _turn_options(add)
+    _harness_options(add)
     add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
     add("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
     add("--output-dir", default=None, help="default: runs/rollout-<time>")
@@ -177,6 +218,53 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
     if typed_only:
         for action in options:
             action.default = argparse.SUPPRESS
+
+
+def _merge_parser(sub: Any) -> None:
+    """The `merge` subcommand's options."""
+    m = sub.add_parser(
+        "merge",
+        help="fold a LoRA adapter into its base model: a plain model folder",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    m.add_argument(
+        "--adapter",
+        required=True,
+        metavar="DIR",
+        help="adapter folder (adapter_config.json + adapter_model.safetensors): a LoRA training "
+        "checkpoint, an SFT run's adapter/, or a trainer's save_adapter",
+    )
+    m.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
+    m.add_argument("--base", default=None, help="base model (default: the adapter's base_model_name_or_path)")
+    m.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="saved weights' dtype (auto: the base model's)",
+    )
+    m.add_argument("-v", "--verbose", action="store_true")
+
+
+def _view_parser(sub: Any) -> None:
+    """The `view` subcommand's options."""
+    v = sub.add_parser(
+        "view",
+        help="write a self-contained HTML page to browse a run's trajectories",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    v.add_argument("run_dir", help="a folder written by 'agentic-rl rollout' or 'agentic-rl train'")
+    v.add_argument("--output", default=None, help="the HTML file (default: RUN_DIR/view.html)")
+    v.add_argument("--model", default=None, help="tokenizer to decode tokens with (default: the run's model)")
+    v.add_argument("--page-size", type=_bounded(int, 1, 10_000), default=100, help="trajectories per list page")
+    v.add_argument("-v", "--verbose", action="store_true")
+
+
+def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
+    """The `agentic-rl` parser; with `typed_only`, `rollout` options left out of the command line stay unset (to
+    tell which options were given)."""
+    parser = argparse.ArgumentParser(prog="agentic-rl", description="Agentic RL rollouts on a colocated vLLM engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _rollout_parser(sub, typed_only=typed_only)
     _config_command(
         sub,
         "train",
@@ -197,34 +285,9 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         "--set steps=10 --set traces=64",
         required=False,
     )
-    m = sub.add_parser(
-        "merge", help="fold a LoRA adapter into its base model: a plain model folder", formatter_class=fmt
-    )
-    m.add_argument(
-        "--adapter",
-        required=True,
-        metavar="DIR",
-        help="adapter folder (adapter_config.json + adapter_model.safetensors): a LoRA training "
-        "checkpoint, an SFT run's adapter/, or a trainer's save_adapter",
-    )
-    m.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
-    m.add_argument("--base", default=None, help="base model (default: the adapter's base_model_name_or_path)")
-    m.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16"],
-        help="saved weights' dtype (auto: the base model's)",
-    )
-    m.add_argument("-v", "--verbose", action="store_true")
+    _merge_parser(sub)
     _serve_parser(sub)
-    v = sub.add_parser(
-        "view", help="write a self-contained HTML page to browse a run's trajectories", formatter_class=fmt
-    )
-    v.add_argument("run_dir", help="a folder written by 'agentic-rl rollout' or 'agentic-rl train'")
-    v.add_argument("--output", default=None, help="the HTML file (default: RUN_DIR/view.html)")
-    v.add_argument("--model", default=None, help="tokenizer to decode tokens with (default: the run's model)")
-    v.add_argument("--page-size", type=_bounded(int, 1, 10_000), default=100, help="trajectories per list page")
-    v.add_argument("-v", "--verbose", action="store_true")
+    _view_parser(sub)
     return parser
 
 

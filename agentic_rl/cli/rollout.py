@@ -204,19 +204,16 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
 
 
 def _harness_config(args: argparse.Namespace) -> Any:
-    """The limits and the typed sampling options of every turn, from the rollout's arguments.
+    """The turn loop's configuration from the rollout's arguments: every `HarnessConfig` field from the option of
+    that name (`--max-steps` is `max_steps`, ...), and the sampling options of every turn.
 
     Raises:
         ConfigError: for a bad combination the argument checks cannot see.
     """
     from agentic_rl.rollout.spec import HarnessConfig
 
-    return HarnessConfig(
-        max_steps=args.max_steps,
-        max_prompt_length=args.max_prompt_length,
-        max_response_length=args.max_response_length,
-        sampling=_sampling_options(args),
-    )
+    fields = {name: getattr(args, name) for name in HarnessConfig.model_fields if name != "sampling"}
+    return HarnessConfig(**fields, sampling=_sampling_options(args))
 
 
 def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, StrictInt, model_validator
 
@@ -20,6 +20,9 @@ from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NPar
 from agentic_rl.plugins import PluginRef
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
+
+if TYPE_CHECKING:
+    from agentic_rl.rollout.spec import HarnessConfig
 
 __all__ = [
     "EngineSection",
@@ -34,7 +37,11 @@ __all__ = [
 
 
 class RolloutSection(Config):
-    """Rollout settings of a training run (`tasks_per_step` tasks per rank, `group_size` samples each)."""
+    """Rollout settings of a training run (`tasks_per_step` tasks per rank, `group_size` samples each).
+
+    It holds every `HarnessConfig` field (limits, sampling, reward shaping, alignment check, timeouts), under the same
+    name; `harness_config()` is the turn loop's configuration.
+    """
 
     tasks_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(
@@ -70,6 +77,24 @@ class RolloutSection(Config):
         allow_inf_nan=False,
         description="most seconds a reward call may take; past it the trajectory fails with a reward error (not trained)",
     )
+    turn_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="most seconds one engine request may take; past it the request is aborted and the trajectory "
+        "fails with termination_reason timeout (not trained); the default only catches requests that never return",
+    )
+    close_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="most seconds an environment's close may take; past it the trajectory fails (not trained)",
+    )
+    check_alignment: bool = Field(
+        default=True,
+        description="compare each finished trajectory's token ids with a full chat-template re-render (metrics "
+        "alignment_mismatches, retokenize_drift)",
+    )
     max_staleness: StrictInt = Field(
         default=0,
         ge=0,
@@ -97,6 +122,16 @@ class RolloutSection(Config):
         description="with max_staleness > 0: 'overlap' keeps generating during the train step (memory for both); "
         "'pause' pauses generation during it (requests and KV cache stay, nothing drains)",
     )
+
+    def harness_config(self) -> HarnessConfig:
+        """The turn loop's configuration: every `HarnessConfig` field, from the field of this section of that name.
+
+        Raises:
+            ConfigError: if a value is outside the harness's range.
+        """
+        from agentic_rl.rollout.spec import HarnessConfig
+
+        return HarnessConfig(**{name: getattr(self, name) for name in HarnessConfig.model_fields})
 
 
 class EngineSection(Config):

@@ -269,11 +269,9 @@ def run_sft(
             (`manifest.json`, `metrics.jsonl`, `config.json`, `model.safetensors`); for unusable inputs, before the
             folder is created.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from agentic_rl.models import resolve_model
-    from agentic_rl.train.sft import SFTTrainer
 
     t0 = time.perf_counter()
     out = Path(output_dir or config.output_dir)
@@ -294,41 +292,11 @@ def run_sft(
         config.steps,
         "" if config.steps == 1 else "s",
     )
-    torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-    if config.lora is not None:  # the trainer runs the model with its adapter layers in place, and trains only them
-        from agentic_rl.train.lora import adapter_model, wrap_model
-
-        model = wrap_model(model, config.lora)
-    trainer = SFTTrainer(
-        adapter_model(model) if config.lora is not None else model,
-        pad_token_id=tokenizer.pad_token_id,
-        lr=config.lr,
-        weight_decay=config.weight_decay,
-        micro_batch_size=config.micro_batch_size,
-        max_grad_norm=config.max_grad_norm,
-        bf16_autocast=config.bf16_autocast,
-    )
+    model, trainer = _sft_trainer(config, base_dir, tokenizer)
     held_out_before = trainer.evaluate(held_out) if held_out else None
-    order = list(range(len(train)))
-    rng = random.Random(config.seed)
-    rng.shuffle(order)
-    history: list[dict[str, Any]] = []
-    with (out / "metrics.jsonl").open("w", encoding="utf-8") as metrics:
-        for step in range(config.steps):
-            picks = [order[(step * config.batch_size + i) % len(order)] for i in range(config.batch_size)]
-            row = {"step": step + 1, **trainer.train_step([train[i] for i in picks])}
-            history.append(row)
-            metrics.write(json.dumps(row) + "\n")
-            metrics.flush()
-            if on_step is not None:
-                on_step(row)
+    history = _train_steps(config, trainer, train, out / "metrics.jsonl", on_step)
     held_out_after = trainer.evaluate(held_out) if held_out else None
-    if config.lora is not None:
-        model.save_pretrained(out / "adapter")
-        model = model.merge_and_unload()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    _save_model(config, model, tokenizer, out)
     manifest = {
         "base_model": config.model,
         "base_dir": str(base_dir),
@@ -354,6 +322,66 @@ def run_sft(
         held,
     )
     return manifest
+
+
+def _sft_trainer(config: SFTConfig, base_dir: Path, tokenizer: Any) -> tuple[Any, Any]:
+    """The model (seeded; with `config.lora`, wrapped in its adapter layers) and the `SFTTrainer` over it (over the
+    adapter layers only, with LoRA)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.train.sft import SFTTrainer
+
+    torch.manual_seed(config.seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    if config.lora is not None:  # the trainer runs the model with its adapter layers in place, and trains only them
+        from agentic_rl.train.lora import adapter_model, wrap_model
+
+        model = wrap_model(model, config.lora)
+    trainer = SFTTrainer(
+        adapter_model(model) if config.lora is not None else model,
+        pad_token_id=tokenizer.pad_token_id,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        micro_batch_size=config.micro_batch_size,
+        max_grad_norm=config.max_grad_norm,
+        bf16_autocast=config.bf16_autocast,
+    )
+    return model, trainer
+
+
+def _train_steps(
+    config: SFTConfig,
+    trainer: Any,
+    train: list[Any],
+    metrics_path: Path,
+    on_step: Callable[[dict[str, Any]], None] | None,
+) -> list[dict[str, Any]]:
+    """`config.steps` optimizer steps of `config.batch_size` traces each, cycling through `train` in a seeded order;
+    each step's row is appended to `metrics_path` and handed to `on_step`. Returns the rows."""
+    order = list(range(len(train)))
+    rng = random.Random(config.seed)
+    rng.shuffle(order)
+    history: list[dict[str, Any]] = []
+    with metrics_path.open("w", encoding="utf-8") as metrics:
+        for step in range(config.steps):
+            picks = [order[(step * config.batch_size + i) % len(order)] for i in range(config.batch_size)]
+            row = {"step": step + 1, **trainer.train_step([train[i] for i in picks])}
+            history.append(row)
+            metrics.write(json.dumps(row) + "\n")
+            metrics.flush()
+            if on_step is not None:
+                on_step(row)
+    return history
+
+
+def _save_model(config: SFTConfig, model: Any, tokenizer: Any, out: Path) -> None:
+    """Save the model and tokenizer into `out`: with LoRA, the adapter into `out/adapter` and the merged model."""
+    if config.lora is not None:
+        model.save_pretrained(out / "adapter")
+        model = model.merge_and_unload()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def _check_output_dir(out: Path) -> None:

@@ -325,13 +325,12 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             support.
         engine: an already built engine to use instead of building one from `model`.
         engine_options: extra `VLLMEngineConfig` fields (`dtype`, `kv_cache_gib`, `max_model_len`, ...).
-        toolcall_weight: scale of the well-formed tool-call reward.
-        check_alignment: verify each trajectory's ids against a full template re-render.
+        toolcall_weight, milestone_weight, unfinished_penalty, check_alignment, turn_timeout_s, close_timeout_s,
+            reward_timeout_s: the `HarnessConfig` fields of those names (the reward shaping, the template re-render
+            check and the timeouts), with its defaults; `harness_config` holds them with the limits and sampling.
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
         memory: a `MemoryConfig` (or dict) to prompt each turn through agent memory; with `use_summary` and no
             `oai_client`, summaries come from this wrapper's own engine, called in process.
-        turn_timeout_s: most seconds one engine request may take before it is aborted and its trajectory fails
-            with `termination_reason="timeout"` (see `HarnessConfig`).
         chat_template_kwargs: extra variables for the chat template on every render (e.g.
             `{"enable_thinking": False}`).
     """
@@ -358,6 +357,10 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         memory: Any = None,
         turn_timeout_s: float = 3600.0,
         chat_template_kwargs: dict[str, Any] | None = None,
+        milestone_weight: float = 0.0,
+        unfinished_penalty: float = 0.0,
+        close_timeout_s: float = 30.0,
+        reward_timeout_s: float = 60.0,
     ) -> None:
         super().__init__(
             agent_name,
@@ -385,8 +388,12 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             max_response_length=self.max_response_length,
             sampling=self.sampling,
             toolcall_weight=toolcall_weight,
+            milestone_weight=milestone_weight,
+            unfinished_penalty=unfinished_penalty,
             check_alignment=check_alignment,
             turn_timeout_s=turn_timeout_s,
+            close_timeout_s=close_timeout_s,
+            reward_timeout_s=reward_timeout_s,
         )
         self.serve = serve
         self.memory_config = memory

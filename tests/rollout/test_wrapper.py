@@ -533,6 +533,29 @@ def test_tool_agent_wrapper_set_sampling_reaches_its_harness(tiny_tokenizer):
     assert (wrapper.harness_config.sampling.temperature, wrapper.harness_config.sampling.seed) == (0.0, 3)
 
 
+def test_tool_agent_wrapper_carries_every_harness_field_from_its_argument_of_that_name(tiny_tokenizer):
+    from agentic_rl.engine.sampling import SamplingConfig
+    from agentic_rl.rollout.spec import HarnessConfig
+    from agentic_rl.rollout.wrapper import ToolAgentEngineWrapper
+
+    defaults = ToolAgentEngineWrapper("agent", tiny_tokenizer, model="unused").harness_config
+    values: dict[str, Any] = {}
+    for name in HarnessConfig.model_fields.keys() - {"sampling"}:  # each a keyword argument of the wrapper
+        value = getattr(defaults, name)
+        if isinstance(value, bool):
+            values[name] = not value
+        elif isinstance(value, int):
+            values[name] = value - 1 if value > 1 else value + 1  # inside the wrapper's ranges
+        else:
+            values[name] = value + 0.5
+    sampling = {"temperature": 0.5, "seed": 7}
+    wrapper = ToolAgentEngineWrapper("agent", tiny_tokenizer, sampling, model="unused", **values)
+    harness = wrapper.harness_config
+    assert {name: getattr(harness, name) for name in values} == values
+    assert harness.sampling == SamplingConfig.of(sampling)
+    assert all(getattr(HarnessConfig(), name) != value for name, value in values.items())  # none left at its default
+
+
 def test_step_defaults_follow_the_agentsdk_api():
     from agentic_rl.types import Step
 
