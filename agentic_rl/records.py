@@ -47,6 +47,7 @@ def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
         "termination_reason": str(trajectory.termination_reason),
         "failed": trajectory.failed,
         "error": trajectory.error,
+        "refused": trajectory.refused,
     }
     if len(runs) > 1:
         record["runs"] = [{name: getattr(run, name) for name in _RUN_FIELDS} for run in runs]
@@ -92,6 +93,7 @@ def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
             termination_reason=record["termination_reason"],
             failed=record["failed"],
             error=record["error"],
+            refused=record.get("refused", record["metrics"].get("refused")),  # older records: in their metrics
             runs=runs,
         )
     except KeyError as exc:

@@ -19,13 +19,11 @@ whose fields keep the AgentSDK names: `prompt_tokens`, `response_tokens`, `respo
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -319,6 +317,9 @@ class Trajectory:
         failed: True when the trajectory ended in an error (`error` says which); packing marks it invalid, so it
             is excluded from GRPO group statistics and the loss.
         error: the error message of a failed trajectory.
+        refused: why training refused its record (its tokens are not exactly what the engine sampled, or are too
+            stale), None when it was not refused; a refused trajectory is also `failed`, with the reason in `error`.
+            Written by `loop.sources.refuse` alone, read by `train.packing.exclusion_reason`.
         runs: its exact token runs in order (see `TokenRun`); the token fields above equal the last one. Empty
             means one run made of the token fields themselves (a trajectory built by hand): read them with
             `token_runs()`.
@@ -340,6 +341,7 @@ class Trajectory:
     termination_reason: str = ""
     failed: bool = False
     error: str | None = None
+    refused: str | None = None
     runs: list[TokenRun] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -494,66 +496,3 @@ class StepTrajectory(Trajectory):
     task: Any = None
     steps: list[Step] = field(default_factory=list)
     credited: bool = False
-
-
-# TEMPORARY BRIDGE (remove with the next change to agentic_rl/loop/run.py): a copy of `agentic_rl.records`'s writer,
-# kept only because loop/run.py still imports `write_trajectories` from here; it moves to
-# `from agentic_rl.records import write_trajectories`.
-_BRIDGE_RUN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions")
-
-
-def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
-    """A JSON-ready record: token ids, masks, logprobs, chat, reward, metrics and termination reason.
-
-    The token fields hold the last run, with `weight_versions` (the engine weight version of each response token,
-    -1 where inserted; None when not recorded). A trajectory of several runs also has `runs`: every run, each with
-    those five fields. A `StepTrajectory` adds `task_id` and `steps` (each with its `run` index and `span`).
-    """
-    runs = trajectory.token_runs()
-    last = runs[-1]
-    record: dict[str, Any] = {
-        "idx": trajectory.idx,
-        "prompt_ids": trajectory.prompt_tokens.tolist(),
-        "response_ids": trajectory.response_tokens.tolist(),
-        "response_mask": trajectory.response_masks.tolist(),
-        "response_logprobs": None if trajectory.response_logprobs is None else trajectory.response_logprobs.tolist(),
-        "weight_versions": last.weight_versions,
-        "chat_completions": trajectory.chat_completions,
-        "trajectory_reward": trajectory.trajectory_reward,
-        "metrics": trajectory.metrics,
-        "termination_reason": str(trajectory.termination_reason),
-        "failed": trajectory.failed,
-        "error": trajectory.error,
-    }
-    if len(runs) > 1:
-        record["runs"] = [{name: getattr(run, name) for name in _BRIDGE_RUN_FIELDS} for run in runs]
-    if isinstance(trajectory, StepTrajectory):
-        task = trajectory.task if isinstance(trajectory.task, dict) else {"raw": repr(trajectory.task)}
-        record["task_id"] = task.get("id")
-        index = {id(run): k for k, run in enumerate(runs)}
-        record["steps"] = [
-            {
-                "action": s.action,
-                "thought": s.thought,
-                "reward": s.reward,
-                "done": s.done,
-                "info": s.info,
-                "run": index.get(id(s.run)),
-                "span": list(s.span),
-            }
-            for s in trajectory.steps
-        ]
-    return record
-
-
-def write_trajectories(
-    path: str | Path, trajectories: Sequence[Trajectory], task_ids: Sequence[Any] | None = None
-) -> None:
-    """Write `trajectories` into `path` as JSON Lines, one `trajectory_to_dict` record each (overwriting the file); a
-    record without a `task_id` gets the one at its position in `task_ids`."""
-    with Path(path).open("w", encoding="utf-8") as f:
-        for i, trajectory in enumerate(trajectories):
-            record = trajectory_to_dict(trajectory)
-            if task_ids is not None:
-                record.setdefault("task_id", task_ids[i])
-            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")

@@ -11,6 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentic_rl.train.distributed import DistContext
+from agentic_rl.train.packing import TokenCounts
+from agentic_rl.train.step_stats import StepStats
+from agentic_rl.types import Trajectory
+
 __all__ = ["HELDOUT_COUNTS", "TOKEN_KEYS", "StepFigures", "gather", "metrics_row", "row_sources"]
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
@@ -103,7 +108,7 @@ def row_sources(max_staleness: int) -> dict[str, str]:
     }
 
 
-def gather(dist: Any, keys: Sequence[str], local: Mapping[str, float]) -> dict[str, list[float]]:
+def gather(dist: DistContext, keys: Sequence[str], local: Mapping[str, float]) -> dict[str, list[float]]:
     """Every rank's value of each of `keys` (gathered in that order, the same on every rank), in rank order."""
     ranks = dist.gather_floats([local[key] for key in keys])
     return {key: [rk[i] for rk in ranks] for i, key in enumerate(keys)}
@@ -111,7 +116,7 @@ def gather(dist: Any, keys: Sequence[str], local: Mapping[str, float]) -> dict[s
 
 @dataclass(frozen=True, slots=True)
 class StepFigures:
-    """What one training step on this rank measured, for its metrics row.
+    """What one training step on this rank measured, for its metrics row (built with keywords).
 
     Attributes:
         trajectories: this rank's trajectories of the step (`group_size` per group).
@@ -131,15 +136,15 @@ class StepFigures:
         left_out_task_ids: the task id of each of `left_out`.
     """
 
-    trajectories: list[Any]
+    trajectories: list[Trajectory]
     refused: int
-    stats: dict[str, Any]
+    stats: StepStats
     rollout_s: float
     sync_s: float
     step_s: float
     groups: Mapping[str, int]
     task_ids: list[Any]
-    left_out: list[Any] = field(default_factory=list)
+    left_out: list[Trajectory] = field(default_factory=list)
     left_out_task_ids: list[Any] = field(default_factory=list)
 
 
@@ -151,29 +156,28 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
     """This rank's values of every gathered key."""
     trajectories, stats = figures.trajectories, figures.stats
     generated = sum(t.num_generated_tokens for t in trajectories)
-    lag_tokens: Mapping[int, int] = stats.get("lag_tokens") or {}
-    lag_gap: Mapping[int, float] = stats.get("lag_logprob_gap") or {}
+    lags = range(max_staleness + 1)
     return {
-        "reward_mean": stats["reward_mean"],
-        "reward_std": stats["reward_std"],
+        "reward_mean": stats.reward_mean,
+        "reward_std": stats.reward_std,
         "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
         "failed": sum(t.failed for t in trajectories),
         "refused": figures.refused,
-        "response_length": stats["response_length"],
+        "response_length": stats.response_length,
         "tokens_per_s": generated / max(figures.step_s, 1e-9),
         "samples_per_s": sum(not t.failed for t in trajectories) / max(figures.step_s, 1e-9),
         "rollout_seconds": figures.rollout_s,
-        "train_seconds": stats["train_seconds"],
+        "train_seconds": stats.train_seconds,
         "sync_seconds": figures.sync_s,
         "step_seconds": figures.step_s,
-        "logprob_diff": _nan_if_none(stats["logprob_diff"]),  # NaN: no row here
-        **_token_accounting(stats, figures.left_out),
-        **{
-            key: _nan_if_none(stats.get(key))
-            for key in ("is_weight_mean", "is_weight_max", "is_truncated_fraction", "is_masked_fraction")
-        },
-        **{f"tokens_lag_{lag}": float(lag_tokens.get(lag, 0)) for lag in range(max_staleness + 1)},
-        **{f"logprob_gap_lag_{lag}": _nan_if_none(lag_gap.get(lag)) for lag in range(max_staleness + 1)},
+        "logprob_diff": _nan_if_none(stats.logprob_diff),  # NaN: no row here
+        **_token_accounting(stats.token_counts, figures.left_out),
+        "is_weight_mean": _nan_if_none(stats.is_weight_mean),
+        "is_weight_max": _nan_if_none(stats.is_weight_max),
+        "is_truncated_fraction": _nan_if_none(stats.is_truncated_fraction),
+        "is_masked_fraction": _nan_if_none(stats.is_masked_fraction),
+        **{f"tokens_lag_{lag}": float(stats.lag_tokens.get(lag, 0)) for lag in lags},
+        **{f"logprob_gap_lag_{lag}": _nan_if_none(stats.lag_logprob_gap.get(lag)) for lag in lags},
         **{
             f"groups_{key}": float(figures.groups.get(key, 0))
             for key in ("trained", "failed", "dropped_stale", "in_flight", "drawn", "kept", "constant")
@@ -181,12 +185,12 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
     }
 
 
-def _token_accounting(stats: Mapping[str, Any], left_out: Sequence[Any]) -> dict[str, int]:
+def _token_accounting(counts: TokenCounts, left_out: Sequence[Trajectory]) -> dict[str, int]:
     """The trainer's token accounting with the tokens of the groups dynamic sampling left out added as excluded
     (`tokens_excluded_constant`), so that `tokens_sampled == tokens_trained + tokens_excluded` covers every sampled
     token of the step."""
     left = sum(t.num_generated_tokens for t in left_out)
-    tokens = {key: stats.get(key, 0) for key in TOKEN_KEYS}
+    tokens = {**dict.fromkeys(TOKEN_KEYS, 0), **counts.as_metrics()}
     tokens["tokens_excluded_constant"] = left
     tokens["tokens_sampled"] += left
     tokens["tokens_excluded"] += left
@@ -194,21 +198,21 @@ def _token_accounting(stats: Mapping[str, Any], left_out: Sequence[Any]) -> dict
 
 
 def metrics_row(
-    dist: Any, step: int, figures: StepFigures, *, weight_version: int, max_staleness: int
+    dist: DistContext, step: int, figures: StepFigures, *, weight_version: int, max_staleness: int
 ) -> dict[str, Any]:
     """The metrics row of step `step` (0-based), with the keys of `row_sources` in its order.
 
-    It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed
-    trajectories, the GRPO step's losses, KL, gradient norm and clip fractions, the response length, throughput
-    (`tokens_per_s` and `samples_per_s`: generated tokens and trajectories trained (not failed) per second of the
-    step, end to end: wait, train and sync; summed over ranks. With max_staleness > 0 a step whose groups were
-    ready waits for nothing, so single steps vary widely: compare sums over the run) and timings, `logprob_diff` (the engine-trainer logprob gap, over the ranks that
-    measured it; None when none did), the step's token accounting summed over ranks (`tokens_sampled` =
-    `tokens_trained` + `tokens_excluded`), the off-policy correction's importance weights (`is_*`), trained tokens
-    and the engine-trainer logprob gap by version lag (`tokens_lag_j`, `logprob_gap_lag_j`), the groups trained,
-    failed, dropped as stale and still in flight, the groups drawn, kept and left out as constant (dynamic
-    sampling), `step_skipped` / `skipped_steps`, `zero_advantage_rows`, the
-    weight version, the staleness bound and the trajectories.
+    It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed trajectories,
+    the GRPO step's losses, KL, gradient norm and clip fractions, the response length, throughput (`tokens_per_s` and
+    `samples_per_s`: generated tokens and trajectories trained (not failed) per second of the step, end to end: wait,
+    train and sync; summed over ranks. With max_staleness > 0 a step whose groups were ready waits for nothing, so
+    single steps vary widely: compare sums over the run) and timings, `logprob_diff` (the engine-trainer logprob gap,
+    over the ranks that measured it; None when none did), the step's token accounting summed over ranks
+    (`tokens_sampled` = `tokens_trained` + `tokens_excluded`), the off-policy correction's importance weights (`is_*`),
+    trained tokens and the engine-trainer logprob gap by version lag (`tokens_lag_j`, `logprob_gap_lag_j`), the groups
+    trained, failed, dropped as stale and still in flight, the groups drawn, kept and left out as constant (dynamic
+    sampling), `step_skipped` / `skipped_steps`, `zero_advantage_rows`, the weight version, the staleness bound and the
+    trajectories.
     """
     sources = row_sources(max_staleness)
     gathered_keys = [key for key, source in sources.items() if source in _ACROSS_RANKS]
@@ -220,5 +224,6 @@ def metrics_row(
         "max_staleness": max_staleness,
         "trajectories": len(figures.trajectories) * dist.world_size,
     }
-    values = {"run": own, "local": figures.stats, **dict.fromkeys(_ACROSS_RANKS, gathered)}
+    local_stats = {key: getattr(figures.stats, key) for key, source in sources.items() if source == "local"}
+    values = {"run": own, "local": local_stats, **dict.fromkeys(_ACROSS_RANKS, gathered)}
     return {key: values[source].get(key) for key, source in sources.items()}

@@ -17,22 +17,23 @@ step s (0-based), sampled with step s's seed. With a staleness bound k (`max_sta
 Within a step, groups are ordered by (batch, position), so the packing order is the task order. This module knows
 nothing of the trainer: the caller reports each finished step (`step_done`).
 
-**Dynamic sampling** (`dynamic_sampling`; Yu et al. 2025, "DAPO", section 3.2): a group is *constant* when its
-valid samples all have the same reward, or it has fewer than two (`Group.constant`): GRPO gives it advantage 0, so
-it trains nothing (only a KL term would move the weights) while it still counts in the loss's token normalizer.
+**Dynamic sampling** (`dynamic_sampling`; Yu et al. 2025, "DAPO", section 3.2): a group is *constant* when its valid
+samples all have the same reward, or it has fewer than two (`TrajectoryGroup.constant`): GRPO gives it advantage 0,
+so it trains nothing (only a KL term would move the weights) while it still counts in the loss's token normalizer.
 With overlong filtering, a group whose every valid sample a length limit cut trains nothing either; both kinds are
-*idle* (`Group.idle`), and a group that is neither idle nor failed is *useful* (`Group.useful`). With dynamic
-sampling a step leaves its idle groups out (`constant`, counted) and, when it has fewer than `groups_per_step`
-useful groups once its due groups are in, takes finished groups of later batches in completion order until it has
-enough; if every admitted group has finished and it is still short, it *draws*: the next `groups_per_step` tasks of
-the run's order (`next_batch`) are admitted as an extra draw of the step's own batch, sampled now (by the current
-weights) with the batch's seed at positions past the batch's own, at most `max_extra_draws` times per step. An extra
-draw's groups are due at once, so every one of them is trained (or left out as idle) in that step: useful groups
-beyond the step's need are trained with it, never discarded or carried over, and the staleness bound holds as
-without dynamic sampling (an extra draw's tokens lag 0 versions). Failed groups are never left out: they go to the
-trainer, which counts them as failed, as without dynamic sampling. A step still short after its draws trains what
-it has; one with nothing but idle groups trains them all (as without dynamic sampling, still counted as idle),
-since a step needs a rollout, and one left with no group at all draws once, even with `max_extra_draws` 0. Nothing is pending at a checkpoint that an extra draw admitted, so a resumed run never
+*idle* (`TrajectoryGroup.idle`), and a group that is neither idle nor failed is *useful* (`TrajectoryGroup.useful`).
+With dynamic sampling a step leaves its idle groups out (`constant`, counted) and, when it has fewer than
+`groups_per_step` useful groups once its due groups are in, takes finished groups of later batches in completion
+order until it has enough; if every admitted group has finished and it is still short, it *draws*: the next
+`groups_per_step` tasks of the run's order (`next_batch`) are admitted as an extra draw of the step's own batch,
+sampled now (by the current weights) with the batch's seed at positions past the batch's own, at most
+`max_extra_draws` times per step. An extra draw's groups are due at once, so every one of them is trained (or left
+out as idle) in that step: useful groups beyond the step's need are trained with it, never discarded or carried
+over, and the staleness bound holds as without dynamic sampling (an extra draw's tokens lag 0 versions). Failed
+groups are never left out: they go to the trainer, which counts them as failed, as without dynamic sampling. A step
+still short after its draws trains what it has; one with nothing but idle groups trains them all (as without dynamic
+sampling, still counted as idle), since a step needs a rollout, and one left with no group at all draws once, even
+with `max_extra_draws` 0. Nothing is pending at a checkpoint that an extra draw admitted, so a resumed run never
 rolls out or trains a drawn task twice.
 """
 
@@ -47,12 +48,12 @@ import anyio
 
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
+from agentic_rl.loop.sources import refuse
 from agentic_rl.rollout.runner import check_n_parallel_agents
-from agentic_rl.train.packing import exclusion_reason, is_overlong
-from agentic_rl.train.turn_rows import step_rewards
+from agentic_rl.train.groups import TrajectoryGroup
 from agentic_rl.types import Trajectory
 
-__all__ = ["ContinuousRollout", "Group", "PendingGroup", "drop_stale_groups"]
+__all__ = ["ContinuousRollout", "PendingGroup", "drop_stale_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,81 +71,6 @@ class PendingGroup:
     batch: int
     position: int
     task: dict[str, Any]
-
-
-@dataclass(slots=True)
-class Group:
-    """The `group_size` samples of one task.
-
-    Attributes:
-        batch, position, task: as in `PendingGroup`.
-        trajectories: one slot per sample (index j is sample j), None until it finished.
-        admitted_at: `steps_done` when its batch was admitted.
-        finished_order: its rank among finished groups (0 = first to finish); -1 while running.
-        draw: 0 for a group of the batch itself, d >= 1 for one of the batch's d-th extra draw (dynamic sampling;
-            its position is then d * groups_per_step + its index in the draw).
-        step_level: its samples train turn by turn (`GRPOConfig.advantage = "step"`): `constant` compares their
-            per-turn rewards.
-        overlong_filter: the trainer leaves samples a length limit cut out of the loss (`GRPOConfig.overlong_filter`).
-    """
-
-    batch: int
-    position: int
-    task: dict[str, Any]
-    trajectories: list[Trajectory | None]
-    admitted_at: int
-    finished_order: int = -1
-    draw: int = 0
-    step_level: bool = False
-    overlong_filter: bool = False
-
-    @property
-    def finished(self) -> bool:
-        return self.finished_order >= 0
-
-    @property
-    def failed(self) -> bool:
-        """Every sample failed: nothing of it can be trained."""
-        return all(t is not None and t.failed for t in self.trajectories)
-
-    @property
-    def constant(self) -> bool:
-        """Its valid samples (`exclusion_reason` None: not failed, refused or aborted) all have the same
-        `trajectory_reward`, or it has fewer than two: every GRPO advantage of the group is 0 (`group_advantages`).
-        With `step_level`, the same per-turn rewards (`Step.reward` turn by turn, trailing zero rewards ignored):
-        then every step's return equals its siblings' at the same turn index, so every `turn_advantages` is 0.
-        Judged on the finished rollout, before the trainer's own checks (`refuse_untrainable`)."""
-        valid = self._valid()
-        rewards = [_turn_rewards(t) if self.step_level else float(t.trajectory_reward) for t in valid]
-        return len(rewards) < 2 or all(r == rewards[0] for r in rewards)
-
-    @property
-    def idle(self) -> bool:
-        """Not failed, yet trains nothing: `constant`, or with `overlong_filter` every valid sample was cut by a
-        length limit (`is_overlong`: the filter keeps each out of the loss). Dynamic sampling leaves it out."""
-        if self.failed:
-            return False
-        return self.constant or (self.overlong_filter and all(is_overlong(t) for t in self._valid()))
-
-    @property
-    def useful(self) -> bool:
-        """Some sample enters the loss with a non-zero advantage: what dynamic sampling fills a step with."""
-        return not self.failed and not self.idle
-
-    def _valid(self) -> list[Trajectory]:
-        """Finished samples that enter the group's statistics (`exclusion_reason` None)."""
-        return [t for t in self.trajectories if t is not None and exclusion_reason(t) is None]
-
-
-def _turn_rewards(trajectory: Trajectory) -> tuple[float, ...]:
-    """A trajectory's per-turn rewards as step-level training reads them (`step_rewards`), without trailing zeros
-    (its `trajectory_reward` alone if it has no steps)."""
-    if not getattr(trajectory, "steps", None):
-        return (float(trajectory.trajectory_reward),)
-    rewards = [float(r) for r in step_rewards(trajectory)]  # type: ignore[arg-type]
-    while rewards and rewards[-1] == 0.0:
-        rewards.pop()
-    return tuple(rewards)
 
 
 RunTrajectories = Callable[[Sequence[dict[str, Any]], SamplingConfig, Sequence[int]], Any]
@@ -174,14 +100,14 @@ class ContinuousRollout:
         pending: groups a checkpoint left admitted but untrained: rolled out again first, with their batches.
         next_batch_index: the first new batch's index (a checkpoint's; None: `first_step`).
         whole_batches: call `run` once per batch (see `run`).
-        dynamic_sampling: leave idle groups (`Group.idle`: constant, or every sample overlong-filtered) out of each
-            step and draw more tasks while a step has fewer than `groups_per_step` useful ones (see the module's
+        dynamic_sampling: leave idle groups (`TrajectoryGroup.idle`: constant, or every sample overlong-filtered) out of
+            each step and draw more tasks while a step has fewer than `groups_per_step` useful ones (see the module's
             docstring); `next_step` then returns the step's other groups and `constant` holds the ones it left out.
         max_extra_draws: with `dynamic_sampling`, the most extra draws (of `groups_per_step` tasks each) per step
             (0: leave idle groups out, draw none).
         step_level: the trainer trains turn by turn: a group is constant when its samples' per-turn rewards are
-            (`Group.step_level`).
-        overlong_filter: the trainer filters overlong samples (`Group.overlong_filter`).
+            (`TrajectoryGroup.step_level`).
+        overlong_filter: the trainer filters overlong samples (`TrajectoryGroup.overlong_filter`).
 
     Attributes:
         constant: the idle groups the last `next_step` left out (dynamic sampling; always empty without).
@@ -211,8 +137,8 @@ class ContinuousRollout:
     max_extra_draws: int = 1
     step_level: bool = False
     overlong_filter: bool = False
-    groups: list[Group] = field(default_factory=list, init=False)  # admitted, untrained
-    constant: list[Group] = field(default_factory=list, init=False)
+    groups: list[TrajectoryGroup] = field(default_factory=list, init=False)  # admitted, untrained
+    constant: list[TrajectoryGroup] = field(default_factory=list, init=False)
     step_counts: dict[str, int] = field(default_factory=dict, init=False)
     steps_done: int = field(default=0, init=False)
     _finished: int = field(default=0, init=False)
@@ -268,7 +194,7 @@ class ContinuousRollout:
         self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, dict[str, Any]]], draw: int = 0
     ) -> None:
         groups = [
-            Group(
+            TrajectoryGroup(
                 batch,
                 position,
                 task,
@@ -290,14 +216,14 @@ class ContinuousRollout:
         logger.debug("rollout batch %d admitted after %d steps (%d groups)", batch, self.steps_done, len(tasks))
         self._notify()
 
-    async def _sample(self, group: Group, j: int) -> None:
+    async def _sample(self, group: TrajectoryGroup, j: int) -> None:
         """Roll out sample j of `group` (one of at most `n_parallel_agents` in flight)."""
         async with self._limiter:
             index = group.position * self.group_size + j  # its place in a lockstep batch: the same seed
             (trajectory,) = await self.run([dict(group.task)], self.sampling(group.batch), [index])
         self._store(group, j, trajectory)
 
-    async def _sample_batch(self, batch: int, groups: list[Group]) -> None:
+    async def _sample_batch(self, batch: int, groups: list[TrajectoryGroup]) -> None:
         """Roll out every sample of a batch's groups in one `run` call."""
         slots = [(group, j) for group in groups for j in range(self.group_size)]
         tasks = [dict(group.task) for group, _ in slots]
@@ -305,7 +231,7 @@ class ContinuousRollout:
         for (group, j), trajectory in zip(slots, await self.run(tasks, self.sampling(batch), indices), strict=True):
             self._store(group, j, trajectory)
 
-    def _store(self, group: Group, j: int, trajectory: Trajectory) -> None:
+    def _store(self, group: TrajectoryGroup, j: int, trajectory: Trajectory) -> None:
         group.trajectories[j] = trajectory
         if all(t is not None for t in group.trajectories):
             group.finished_order = self._finished
@@ -314,7 +240,7 @@ class ContinuousRollout:
 
     # ---- steps -------------------------------------------------------------------------------------------------
 
-    async def next_step(self, step: int) -> list[Group]:
+    async def next_step(self, step: int) -> list[TrajectoryGroup]:
         """The groups step `step` trains, once they are all finished, in (batch, position) order: every untrained
         group of batches <= `step` (waited for), then finished groups of later batches in the order they finished,
         `groups_per_step` in all (fewer only when the run admits no more). With `dynamic_sampling`, its groups
@@ -341,7 +267,7 @@ class ContinuousRollout:
         self._draws.pop(step, None)
         return kept
 
-    def _ready(self, step: int) -> list[Group] | None:
+    def _ready(self, step: int) -> list[TrajectoryGroup] | None:
         due = [g for g in self.groups if g.batch <= step]
         if not all(g.finished for g in due):
             return None
@@ -357,7 +283,7 @@ class ContinuousRollout:
         # short of useful groups: wait for what is admitted or may be, then draw while draws are left
         return chosen if self._quiet() and self._draws.get(step, 0) >= self._draw_limit() else None
 
-    def _fill(self, due: list[Group], extra: list[Group]) -> list[Group]:
+    def _fill(self, due: list[TrajectoryGroup], extra: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
         """`due`, then groups of `extra` in order until `groups_per_step` of all are useful."""
         chosen, useful = list(due), sum(g.useful for g in due)
         for group in extra:
@@ -403,10 +329,12 @@ class ContinuousRollout:
         )
         self._admit(self._tg, step, tasks, draw=d)
 
-    def step_record(self, step: int, groups: Sequence[Group], task_id: Callable[[Any], Any]) -> dict[str, Any]:
+    def step_record(
+        self, step: int, groups: Sequence[TrajectoryGroup], task_id: Callable[[Any], Any]
+    ) -> dict[str, Any]:
         """The task ids file's line of step `step` (0-based) that trained `groups` (`next_step`'s): `{"step",
         "task_ids"}`, and with dynamic sampling `constant_task_ids` (the idle groups it left out) and `draws`
-        (each trained group's `Group.draw`), so that every drawn task is accounted for once."""
+        (each trained group's `TrajectoryGroup.draw`), so that every drawn task is accounted for once."""
         record: dict[str, Any] = {"step": step + 1, "task_ids": [task_id(g.task) for g in groups]}
         if self.dynamic_sampling:
             record["constant_task_ids"] = [task_id(g.task) for g in self.constant]
@@ -448,10 +376,10 @@ class ContinuousRollout:
             await self._changed.wait()
 
 
-def drop_stale_groups(groups: Sequence[Group], weight_version: int, max_staleness: int) -> int:
+def drop_stale_groups(groups: Sequence[TrajectoryGroup], weight_version: int, max_staleness: int) -> int:
     """Refuse, in place, every group holding a sampled token more than `max_staleness` versions older than
-    `weight_version` (the weights the step updates): each of its trajectories fails with the reason in `error` and
-    `metrics["refused"]`, so none of its tokens is trained (`tokens_excluded_refused`). Admission and due groups
+    `weight_version` (the weights the step updates): each of its trajectories not failed yet is refused (`refuse`),
+    so none of its tokens is trained (`tokens_excluded_refused`). Admission and due groups
     make this impossible for the built-in rollout; it guards the bound against a rollout that samples outside it
     (say, an agent that reuses tokens of an earlier call). Tokens whose version is not recorded are not judged.
 
@@ -478,9 +406,8 @@ def drop_stale_groups(groups: Sequence[Group], weight_version: int, max_stalenes
             f"stale: a token sampled by weight version {oldest} is more than max_staleness={max_staleness} "
             f"versions older than the weights it would update ({weight_version})"
         )
-        for t in group.trajectories:
-            if t is not None and not t.failed:
-                t.failed, t.error = True, f"refused for training: {reason}"
-                t.metrics["refused"] = reason
+        for t in group.samples:
+            if not t.failed:
+                refuse(t, reason)
         logger.warning("group of task position %d (batch %d) dropped: %s", group.position, group.batch, reason)
     return dropped

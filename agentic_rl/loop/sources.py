@@ -36,6 +36,7 @@ __all__ = [
     "TrainingRollout",
     "build_training_rollout",
     "load_classes",
+    "refuse",
     "refuse_untrainable",
 ]
 
@@ -112,9 +113,9 @@ class AgentRollout:
             )
         for i, t in enumerate(out):  # something that is not a trajectory is a refused record of its task
             if not isinstance(t, Trajectory):
-                error = f"refused for training: {name} returned {type(t).__name__}, not a Trajectory"
-                out[i] = failed_trajectory(i, tasks[i], TerminationReason.ERROR, error)
-                out[i].metrics["refused"] = error
+                reason = f"{name} returned {type(t).__name__}, not a Trajectory"
+                out[i] = failed_trajectory(i, tasks[i], TerminationReason.ERROR, f"refused for training: {reason}")
+                refuse(out[i], reason)
         return out
 
     async def aclose(self) -> None:
@@ -137,31 +138,31 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def refuse(trajectory: Trajectory, reason: str) -> None:
+    """Refuse `trajectory` for training, in place: `refused` holds the reason, and it fails with the reason in `error`
+    (`refused for training: ...`). Packing leaves its tokens out (`exclusion_reason` "refused", counted as
+    `tokens_excluded_refused`). The one writer of `Trajectory.refused`."""
+    trajectory.failed = True
+    trajectory.error = f"refused for training: {reason}"
+    trajectory.refused = reason
+
+
 def refuse_untrainable(trajectories: Sequence[Trajectory], ledger: SampleLedger) -> int:
-    """Refuse, in place, every record whose sampled tokens are not exactly what the engine sampled: no logprobs,
-    a run whose lengths disagree, a token or logprob that differs from the engine's, or a context the engine never
-    sampled in (`SampleLedger.check_run`). A refused trajectory gets `failed=True`, the reason in `error` and in
-    `metrics["refused"]`, and is logged; packing leaves its tokens out (counted as `tokens_excluded_refused`).
-    Failed trajectories are left as they are (they are not trained anyway).
+    """Refuse (`refuse`), in place, every record whose sampled tokens are not exactly what the engine sampled: no
+    logprobs, a run whose lengths disagree, a token or logprob that differs from the engine's, or a context the engine
+    never sampled in (`SampleLedger.check_run`); each is logged. Failed trajectories are left as they are (they are
+    not trained anyway).
 
     Returns:
         How many trajectories are refused: those this call refused and those refused before it (e.g. an agent's
         result that was not a `Trajectory`, see `AgentRollout.run`).
     """
-    refused = 0
     for t in trajectories:
-        if t.failed:
-            refused += bool(t.metrics.get("refused"))
-            continue
-        reason = _untrainable_reason(t, ledger)
-        if reason is None:
-            continue
-        refused += 1
-        t.failed = True
-        t.error = f"refused for training: {reason}"
-        t.metrics["refused"] = reason
-        logger.warning("trajectory %s refused for training: %s", t.idx, reason)
-    return refused
+        reason = None if t.failed else _untrainable_reason(t, ledger)
+        if reason is not None:
+            refuse(t, reason)
+            logger.warning("trajectory %s refused for training: %s", t.idx, reason)
+    return sum(t.refused is not None for t in trajectories)
 
 
 def _untrainable_reason(trajectory: Trajectory, ledger: SampleLedger) -> str | None:

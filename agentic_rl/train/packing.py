@@ -42,8 +42,8 @@ def exclusion_reason(trajectory: Trajectory) -> ExclusionReason | None:
     `aborted`: the engine aborted one of its turns (a step whose `info["finish_reason"]` is `abort`, or a
     termination reason that `TerminationReason.aborts_a_turn`); the turn's tokens are a cut-off sample and the
     reward judged an answer the policy did not finish, so the whole trajectory is left out, even if it was not
-    marked failed. `refused`: a failed trajectory whose record the trainer refused (`metrics["refused"]` says why:
-    its tokens are not exactly what the engine sampled). `failed`: `trajectory.failed` for any other reason (an error
+    marked failed. `refused`: a trajectory whose record training refused (`Trajectory.refused` says why: its tokens
+    are not exactly what the engine sampled, or are too stale). `failed`: `trajectory.failed` for any other reason (an error
     in the engine, environment or reward).
     """
     steps = getattr(trajectory, "steps", None) or ()
@@ -51,7 +51,7 @@ def exclusion_reason(trajectory: Trajectory) -> ExclusionReason | None:
     aborted = reason in TerminationReason.__members__.values() and TerminationReason(reason).aborts_a_turn
     if aborted or any(s.info.get("finish_reason") == "abort" for s in steps):
         return "aborted"
-    if trajectory.failed and trajectory.metrics.get("refused"):
+    if trajectory.refused is not None:
         return "refused"
     return "failed" if trajectory.failed else None
 
@@ -304,17 +304,50 @@ def pack_trajectories(
         group_ids = default_group_ids(trajectories)
     if len(group_ids) != n:
         raise TrajectoryError(f"group_ids has {len(group_ids)} entries for {n} trajectories")
-    counts = {
-        "sampled": 0,
-        "trained": 0,
-        "excluded_failed": 0,
-        "excluded_aborted": 0,
-        "excluded_refused": 0,
-        "excluded_over_length": 0,
-        "excluded_overlong": 0,
-    }
+    rows, per_trajectory, valid_list, counts = _rows(
+        trajectories, max_prompt_length, max_response_length, overlong_filter=overlong_filter
+    )
+    p = max_prompt_length if max_prompt_length is not None else max(r.prompt.numel() for r in rows)
+    r = max_response_length if max_response_length is not None else max(max(x.response.numel() for x in rows), 1)
+    trajectory_valid = torch.tensor(valid_list, dtype=torch.bool)
+    trajectory_rewards = torch.tensor([float(t.trajectory_reward) for t in trajectories]) * trajectory_valid
+    batch = _assemble(
+        rows,
+        p,
+        r,
+        pad_token_id,
+        trajectory_rewards,
+        torch.tensor(list(group_ids), dtype=torch.long),
+        trajectory_valid,
+        torch.tensor(per_trajectory, dtype=torch.long),
+        counts,
+    )
+    return batch.to(device)
+
+
+def _rows(
+    trajectories: Sequence[Trajectory],
+    max_prompt_length: int | None,
+    max_response_length: int | None,
+    *,
+    overlong_filter: bool,
+) -> tuple[list[_Row], list[int], list[bool], TokenCounts]:
+    """The rows of `pack_trajectories` (one per trained run of a valid trajectory, one empty row for an excluded
+    or overlong-filtered one), each trajectory's sampled tokens and validity, and where the sampled tokens went."""
+    counts = dict.fromkeys(
+        (
+            "sampled",
+            "trained",
+            "excluded_failed",
+            "excluded_aborted",
+            "excluded_refused",
+            "excluded_over_length",
+            "excluded_overlong",
+        ),
+        0,
+    )
     per_trajectory: list[int] = []
-    valid_list: list[bool] = []
+    valid: list[bool] = []
     rows: list[_Row] = []
     for i, t in enumerate(trajectories):
         reason = exclusion_reason(t)
@@ -329,24 +362,8 @@ def pack_trajectories(
             rows.extend(_run_row(run, i, counts, max_prompt_length, max_response_length) for run in trained)
         counts["sampled"] += sampled
         per_trajectory.append(sampled)
-        valid_list.append(reason is None)
-
-    p = max_prompt_length if max_prompt_length is not None else max(r.prompt.numel() for r in rows)
-    r = max_response_length if max_response_length is not None else max(max(x.response.numel() for x in rows), 1)
-    trajectory_valid = torch.tensor(valid_list, dtype=torch.bool)
-    trajectory_rewards = torch.tensor([float(t.trajectory_reward) for t in trajectories]) * trajectory_valid
-    batch = _assemble(
-        rows,
-        p,
-        r,
-        pad_token_id,
-        trajectory_rewards,
-        torch.tensor(list(group_ids), dtype=torch.long),
-        trajectory_valid,
-        torch.tensor(per_trajectory, dtype=torch.long),
-        TokenCounts(**counts),
-    )
-    return batch.to(device)
+        valid.append(reason is None)
+    return rows, per_trajectory, valid, TokenCounts(**counts)
 
 
 def _assemble(

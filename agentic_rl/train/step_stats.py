@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
 from agentic_rl.train.loss import LossOutput
-from agentic_rl.train.packing import TokenCounts
+from agentic_rl.train.off_policy import lag_sums
+from agentic_rl.train.packing import PackedBatch, TokenCounts
+from agentic_rl.train.step_rows import StepRows
 
 __all__ = ["LossSums", "StepStats"]
 
@@ -158,3 +161,57 @@ class StepStats:
             value = getattr(self, item.name)
             metrics.update(value.as_metrics() if isinstance(value, TokenCounts) else {item.name: value})
         return metrics
+
+    @classmethod
+    def of(
+        cls,
+        batch: PackedBatch,
+        step: StepRows,
+        sums: LossSums,
+        *,
+        grad_norm: float,
+        lr: float,
+        skipped: bool,
+        skipped_steps: int,
+        t0: float,
+        weight_version: int | None,
+        outcome: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> StepStats:
+        """The metrics of a step that trained `step`'s rows of `batch`; `t0` is its `time.perf_counter()` start,
+        `weight_version` the trainer's version, `skipped_steps` the trainer's count so far, `outcome` the valid
+        trajectories' rewards and lengths when the batch's rows are steps (`GRPOTrainer._pack`)."""
+        mask = batch.response_mask[step.rows]
+        lag_tokens = lag_sums(mask, batch.weight_versions[step.rows], mask, weight_version)
+        if outcome is None:
+            valid_rewards = batch.trajectory_rewards[batch.trajectory_valid]
+            valid_lengths = batch.trajectory_tokens[batch.trajectory_valid].float()
+        else:
+            valid_rewards, valid_lengths = outcome
+        return cls(
+            loss=sums.loss,
+            pg_loss=sums.pg_loss,
+            kl=sums.kl,
+            clip_fraction=sums.clip_fraction,
+            dual_clip_fraction=sums.dual_clip_fraction,
+            kl_clamp_fraction=sums.kl_clamp_fraction,
+            grad_norm=grad_norm,
+            lr=lr,
+            reward_mean=float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
+            reward_std=float(valid_rewards.std(unbiased=False)) if valid_rewards.numel() else 0.0,
+            valid_trajectories=int(valid_rewards.numel()),
+            valid_rows=int(step.rows.numel()),
+            zero_advantage_rows=int(step.rows.numel() - step.computed.numel()),
+            response_length=float(valid_lengths.mean()) if valid_lengths.numel() else 0.0,
+            tokens=int(step.total_tokens),
+            token_counts=batch.tokens,
+            logprob_diff=sums.logprob_gap / step.computed_tokens if step.computed_tokens else None,
+            step_skipped=int(skipped),
+            skipped_steps=skipped_steps,
+            train_seconds=time.perf_counter() - t0,
+            lag_tokens={lag: count for lag, (_, count) in lag_tokens.items()},
+            lag_logprob_gap={lag: total / count for lag, (total, count) in sorted(sums.lag_gap.items())},
+            is_weight_mean=sums.is_weight_sum / step.computed_tokens if step.computed_tokens else None,
+            is_weight_max=sums.is_weight_max,
+            is_truncated_fraction=sums.is_truncated_fraction,
+            is_masked_fraction=sums.is_masked_fraction,
+        )

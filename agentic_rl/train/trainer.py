@@ -7,23 +7,23 @@ import math
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field, model_validator
 
-from agentic_rl.config import Config
-from agentic_rl.errors import ConfigError, TrainingError
+from agentic_rl.errors import ConfigError, TrainingError, TrajectoryError
 from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
+from agentic_rl.train.groups import TrajectoryGroup, flatten_groups
+from agentic_rl.train.grpo_config import GRPOConfig
 from agentic_rl.train.logprobs import SamplingDistribution
-from agentic_rl.train.lora import LoRAConfig, adapter_model, save_adapter, wrap_model
+from agentic_rl.train.lora import adapter_model, save_adapter, wrap_model
 from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
-from agentic_rl.train.off_policy import OffPolicyConfig, lag_sums
+from agentic_rl.train.off_policy import lag_sums
 from agentic_rl.train.optim import adamw, learning_rates, load_optimizer_state
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
+from agentic_rl.train.step_rows import StepRows, micro_batches
 from agentic_rl.train.step_stats import LossSums, StepStats
 from agentic_rl.train.turn_rows import step_units
 from agentic_rl.types import Trajectory
@@ -31,190 +31,6 @@ from agentic_rl.types import Trajectory
 __all__ = ["GRPOConfig", "GRPOTrainer"]
 
 logger = logging.getLogger(__name__)
-
-
-class GRPOConfig(Config):
-    """Optimizer and loss settings.
-
-    Attributes:
-        lr: AdamW learning rate (the peak one under a schedule).
-        lr_schedule: `constant` (default) or `cosine`: the learning rate of optimizer step k (0-based) falls from `lr`
-            along half a cosine towards `lr * min_lr_ratio`, reached at step `lr_decay_steps` and kept after it
-            (Loshchilov & Hutter 2017, "SGDR", without restarts; `train.optim.learning_rates`). Either schedule rises
-            linearly from 0 over `lr_warmup_steps` first (step k < warmup trains at `lr * k / warmup`).
-        lr_warmup_steps: optimizer steps of linear warmup (0: none); the first trains at rate 0, so its rollout
-            changes no weight (in RL each step is a whole rollout: keep W small).
-        min_lr_ratio: the cosine's floor as a fraction of `lr`, in [0, 1]; `cosine` only.
-        lr_decay_steps: the 0-based optimizer step at which the cosine reaches its floor, warmup included; `cosine`
-            only. None: a training run takes its `steps`, so its last step (`steps` - 1) has come
-            (steps - 1 - W) / (steps - W) of the way down (W the warmup; all but the shortest runs end near the
-            floor); a trainer built alone refuses a cosine without it (`ConfigError`).
-        weight_decay: AdamW weight decay.
-        clip_low / clip_high: ratio clip range of the policy loss.
-        clip_ratio_c: dual-clip bound (> 1) on the ratio of negative-advantage tokens (Ye et al. 2020; see
-            `grpo_loss`).
-        kl_coef: weight of the k3 KL to the reference (the model at the start of training); 0 = no reference.
-        loss_agg_mode: `token-mean` or `sequence-mean` (a trajectory's runs form one sequence).
-        scale_by_std: GRPO's division by the group std (False: mean baseline only).
-        std_floor: floor on the group std.
-        max_grad_norm: gradient clipping norm.
-        micro_batch_size: rows per forward/backward (gradients are accumulated over the batch); with
-            `sequence-mean` a trajectory's runs stay in one micro-batch, which may then hold more rows.
-        max_prompt_length / max_response_length: packing widths in tokens (None: the longest in the batch). A run
-            whose prompt is longer is left out; a longer response keeps its first tokens. Cut sampled tokens are
-            counted in `tokens_excluded_over_length`.
-        overlong_filter: leave out of the loss every trajectory a length limit cut (termination reason `truncated`
-            or `context_limit`); it still enters its group's reward statistics, and its sampled tokens are counted
-            in `tokens_excluded_overlong` (Yu et al. 2025, "DAPO", section 3.4: overlong filtering; `is_overlong`).
-        max_consecutive_skips: `train_step` raises `TrainingError` when this many optimizer steps in a row were
-            skipped for a non-finite gradient norm.
-        off_policy: the correction for tokens the engine sampled with other weights or another precision than the
-            trainer's (decoupled PPO with a truncated or masked importance weight; `train.off_policy`). `none` is
-            plain PPO on the ratio to the engine's logprobs. With `sequence`-level masking a trajectory's runs stay
-            in one micro-batch, as with `sequence-mean`.
-        advantage: `trajectory` (default): every token of a trajectory gets its trajectory's group-relative
-            advantage. `step`: each turn of a trajectory is its own row (its exact prompt: the run's prompt and
-            everything before the turn; its sampled ids), rewarded with its discounted return from `Step.reward`
-            (`train.turn_rows.step_units`), and normalized within its task group per turn index (`turn_advantages`).
-            In step mode a row is a sequence of its own (`sequence-mean`, `sequence`-level masking), and the widths
-            apply to each row: a late turn's prompt holds the turns before it.
-        gamma: discount of the step returns in `step` mode, in [0, 1] (1: each turn is credited with every reward
-            from it to the end); not used in `trajectory` mode.
-        lora: train a LoRA adapter on the frozen model instead of every weight (`train.lora.LoRAConfig`); the KL
-            reference is then the same model with its adapter disabled. None (default): full fine-tuning.
-    """
-
-    lr: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    lr_warmup_steps: int = Field(default=0, ge=0, strict=True)
-    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
-    lr_decay_steps: int | None = Field(default=None, ge=1, strict=True)
-    weight_decay: float = Field(default=0.0, ge=0)
-    clip_low: float = Field(default=0.2, ge=0, lt=1)
-    clip_high: float = Field(default=0.2, ge=0)
-    clip_ratio_c: float = Field(default=3.0, gt=1)
-    kl_coef: float = Field(default=0.0, ge=0)
-    loss_agg_mode: Literal["token-mean", "sequence-mean"] = "token-mean"
-    scale_by_std: bool = True
-    std_floor: float = Field(default=0.1, gt=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    micro_batch_size: int = Field(default=4, ge=1)
-    max_prompt_length: int | None = Field(default=None, ge=1)
-    max_response_length: int | None = Field(default=None, ge=1)
-    overlong_filter: bool = False
-    max_consecutive_skips: int = Field(default=3, ge=1)
-    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
-    advantage: Literal["trajectory", "step"] = "trajectory"
-    gamma: float = Field(default=1.0, ge=0, le=1)
-    lora: LoRAConfig | None = None
-
-    @model_validator(mode="after")
-    def _schedule_is_consistent(self) -> GRPOConfig:
-        cosine_only = {"min_lr_ratio": self.min_lr_ratio or None, "lr_decay_steps": self.lr_decay_steps}
-        given = [f"{name}={value:g}" for name, value in cosine_only.items() if value is not None]
-        if self.lr_schedule == "constant" and given:
-            one = len(given) == 1
-            raise ValueError(
-                f"{' and '.join(given)} only shape{'s' * one} the cosine schedule: set lr_schedule: "
-                f"cosine, or remove {'it' if one else 'them'}"
-            )
-        if (
-            self.lr_schedule == "cosine"
-            and self.lr_decay_steps is not None
-            and self.lr_warmup_steps >= self.lr_decay_steps
-        ):
-            raise ValueError(
-                f"lr_warmup_steps={self.lr_warmup_steps} must be below lr_decay_steps="
-                f"{self.lr_decay_steps}: the cosine decays after the warmup"
-            )
-        return self
-
-
-def _micro_batches(
-    rows: torch.Tensor, owner: torch.Tensor, size: int, *, whole_trajectories: bool
-) -> list[torch.Tensor]:
-    """Split row indices into chunks of at most `size` rows; with `whole_trajectories`, a trajectory's rows
-    (same `owner`) are never split (a chunk may then exceed `size`)."""
-    if not rows.numel():
-        return []
-    if not whole_trajectories:
-        return list(torch.split(rows, size))
-    chunks: list[list[int]] = [[]]
-    owners = owner[rows].tolist()
-    for start, row in enumerate(rows.tolist()):
-        if start and owners[start] == owners[start - 1]:
-            chunks[-1].append(row)
-            continue
-        span = owners.count(owners[start])
-        if chunks[-1] and len(chunks[-1]) + span > size:
-            chunks.append([])
-        chunks[-1].append(row)
-    return [torch.tensor(c, dtype=torch.long, device=rows.device) for c in chunks]
-
-
-@dataclass(frozen=True, slots=True)
-class _StepRows:
-    """Which rows of a packed batch one step trains, and the counts that normalize its loss.
-
-    Attributes:
-        rows: (N,) int64, valid rows with at least one response token; all of them count in the normalizers.
-        computed: (M,) int64, the rows of `rows` whose forward runs (all of them with a KL term, else those whose
-            advantage is not 0).
-        total_tokens: response tokens of `rows` (this rank's).
-        total_sequences: trajectories `rows` belong to (this rank's).
-        computed_tokens: response tokens of `computed`.
-        global_tokens, global_sequences: `total_tokens` and `total_sequences` summed over every rank.
-        world_size: ranks whose gradients are averaged (1 without a `DistContext`).
-    """
-
-    rows: torch.Tensor
-    computed: torch.Tensor
-    total_tokens: float
-    total_sequences: int
-    computed_tokens: float
-    global_tokens: float
-    global_sequences: float
-    world_size: int
-
-    @classmethod
-    def of(cls, batch: PackedBatch, advantages: torch.Tensor, *, with_kl: bool, dist: DistContext | None) -> _StepRows:
-        """The rows of `batch` to train, given each row's (B,) float32 advantage and whether the loss has a KL term;
-        every rank of `dist` must call it (the global counts are one all-reduce)."""
-        rows = torch.nonzero(batch.valid & (batch.response_mask.sum(-1) > 0)).flatten()
-        # Without a KL term a row whose advantage is 0 adds exactly 0 to the loss and its gradient: skip its forward.
-        # The normalizers still count it, so the step is the same as with the row.
-        computed = rows if with_kl else rows[advantages[rows] != 0]
-        tokens = float(batch.response_mask[rows].sum())
-        sequences = int(torch.unique(batch.row_trajectory[rows]).numel())
-        dist = dist or DistContext()
-        global_tokens, global_sequences = dist.allreduce_sum([tokens, float(sequences)])
-        return cls(
-            rows=rows,
-            computed=computed,
-            total_tokens=tokens,
-            total_sequences=sequences,
-            computed_tokens=float(batch.response_mask[computed].sum()),
-            global_tokens=global_tokens,
-            global_sequences=global_sequences,
-            world_size=dist.world_size,
-        )
-
-    def loss_normalizer(self, loss_agg_mode: str) -> float:
-        """`grpo_loss`'s `normalizer` for every micro-batch of this rank: N / W, with N the response tokens
-        (`token-mean`) or sequences (`sequence-mean`) of all ranks and W the world size.
-
-        A micro-batch's loss is then (W / N) times its sum over its tokens (or sequences' token means); the
-        micro-batches add up to the rank's share and the ranks' average to the step's loss (`DistContext`).
-        """
-        count = self.global_tokens if loss_agg_mode == "token-mean" else self.global_sequences
-        return max(count, 1.0) / self.world_size
-
-    def report_weights(self, loss_agg_mode: str, micro: PackedBatch) -> tuple[float, float]:
-        """What turns a micro-batch's `LossOutput` into its part of this rank's reported means: the factor of its
-        loss (normalized by `loss_normalizer`) and its share of the rank's response tokens (for the clip shares)."""
-        token_share = float(micro.response_mask.sum()) / self.total_tokens
-        count = self.total_tokens if loss_agg_mode == "token-mean" else self.total_sequences
-        return self.loss_normalizer(loss_agg_mode) / count, token_share
 
 
 class GRPOTrainer:
@@ -341,11 +157,11 @@ class GRPOTrainer:
 
     def train_step(
         self,
-        trajectories: Sequence[Trajectory],
+        rollout: Sequence[TrajectoryGroup] | Sequence[Trajectory],
         *,
         group_ids: Sequence[int] | None = None,
         weight_version: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> StepStats:
         """One GRPO optimizer step on a rollout: every exact token run of every valid trajectory is trained.
 
         A trajectory whose history memory rewrote trains each of its runs, each on its own prompt, all with the
@@ -359,46 +175,49 @@ class GRPOTrainer:
         `skipped_steps`.
 
         Args:
-            trajectories: the rollout; rows of one task share a group (by `task["id"]`, or `group_ids`). Under
-                torchrun, this rank's share: a group's advantages are its own statistics, computed on its rank, so
-                each group must be whole on one rank (`distributed.shard` deals out whole tasks, each repeated
-                into its group on the rank it went to).
-            group_ids: explicit group of each trajectory.
+            rollout: the rollout's task groups (`TrajectoryGroup`: what the scheduler hands a step; each group is
+                one GRPO group), or its trajectories, rows of one task sharing a group (by `task["id"]`, or
+                `group_ids`). Under torchrun, this rank's share: a group's advantages are its own statistics,
+                computed on its rank, so each group must be whole on one rank (`distributed.shard` deals out whole
+                tasks, each repeated into its group on the rank it went to).
+            group_ids: explicit group of each trajectory (trajectories only: groups are their own).
             weight_version: the version of the weights this step updates; each trained token's lag is it minus the
                 version that sampled the token (`lag_tokens`, `lag_logprob_gap`). None: lags are not reported.
 
         Returns:
-            The step's `StepStats.as_metrics()`: `loss`, `pg_loss`, `kl`, the clip shares, `grad_norm`, rewards, row
-            and token accounting (`tokens_sampled` == `tokens_trained` + `tokens_excluded`), `logprob_diff` (None
-            when no row was computed), `step_skipped`, `skipped_steps`, `train_seconds`, the tokens and logprob gap
-            by lag and the importance-weight statistics; `StepStats` documents each key.
+            The step's `StepStats`: `loss`, `pg_loss`, `kl`, the clip shares, `grad_norm`, rewards, row and token
+            accounting (`tokens_sampled` == `tokens_trained` + `tokens_excluded`), `logprob_diff` (None when no row
+            was computed), `step_skipped`, `skipped_steps`, `train_seconds`, the tokens and logprob gap by lag and
+            the importance-weight statistics (`StepStats.as_metrics` flattens them into one dict).
 
         Raises:
             TrainingError: when `max_consecutive_skips` optimizer steps in a row were skipped (the weights no longer
                 move: the model or the data produce non-finite gradients).
-            TrajectoryError: from packing or the loss (inconsistent records, NaN/Inf inputs).
+            TrajectoryError: from packing or the loss (inconsistent records, NaN/Inf inputs); for groups given with
+                `group_ids`.
         """
         t0 = time.perf_counter()
+        trajectories, group_ids = _trajectories(rollout, group_ids)
         batch, outcome = self._pack(trajectories, group_ids)
         advantages = batch_advantages(batch, scale_by_std=self.config.scale_by_std, std_floor=self.config.std_floor)
-        step = _StepRows.of(batch, advantages, with_kl=self._with_kl, dist=self.dist)
+        step = StepRows.of(batch, advantages, with_kl=self._with_kl, dist=self.dist)
         sums = self._accumulate_gradients(batch, advantages, step, weight_version)
         has_grads, grad_norm = self._clip_gradients(step)
         lr = self.learning_rate(self.steps_done)
         self._set_learning_rate(lr)
         skipped = self._optimizer_step(has_grads, grad_norm)
-        stats = self._step_stats(
+        return StepStats.of(
             batch,
             step,
             sums,
             grad_norm=grad_norm,
             lr=lr,
             skipped=skipped,
+            skipped_steps=self.skipped_steps,
             t0=t0,
             weight_version=weight_version,
             outcome=outcome,
         )
-        return stats.as_metrics()
 
     @property
     def _with_kl(self) -> bool:
@@ -446,11 +265,11 @@ class GRPOTrainer:
         return batch, outcome
 
     def _accumulate_gradients(
-        self, batch: PackedBatch, advantages: torch.Tensor, step: _StepRows, weight_version: int | None = None
+        self, batch: PackedBatch, advantages: torch.Tensor, step: StepRows, weight_version: int | None = None
     ) -> LossSums:
         """Forward, loss and backward of each micro-batch of `step.computed`, the gradients adding up in `.grad`.
 
-        Every micro-batch's loss is normalized by the step's global count (`_StepRows.loss_normalizer`): with N the
+        Every micro-batch's loss is normalized by the step's global count (`StepRows.loss_normalizer`): with N the
         response tokens (`token-mean`, DAPO) or sequences (`sequence-mean`, GRPO) of all W ranks, a micro-batch
         back-propagates (W / N) * sum of its tokens' (or its sequences' mean) losses. However the rows fall into
         micro-batches and ranks, the summed gradient averaged over ranks is that of the whole step's mean, each
@@ -470,7 +289,7 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = LossSums()
         sequence_mask = cfg.off_policy.correction == "mask" and cfg.off_policy.mask_level == "sequence"
-        chunks = _micro_batches(
+        chunks = micro_batches(
             step.computed,
             batch.row_trajectory,
             cfg.micro_batch_size,
@@ -500,7 +319,7 @@ class GRPOTrainer:
         Args:
             micro: the micro-batch's rows.
             advantages: (b,) float32 advantage of each of its rows.
-            normalizer: the loss's divisor (`_StepRows.loss_normalizer`).
+            normalizer: the loss's divisor (`StepRows.loss_normalizer`).
         """
         cfg = self.config
         new = response_logprobs(self._policy, micro, distribution=self.sampling)
@@ -522,7 +341,7 @@ class GRPOTrainer:
         )
         return new, out
 
-    def _clip_gradients(self, step: _StepRows) -> tuple[bool, float]:
+    def _clip_gradients(self, step: StepRows) -> tuple[bool, float]:
         """Average the gradients across ranks and clip them to `max_grad_norm`.
 
         Args:
@@ -587,53 +406,19 @@ class GRPOTrainer:
             )
         return skipped
 
-    def _step_stats(
-        self,
-        batch: PackedBatch,
-        step: _StepRows,
-        sums: LossSums,
-        *,
-        grad_norm: float,
-        lr: float,
-        skipped: bool,
-        t0: float,
-        weight_version: int | None,
-        outcome: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> StepStats:
-        """The step's metrics; `t0` is its `time.perf_counter()` start, `weight_version` the trainer's version,
-        `outcome` the valid trajectories' rewards and lengths when the batch's rows are steps (`_pack`)."""
-        mask = batch.response_mask[step.rows]
-        lag_tokens = lag_sums(mask, batch.weight_versions[step.rows], mask, weight_version)
-        if outcome is None:
-            valid_rewards = batch.trajectory_rewards[batch.trajectory_valid]
-            valid_lengths = batch.trajectory_tokens[batch.trajectory_valid].float()
-        else:
-            valid_rewards, valid_lengths = outcome
-        return StepStats(
-            loss=sums.loss,
-            pg_loss=sums.pg_loss,
-            kl=sums.kl,
-            clip_fraction=sums.clip_fraction,
-            dual_clip_fraction=sums.dual_clip_fraction,
-            kl_clamp_fraction=sums.kl_clamp_fraction,
-            grad_norm=grad_norm,
-            lr=lr,
-            reward_mean=float(valid_rewards.mean()) if valid_rewards.numel() else 0.0,
-            reward_std=float(valid_rewards.std(unbiased=False)) if valid_rewards.numel() else 0.0,
-            valid_trajectories=int(valid_rewards.numel()),
-            valid_rows=int(step.rows.numel()),
-            zero_advantage_rows=int(step.rows.numel() - step.computed.numel()),
-            response_length=float(valid_lengths.mean()) if valid_lengths.numel() else 0.0,
-            tokens=int(step.total_tokens),
-            token_counts=batch.tokens,
-            logprob_diff=sums.logprob_gap / step.computed_tokens if step.computed_tokens else None,
-            step_skipped=int(skipped),
-            skipped_steps=self.skipped_steps,
-            train_seconds=time.perf_counter() - t0,
-            lag_tokens={lag: count for lag, (_, count) in lag_tokens.items()},
-            lag_logprob_gap={lag: total / count for lag, (total, count) in sorted(sums.lag_gap.items())},
-            is_weight_mean=sums.is_weight_sum / step.computed_tokens if step.computed_tokens else None,
-            is_weight_max=sums.is_weight_max,
-            is_truncated_fraction=sums.is_truncated_fraction,
-            is_masked_fraction=sums.is_masked_fraction,
-        )
+
+def _trajectories(
+    rollout: Sequence[TrajectoryGroup] | Sequence[Trajectory], group_ids: Sequence[int] | None
+) -> tuple[Sequence[Trajectory], Sequence[int] | None]:
+    """The trajectories of `train_step`'s rollout and their groups: groups flattened (`flatten_groups`), or the
+    trajectories as given with `group_ids`.
+
+    Raises:
+        TrajectoryError: for groups given with `group_ids`, or a rollout that mixes groups and trajectories.
+    """
+    groups = [g for g in rollout if isinstance(g, TrajectoryGroup)]
+    if not groups:
+        return rollout, group_ids  # type: ignore[return-value]
+    if group_ids is not None or len(groups) != len(rollout):
+        raise TrajectoryError("train_step takes task groups or trajectories (with group_ids), not both")
+    return flatten_groups(groups)

@@ -20,7 +20,8 @@ import torch
 
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop.scheduler import ContinuousRollout, Group, PendingGroup
+from agentic_rl.loop.scheduler import ContinuousRollout, PendingGroup
+from agentic_rl.train.groups import TrajectoryGroup
 from agentic_rl.types import Step, StepTrajectory, Trajectory
 
 pytestmark = pytest.mark.anyio
@@ -103,7 +104,7 @@ async def _train(feed: ContinuousRollout, steps: range, *, stop_after: int | Non
     return out, saved
 
 
-def _check_step(step: int, trained: list[Group], constant: list[Group], counts: dict, record: dict, *, k: int,
+def _check_step(step: int, trained: list[TrajectoryGroup], constant: list[TrajectoryGroup], counts: dict, record: dict, *, k: int,
                 per_step: int, draws: int) -> None:  # fmt: skip
     """The invariants of one step."""
     fallback = not constant and all(g.idle for g in trained)  # nothing but idle groups: trained anyway
@@ -237,7 +238,7 @@ def _stepped(rewards: list[float], trajectory_reward: float, credited: bool = Fa
 def test_a_step_level_group_is_constant_only_when_its_turn_rewards_are(samples, trajectory_constant, step_constant):
     trajectories = [_stepped(*sample) for sample in samples]
     for step_level, expected in ((False, trajectory_constant), (True, step_constant)):
-        group = Group(0, 0, {"id": 0}, list(trajectories), admitted_at=0, step_level=step_level)
+        group = TrajectoryGroup(0, 0, {"id": 0}, list(trajectories), admitted_at=0, step_level=step_level)
         assert group.constant is expected
 
 
@@ -254,7 +255,7 @@ def _cut(reward: float, reason: str | None) -> Trajectory:
 def test_a_group_whose_every_sample_is_overlong_filtered_is_idle_only_under_the_filter(reasons, idle_when_filtered):
     samples = [_cut(1.0, reasons[0]), _cut(0.0, reasons[1])]
     for overlong_filter in (False, True):
-        group = Group(0, 0, {"id": 0}, list(samples), admitted_at=0, overlong_filter=overlong_filter)
+        group = TrajectoryGroup(0, 0, {"id": 0}, list(samples), admitted_at=0, overlong_filter=overlong_filter)
         assert not group.constant and not group.failed
         assert group.idle is (overlong_filter and idle_when_filtered)
         assert group.useful is not group.idle
@@ -264,5 +265,5 @@ def test_a_failed_group_is_neither_idle_nor_useful():
     failed = [_cut(0.0, None), _cut(0.0, None)]
     for t in failed:
         t.failed = True
-    group = Group(0, 0, {"id": 0}, failed, admitted_at=0)
+    group = TrajectoryGroup(0, 0, {"id": 0}, failed, admitted_at=0)
     assert group.failed and not group.idle and not group.useful

@@ -15,7 +15,8 @@ import torch
 
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop.scheduler import ContinuousRollout, Group, PendingGroup, drop_stale_groups
+from agentic_rl.loop.scheduler import ContinuousRollout, PendingGroup, drop_stale_groups
+from agentic_rl.train.groups import TrajectoryGroup
 from agentic_rl.types import TokenRun, Trajectory
 
 pytestmark = pytest.mark.anyio
@@ -158,9 +159,9 @@ def _sampled_at(*versions: int) -> Trajectory:
 
 
 def test_a_group_with_a_token_past_the_bound_is_dropped_visibly():
-    fresh = Group(3, 0, {"id": 0}, [_sampled_at(2, 3), _sampled_at(3)], admitted_at=2)
-    stale = Group(3, 1, {"id": 1}, [_sampled_at(1, 3), _sampled_at(3)], admitted_at=1)
+    fresh = TrajectoryGroup(3, 0, {"id": 0}, [_sampled_at(2, 3), _sampled_at(3)], admitted_at=2)
+    stale = TrajectoryGroup(3, 1, {"id": 1}, [_sampled_at(1, 3), _sampled_at(3)], admitted_at=1)
     assert drop_stale_groups([fresh, stale], weight_version=3, max_staleness=1) == 1
     assert not any(t.failed for t in fresh.trajectories)
-    assert all(t.failed and t.metrics["refused"].startswith("stale") for t in stale.trajectories)
+    assert all(t.failed and t.refused.startswith("stale") for t in stale.trajectories)
     assert drop_stale_groups([fresh], weight_version=4, max_staleness=2) == 0

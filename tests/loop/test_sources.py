@@ -82,14 +82,14 @@ async def test_records_the_engine_did_not_sample_are_refused_with_the_reason(tok
     out[2].failed = True  # failed already: not trained, not refused
     assert refuse_untrainable(out, rollout.ledger) == 2
     assert [t.failed for t in out] == [True, True, True, False]
-    assert "the engine sampled" in out[0].metrics["refused"] and out[0].error.startswith("refused for training: ")
-    assert out[1].metrics["refused"].startswith("no logprobs")
-    assert "refused" not in out[2].metrics
+    assert "the engine sampled" in out[0].refused and out[0].error.startswith("refused for training: ")
+    assert out[1].refused.startswith("no logprobs")
+    assert out[2].refused is None
 
 
 async def test_an_agent_that_returns_junk_loses_that_record_only(tokenizer):
     out = await _agent_rollout(tokenizer, "junk").run(TASKS, HARNESS.sampling)
-    assert out[1].failed and "returned dict, not a Trajectory" in out[1].metrics["refused"]
+    assert out[1].failed and "returned dict, not a Trajectory" in out[1].refused
     assert not any(t.failed for i, t in enumerate(out) if i != 1)
 
 

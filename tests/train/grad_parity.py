@@ -91,7 +91,7 @@ def step_gradients(model: torch.nn.Module, trajectories: Sequence[StepTrajectory
         return step(*args, **kwargs)
 
     trainer.optimizer.step = record
-    stats = trainer.train_step(trajectories)
+    stats = trainer.train_step(trajectories).as_metrics()
     assert len(seen) == 1, "the step was skipped"
     return seen[0], stats
 

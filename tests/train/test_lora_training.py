@@ -59,7 +59,7 @@ def test_a_fresh_adapter_starts_the_step_from_exactly_the_base_models_logprobs(h
         assert torch.equal(response_logprobs(adapter_model(lora.module), batch), response_logprobs(hf_model, batch))
     full = GRPOTrainer(copy.deepcopy(hf_model), pad_token_id=tokenizer.pad_token_id,
                        config=GRPOConfig(lr=1e-3, micro_batch_size=2))  # fmt: skip
-    with_lora, without = lora.train_step(trajectories), full.train_step(trajectories)
+    with_lora, without = lora.train_step(trajectories).as_metrics(), full.train_step(trajectories).as_metrics()
     assert with_lora["loss"] == without["loss"] and with_lora["logprob_diff"] == without["logprob_diff"]
     assert with_lora["logprob_diff"] < 1e-6  # on-policy: the logprobs the group was recorded with
     assert with_lora["grad_norm"] > 0
@@ -90,7 +90,7 @@ def test_the_kl_reference_is_the_base_model_with_the_adapter_disabled(hf_model, 
     batch = pack_trajectories(trajectories, pad_token_id=tokenizer.pad_token_id)
     trainer = _lora_trainer(hf_model, tokenizer, kl_coef=0.1)
     assert trainer.reference is None  # no second copy of the weights
-    first, second = trainer.train_step(trajectories), trainer.train_step(trajectories)
+    first, second = trainer.train_step(trajectories).as_metrics(), trainer.train_step(trajectories).as_metrics()
     assert first["kl"] == 0.0 and second["kl"] > 0
     with torch.no_grad():
         base = response_logprobs(hf_model, batch)

@@ -36,7 +36,7 @@ def test_each_step_trains_at_the_cosine_rate_and_a_step_without_a_trained_row_st
     trainer = _trainer(tiny, tokenizer, lr_schedule="cosine", lr_decay_steps=4, min_lr_ratio=0.25)
     rates = []
     for batch in (signal, constant, signal, signal, signal, signal):
-        metrics = trainer.train_step(batch)
+        metrics = trainer.train_step(batch).as_metrics()
         rates.append(metrics["lr"])
         assert (metrics["zero_advantage_rows"] == 3) == (batch is constant)  # the constant group trains no row
     assert rates == pytest.approx([_cosine(k, decay=4, floor=0.25) for k in range(6)], rel=1e-9)
@@ -50,14 +50,14 @@ def test_warmup_starts_at_zero_so_the_first_update_leaves_the_weights_as_they_we
     trainer = _trainer(tiny, tokenizer, lr_warmup_steps=2)
     assert trainer.optimizer.param_groups[0]["lr"] == 0.0  # the optimizer holds step 0's rate from the start
     start = weights_digest(trainer.module)
-    rates = [trainer.train_step(group)["lr"]]
+    rates = [trainer.train_step(group).as_metrics()["lr"]]
     assert weights_digest(trainer.module) == start  # AdamW at rate 0, without weight decay, moves nothing
-    rates += [trainer.train_step(group)["lr"] for _ in range(3)]
+    rates += [trainer.train_step(group).as_metrics()["lr"] for _ in range(3)]
     assert rates == pytest.approx([0.0, LR / 2, LR, LR])
     assert weights_digest(trainer.module) != start
 
     warm = _trainer(tiny, tokenizer, lr_schedule="cosine", lr_warmup_steps=2, lr_decay_steps=4, min_lr_ratio=0.5)
-    rates = [warm.train_step(group)["lr"] for _ in range(5)]
+    rates = [warm.train_step(group).as_metrics()["lr"] for _ in range(5)]
     assert rates == pytest.approx([_cosine(k, decay=4, floor=0.5, warmup=2) for k in range(5)])
     assert rates[2] == pytest.approx(LR) and rates[4] == pytest.approx(LR / 2)
 
@@ -72,7 +72,7 @@ def test_a_resumed_trainer_continues_the_schedule_and_takes_the_same_step(tiny, 
     uninterrupted.train_step(second)
     state = copy.deepcopy(uninterrupted.state_dict())
     weights = copy.deepcopy(uninterrupted.module.state_dict())
-    third = uninterrupted.train_step(first)
+    third = uninterrupted.train_step(first).as_metrics()
 
     resumed = _trainer(tiny, tokenizer, **settings)
     resumed.module.load_state_dict(weights)
@@ -80,7 +80,7 @@ def test_a_resumed_trainer_continues_the_schedule_and_takes_the_same_step(tiny, 
     assert resumed.steps_done == 2
     assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(_cosine(1, decay=3, floor=0.1))  # saved
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(_cosine(2, decay=3, floor=0.1))  # the next one
-    assert resumed.train_step(first)["lr"] == third["lr"] == pytest.approx(_cosine(2, decay=3, floor=0.1))
+    assert resumed.train_step(first).as_metrics()["lr"] == third["lr"] == pytest.approx(_cosine(2, decay=3, floor=0.1))
     assert weights_digest(resumed.module) == weights_digest(uninterrupted.module)
 
 
@@ -116,9 +116,9 @@ def test_a_step_skipped_for_its_gradient_reports_the_schedules_rate_and_the_next
     trainer.train_step(group)
     start = weights_digest(trainer.module)
     handle = trainer.module.model.norm.weight.register_hook(lambda g: torch.full_like(g, float("nan")))
-    skipped = trainer.train_step(group)
+    skipped = trainer.train_step(group).as_metrics()
     handle.remove()
     assert skipped["step_skipped"] == 1 and weights_digest(trainer.module) == start  # no update at this rate
     assert skipped["lr"] == trainer.optimizer.param_groups[0]["lr"] == pytest.approx(_cosine(1, decay=3, floor=0.5))
-    assert trainer.train_step(group)["lr"] == pytest.approx(_cosine(2, decay=3, floor=0.5))
+    assert trainer.train_step(group).as_metrics()["lr"] == pytest.approx(_cosine(2, decay=3, floor=0.5))
     assert weights_digest(trainer.module) != start

@@ -193,7 +193,7 @@ def test_train_step_reports_tokens_and_logprob_gap_by_lag_and_the_importance_wei
     whole = grpo_loss(new, batch.old_logprobs, batch_advantages(batch), batch.response_mask,
                       off_policy=GRPOConfig().off_policy)  # fmt: skip
     trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=2, config=GRPOConfig(lr=1e-3, micro_batch_size=3))
-    stats = trainer.train_step(trajs, weight_version=6)
+    stats = trainer.train_step(trajs, weight_version=6).as_metrics()
     assert stats["loss"] == pytest.approx(whole.loss.item(), rel=1e-4, abs=1e-6)  # micro-batches of 3 rows, or one
 
     # lags of the sampled tokens with a known version: 0 (version 6), 1 (5), 2 (4); trajectory 2 has none
@@ -210,7 +210,7 @@ def test_train_step_reports_tokens_and_logprob_gap_by_lag_and_the_importance_wei
     assert stats["is_truncated_fraction"] == pytest.approx(truncated / 20) and 0 < surely <= truncated <= maybe < 20
     assert stats["is_masked_fraction"] == 0.0 and math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])
 
-    unversioned = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=2).train_step(trajs)
+    unversioned = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=2).train_step(trajs).as_metrics()
     assert unversioned["lag_tokens"] == {} and unversioned["lag_logprob_gap"] == {}
 
 
@@ -236,9 +236,9 @@ def test_sequence_level_masking_keeps_a_trajectorys_runs_in_one_micro_batch(tiny
 
     trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=2,
                           config=GRPOConfig(lr=1e-3, micro_batch_size=1, off_policy=config))  # fmt: skip
-    stats = trainer.train_step(trajs)
+    stats = trainer.train_step(trajs).as_metrics()
     assert stats["is_masked_fraction"] == 0.0 and stats["is_weight_max"] == pytest.approx(math.e, rel=1e-3)
     config = OffPolicyConfig(correction="mask", mask_level="token")
     trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=2,
                           config=GRPOConfig(lr=1e-3, micro_batch_size=1, off_policy=config))  # fmt: skip
-    assert trainer.train_step(trajs)["is_masked_fraction"] == pytest.approx(0.5)
+    assert trainer.train_step(trajs).as_metrics()["is_masked_fraction"] == pytest.approx(0.5)

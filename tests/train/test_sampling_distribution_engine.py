@@ -125,7 +125,7 @@ async def test_the_trainer_computes_the_policy_and_the_reference_under_its_sampl
     for name, distribution in (("with", SamplingDistribution.of(sampling)), ("without", None)):
         trainer = GRPOTrainer(copy.deepcopy(trainer_model), pad_token_id=tokenizer.pad_token_id,
                               config=GRPOConfig(kl_coef=0.1), sampling=distribution)  # fmt: skip
-        metrics[name] = trainer.train_step(trajectories, group_ids=[0] * PROMPTS)
+        metrics[name] = trainer.train_step(trajectories, group_ids=[0] * PROMPTS).as_metrics()
     report = {name: {key: m[key] for key in ("logprob_diff", "kl", "clip_fraction")} for name, m in metrics.items()}
     print(report)
     # Before the update the policy is the reference, so the KL is 0 only if both see the same distribution; and

@@ -42,7 +42,7 @@ async def _one_turn(engine, tokenizer, rewards: list[float], task_id: str, seed:
 def _train(model, tokenizer, trajectories, **config) -> dict:
     torch.manual_seed(0)
     trainer = GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=GRPOConfig(lr=1e-4, **config))
-    return trainer.train_step(trajectories)
+    return trainer.train_step(trajectories).as_metrics()
 
 
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "sequence-mean"])

@@ -121,7 +121,7 @@ def test_sampled_equals_trained_plus_excluded_for_every_reason():
                                      steps=[Step(info={"sampled_tokens": 4})])  # fmt: skip
     long = continuous(5, reward=0.0, n=6)  # cut to 4 response tokens: 4 trained, 2 over length
     refused = continuous(6, reward=1.0, n=7, failed=True)  # the trainer refused its record: 7 refused
-    refused.metrics["refused"] = "token 3 differs from what the engine sampled"
+    refused.refused = "token 3 differs from what the engine sampled"
     trajs = [good, failed, timeout, abort_turn, wiped, long, refused]
     assert [exclusion_reason(t) for t in trajs] == [None, "failed", "aborted", "aborted", "failed", None, "refused"]
     # the turn loop's own reason for a turn the engine aborted

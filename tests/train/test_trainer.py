@@ -35,7 +35,7 @@ async def test_train_step_updates_weights_and_reports_metrics(fp32_engine, token
     before = {n: p.detach().clone() for n, p in model_copy.named_parameters()}
     trainer = GRPOTrainer(model_copy, pad_token_id=tokenizer.pad_token_id,
                           config=GRPOConfig(lr=1e-4, micro_batch_size=2))  # fmt: skip
-    metrics = trainer.train_step(trajs)
+    metrics = trainer.train_step(trajs).as_metrics()
 
     assert metrics["valid_rows"] == 4 and metrics["tokens"] == 48
     assert metrics["reward_mean"] == pytest.approx(0.5) and metrics["reward_std"] == pytest.approx(0.5)
@@ -50,7 +50,7 @@ async def test_group_without_reward_signal_leaves_weights_unchanged(fp32_engine,
     trajs = await _group(fp32_engine, tokenizer, [1.0, 1.0, 1.0])
     before = {n: p.detach().clone() for n, p in model_copy.named_parameters()}
     trainer = GRPOTrainer(model_copy, pad_token_id=tokenizer.pad_token_id, config=GRPOConfig(lr=1e-3))
-    metrics = trainer.train_step(trajs)
+    metrics = trainer.train_step(trajs).as_metrics()
     assert metrics["grad_norm"] == 0.0
     assert all(torch.equal(before[n], p) for n, p in model_copy.named_parameters())
 
@@ -59,15 +59,15 @@ async def test_failed_trajectories_do_not_enter_the_loss(fp32_engine, tokenizer,
     trajs = await _group(fp32_engine, tokenizer, [1.0, 0.0, 1.0])
     trajs[2].failed = True
     trainer = GRPOTrainer(model_copy, pad_token_id=tokenizer.pad_token_id, config=GRPOConfig(lr=1e-4))
-    metrics = trainer.train_step(trajs)
+    metrics = trainer.train_step(trajs).as_metrics()
     assert metrics["valid_rows"] == 2 and metrics["tokens"] == 24
 
 
 async def test_kl_to_the_initial_model_is_zero_before_any_update(fp32_engine, tokenizer, model_copy):
     trajs = await _group(fp32_engine, tokenizer, [1.0, 0.0])
     trainer = GRPOTrainer(model_copy, pad_token_id=tokenizer.pad_token_id, config=GRPOConfig(lr=1e-4, kl_coef=0.1))
-    first = trainer.train_step(trajs)
-    second = trainer.train_step(trajs)
+    first = trainer.train_step(trajs).as_metrics()
+    second = trainer.train_step(trajs).as_metrics()
     assert first["kl"] == pytest.approx(0.0, abs=1e-6)
     assert second["kl"] > 0
 
@@ -104,7 +104,7 @@ async def test_every_run_of_a_rewritten_history_is_trained_in_its_own_context(fp
     trajs = [await _rewritten(fp32_engine, tokenizer, r, i) for i, r in enumerate([1.0, 0.0, 1.0, 0.0])]
     trainer = GRPOTrainer(model_copy, pad_token_id=tokenizer.pad_token_id,
                           config=GRPOConfig(lr=1e-4, micro_batch_size=3))  # fmt: skip
-    metrics = trainer.train_step(trajs)
+    metrics = trainer.train_step(trajs).as_metrics()
 
     # all 3 turns x 8 tokens of each trajectory, not only its last run's 8
     assert metrics["tokens_sampled"] == metrics["tokens_trained"] == metrics["tokens"] == 96
@@ -127,7 +127,7 @@ async def test_engine_logprobs_far_below_the_trainers_are_truncated_and_the_step
         trajs.append(StepTrajectory.from_runs([run], trajectory_reward=t.trajectory_reward, idx=t.idx, task=t.task))
     trainer = GRPOTrainer(model_copy, pad_token_id=tokenizer.pad_token_id,
                           config=GRPOConfig(lr=1e-4, micro_batch_size=3))  # default: `tis`, cap 2  # fmt: skip
-    metrics = trainer.train_step(trajs, weight_version=1)
+    metrics = trainer.train_step(trajs, weight_version=1).as_metrics()
 
     assert metrics["is_truncated_fraction"] == pytest.approx(0.5) and metrics["is_masked_fraction"] == 0.0
     assert metrics["is_weight_max"] == pytest.approx(math.e, rel=1e-2)  # fp32 engine and trainer agree to 1e-3

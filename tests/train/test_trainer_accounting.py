@@ -62,7 +62,7 @@ def test_micro_batching_changes_nothing_and_every_run_is_counted(tiny, mode):
     for micro in (1, 3, 64):
         config = GRPOConfig(lr=1e-3, micro_batch_size=micro, loss_agg_mode=mode, off_policy={"correction": "none"})
         trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD, config=config)
-        stats.append(trainer.train_step(trajs))
+        stats.append(trainer.train_step(trajs).as_metrics())
     for s in stats:
         assert s["loss"] == pytest.approx(whole.loss.item(), rel=1e-4, abs=1e-6)
         assert s["clip_fraction"] == pytest.approx(whole.clip_fraction.item(), abs=1e-6)
@@ -75,6 +75,25 @@ def test_micro_batching_changes_nothing_and_every_run_is_counted(tiny, mode):
         assert s["response_length"] == 12.0
         assert s["step_skipped"] == 0 and s["skipped_steps"] == 0
     assert whole.clip_fraction.item() > 0  # the made-up old logprobs are far off-policy: the clips are exercised
+
+
+def test_a_step_on_task_groups_is_the_step_on_their_trajectories_with_group_ids(tiny):
+    """`train_step(groups)` (what the scheduler hands a step) trains exactly `train_step(trajectories, group_ids=...)`
+    with each group's position as its id, and returns the same `StepStats`."""
+    from agentic_rl.errors import TrajectoryError
+    from agentic_rl.train.groups import TrajectoryGroup
+
+    trajs = _batch()
+    groups = [TrajectoryGroup(0, 0, {"id": "t"}, list(trajs[:4])), TrajectoryGroup(0, 1, {"id": "u"}, list(trajs[4:]))]
+    config = GRPOConfig(lr=1e-3, micro_batch_size=3)
+    by_groups = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD, config=config)
+    by_ids = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD, config=config)
+    a = by_groups.train_step(groups, weight_version=0).as_metrics()
+    b = by_ids.train_step(trajs, group_ids=[0, 0, 0, 0, 1, 1], weight_version=0).as_metrics()
+    assert {k: v for k, v in a.items() if k != "train_seconds"} == {k: v for k, v in b.items() if k != "train_seconds"}
+    assert all(torch.equal(p, q) for p, q in zip(by_groups.module.parameters(), by_ids.module.parameters(), strict=True))
+    with pytest.raises(TrajectoryError, match="not both"):
+        by_groups.train_step(groups, group_ids=[0, 0, 0, 0, 1, 1])
 
 
 @pytest.mark.parametrize("case", [case for case in CASES if case[2] == (1.0, 0.0)], ids=str)
@@ -99,18 +118,18 @@ def test_skipped_steps_are_reported_and_too_many_in_a_row_stop_training(tiny, ca
 
     before = [p.detach().clone() for p in model.parameters()]
     handle = poison()
-    first = trainer.train_step(trajs)
+    first = trainer.train_step(trajs).as_metrics()
     assert first["step_skipped"] == 1 and first["skipped_steps"] == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))  # weights untouched
     assert "optimizer step skipped" in caplog.text
     handle.remove()
 
-    second = trainer.train_step(trajs)
+    second = trainer.train_step(trajs).as_metrics()
     assert second["step_skipped"] == 0 and second["skipped_steps"] == 1 and trainer.consecutive_skips == 0
     assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
     handle = poison()
-    third = trainer.train_step(trajs)
+    third = trainer.train_step(trajs).as_metrics()
     assert third["step_skipped"] == 1 and third["skipped_steps"] == 2 and trainer.consecutive_skips == 1
     with pytest.raises(TrainingError, match="2 optimizer steps in a row were skipped"):
         trainer.train_step(trajs)
@@ -197,7 +216,7 @@ def test_rows_with_zero_advantage_are_not_computed_and_the_gradient_is_the_full_
     model.zero_grad(set_to_none=True)
     trainer = GRPOTrainer(model, pad_token_id=PAD, config=GRPOConfig(lr=1e-3, micro_batch_size=3, max_grad_norm=1e9))
     seen = _recorded_step_grads(trainer)
-    stats = trainer.train_step(trajs)
+    stats = trainer.train_step(trajs).as_metrics()
     # group z's 2 x 2 rows, and the 2 rows of group t's trajectory whose reward (0.5) is its group's mean
     assert stats["valid_rows"] == 14 and stats["zero_advantage_rows"] == 6 and stats["tokens"] == 84
     assert stats["loss"] == pytest.approx(whole.loss.item(), rel=1e-4, abs=1e-6)
@@ -209,7 +228,7 @@ def test_rows_with_zero_advantage_are_not_computed_and_the_gradient_is_the_full_
 def test_a_batch_of_zero_advantage_rows_still_takes_its_optimizer_step(tiny):
     trainer = GRPOTrainer(copy.deepcopy(tiny), pad_token_id=PAD, config=GRPOConfig(lr=1e-3))
     seen = _recorded_step_grads(trainer)
-    stats = trainer.train_step([_rewritten(0, 1.0), _rewritten(1, 1.0)])
+    stats = trainer.train_step([_rewritten(0, 1.0), _rewritten(1, 1.0)]).as_metrics()
     assert stats["zero_advantage_rows"] == stats["valid_rows"] == 4 and stats["grad_norm"] == 0.0
     assert stats["logprob_diff"] is None  # no row computed: the gap was not measured (0.0 would claim a match)
     assert len(seen) == 1 and all(not g.any() for g in seen[0])  # a zero gradient, as computing the rows gives
@@ -219,7 +238,7 @@ def test_overlong_filtering_trains_the_rest_of_the_group_with_the_cut_ones_rewar
     """With `overlong_filter` the step's gradient is that of the unfiltered batch with the cut trajectories' tokens
     masked (their rewards kept in the group statistics); off, a cut trajectory trains like any other."""
     from agentic_rl.train.off_policy import OffPolicyConfig
-    from agentic_rl.train.trainer import _StepRows
+    from agentic_rl.train.step_rows import StepRows
 
     trajs = _batch()
     trajs[0].termination_reason = "truncated"
@@ -239,11 +258,11 @@ def test_overlong_filtering_trains_the_rest_of_the_group_with_the_cut_ones_rewar
         for i in range(len(trajs)):  # the cut ones' rewards count either way: every trajectory's advantage is the same
             assert advantages[packed.row_trajectory == i].unique().tolist() == pytest.approx(
                 adv[batch.row_trajectory == i].unique().tolist())  # fmt: skip
-        trainer._accumulate_gradients(packed, advantages, _StepRows.of(packed, advantages, with_kl=False, dist=None))
+        trainer._accumulate_gradients(packed, advantages, StepRows.of(packed, advantages, with_kl=False, dist=None))
         if overlong_filter:
             for p, q in zip(trainer.module.parameters(), reference.parameters(), strict=True):
                 assert p.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-8)
-        s = trainer.train_step(trajs)
+        s = trainer.train_step(trajs).as_metrics()
         assert s["tokens_sampled"] == s["tokens_trained"] + s["tokens_excluded"] == 72
         assert s["tokens_excluded_overlong"] == (24 if overlong_filter else 0) and s["tokens_excluded_failed"] == 12
         assert s["valid_trajectories"] == 5  # the cut ones stay in their groups' statistics

@@ -1,0 +1,480 @@
+"""The composition root of a training run: everything `loop.run.train` needs before its first step.
+
+`set_up` reads the tasks, prepares `output_dir`, starts the colocated engine and the rollout source over it, builds
+the trainer and the scheduler that feeds it (`ContinuousRollout`), and, resuming, brings a checkpoint's state back
+(`starting_point`); the result is one typed `RunState`, which also captures the state a checkpoint saves
+(`RunState.training_state`). The step loop itself is `loop.run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from agentic_rl.engine.base import PausableEngine, TrainableEngine
+from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.errors import ConfigError
+from agentic_rl.loop.config import TrainConfig, config_tasks, system_prompt
+from agentic_rl.loop.rewards import check_reward, train_reward
+from agentic_rl.loop.weight_sync import WeightSync, lora_engine_options, restore_weights
+from agentic_rl.train import checkpoints
+from agentic_rl.train.checkpoints import Checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from agentic_rl.loop.scheduler import ContinuousRollout
+    from agentic_rl.loop.sources import TrainingRollout
+    from agentic_rl.rollout.spec import HarnessConfig
+    from agentic_rl.train.distributed import DistContext
+    from agentic_rl.train.loggers import MetricsLogger
+    from agentic_rl.train.logprobs import SamplingDistribution
+    from agentic_rl.train.trainer import GRPOTrainer
+
+__all__ = [
+    "RunState",
+    "TaskOrder",
+    "finished",
+    "first_redone",
+    "resume_point",
+    "set_up",
+    "starting_point",
+    "step_sampling",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def resume_point(config: TrainConfig) -> Checkpoint | None:
+    """The checkpoint `train(config, resume=True)` continues from: the newest complete one under
+    `output_dir/checkpoints` (None: it starts over)."""
+    return checkpoints.latest_checkpoint(Path(config.output_dir) / "checkpoints", final_step=config.steps)
+
+
+def starting_point(
+    config: TrainConfig, dist: DistContext, *, resume: bool
+) -> tuple[Checkpoint | None, dict[str, Any] | None]:
+    """The checkpoint a `train` call continues from and its saved state; `(None, None)` for a new run or a resumed
+    one that has no complete checkpoint yet (it starts over).
+
+    Raises:
+        ConfigError: for a new run over an earlier one (`_check_fresh`), or a checkpoint of another world size.
+    """
+    out = Path(config.output_dir)
+    if not resume:
+        _check_fresh(out)
+        return None, None
+    if dist.is_main:
+        checkpoints.discard_partial(out / "checkpoints")
+    start = resume_point(config)
+    if start is None:
+        logger.info("resuming %s: no complete checkpoint yet, starting over", out)
+        return None, None
+    state = checkpoints.load_state(start)
+    if state["world_size"] != dist.world_size:
+        raise ConfigError(
+            f"{start.path} was written by {state['world_size']} rank(s); resume it with as many, not {dist.world_size}"
+        )
+    logger.info("resuming %s after step %d from %s", out, state["step"], start.path)
+    return start, state
+
+
+def _check_fresh(out: Path) -> None:
+    """Refuse to start a new run over an earlier one's metrics or checkpoints (they would mix, or be replaced).
+
+    Raises:
+        ConfigError: naming what is there and the way out.
+    """
+    earlier = [name for name in ("metrics.jsonl", "checkpoints") if (out / name).exists()]
+    if earlier:
+        raise ConfigError(
+            f"{out} already holds a training run ({', '.join(earlier)}): continue it with "
+            f"'agentic-rl train --resume {out}', or choose another output_dir"
+        )
+
+
+def finished(out: Path, start: Checkpoint | None, world_size: int) -> bool:
+    """Whether a resumed run wrote everything its end writes: the final checkpoint, then (rank 0) the plots, then
+    every rank's weights digest. A run killed before that (say after `step_K` of its last step, before `final/`)
+    takes the usual path, which runs no step and writes what is missing. Every rank decides alike."""
+    return (
+        start is not None
+        and start.path.name == checkpoints.FINAL
+        and all((out / f"weights_rank{rank}.sha256").is_file() for rank in range(world_size))
+    )
+
+
+def first_redone(state: dict[str, Any] | None) -> int:
+    """The first step (1-based) a run resumed from `state` redoes: rows of it and later ones are dropped from the
+    per-step files (0 without a state: all are)."""
+    return state["step"] + 1 if state is not None else 0
+
+
+class TaskOrder:
+    """`per_step` tasks at a time from a seeded shuffle, cycling; `position` counts the tasks handed out (what a
+    resumed run restores)."""
+
+    def __init__(self, tasks: list[dict[str, Any]], per_step: int, seed: int) -> None:
+        self.tasks = tasks
+        self.per_step = per_step
+        self.order = list(range(len(tasks)))
+        random.Random(seed).shuffle(self.order)
+        self.position = 0
+
+    def next_batch(self) -> list[dict[str, Any]]:
+        batch = [self.tasks[self.order[(self.position + i) % len(self.order)]] for i in range(self.per_step)]
+        self.position += self.per_step
+        return batch
+
+
+@dataclass(slots=True)
+class RunState:
+    """What a training run holds from its set-up (`set_up`) to its end.
+
+    Attributes:
+        config: the run (checked).
+        dist: this process's rank among `world_size`.
+        out: `config.output_dir`.
+        start: the checkpoint it resumed from (None: from the start).
+        done: steps done before this call (the checkpoint's step; 0 from the start).
+        eval_tasks: held-out tasks (empty: no evaluation).
+        task_order: the training tasks, in the order the steps take them.
+        task_ids: this rank's task ids file, `task_ids_rank{R}.jsonl`.
+        tokenizer: the model's tokenizer (saved with each checkpoint).
+        trainer: the GRPO learner.
+        engine: the colocated engine the rollouts sample from.
+        sync: how the trainer's weights (or LoRA adapter) reach the engine.
+        rollout: the `TrainingRollout` every rollout of the run goes through, closed at the end.
+        feed: the `ContinuousRollout` that hands the steps their task groups.
+        sinks: rank 0's metric sinks (`build_loggers`), filled when the run starts.
+        history: the metrics rows so far.
+    """
+
+    config: TrainConfig
+    dist: DistContext
+    out: Path
+    start: Checkpoint | None
+    done: int
+    eval_tasks: list[dict[str, Any]]
+    task_order: TaskOrder
+    task_ids: Path
+    tokenizer: PreTrainedTokenizerBase
+    trainer: GRPOTrainer
+    engine: TrainableEngine
+    sync: WeightSync
+    rollout: TrainingRollout
+    feed: ContinuousRollout
+    sinks: list[MetricsLogger] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def training_state(self, step: int) -> dict[str, Any]:
+        """The training state saved with a checkpoint after `step` steps, as `training_state.pt`: the optimizer state
+        and step counters, the steps done, the task order position, the weight version, the RNG states (Python, NumPy,
+        torch; rank 0's, which every rank restores: all ranks seed alike), the metrics rows so far and the world size.
+        A checkpoint is written atomically (`agentic_rl.train.checkpoints`): a kill at any moment leaves the previous
+        one intact."""
+        return {
+            "step": step,
+            "trainer": self.trainer.state_dict(),
+            "task_position": self.task_order.position,
+            "weight_version": self.engine.weight_version,
+            "rng": checkpoints.capture_rng_state(),
+            "history": self.history,
+            "world_size": self.dist.world_size,
+            "rollout": self.feed.checkpoint(),
+        }
+
+
+async def set_up(
+    config: TrainConfig, dist: DistContext, start: Checkpoint | None, state: dict[str, Any] | None, *, resume: bool
+) -> RunState:
+    """Everything a run needs before its first step, in this order: the tasks (read before any folder or engine
+    starts), `output_dir`, the rollout machinery and the trainer. Resuming, the checkpoint's `state` comes back (all
+    but the RNG states, which `train` restores last); otherwise, on several ranks, every engine loads rank 0's
+    weights, like the trainers (a resumed run's engines all load the same checkpoint). The metric sinks are
+    `train`'s to add.
+
+    Raises:
+        ConfigError: for dynamic sampling on several ranks, tasks the config cannot give, an engine that cannot take
+            new weights or pause, or a class the config names that cannot be loaded or built.
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from agentic_rl.models import resolve_model
+
+    if config.rollout.dynamic_sampling and dist.world_size > 1:  # each rank would draw its own extra tasks
+        raise ConfigError(f"rollout.dynamic_sampling runs on one rank only, not {dist.world_size}")
+    tasks = config_tasks(config, "data")
+    eval_tasks = config_tasks(config, "eval_data", limit=config.eval_limit) if config.eval_data else []
+    device = _local_device(config.device)
+    torch.manual_seed(config.seed)
+    out = Path(config.output_dir)
+    task_ids = _prepare_output(config, dist, first_redone(state), resume=resume)
+    model_dir = await anyio.to_thread.run_sync(resolve_model, config.model)  # may build it: off the event loop
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    task_order = TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
+    rollout, engine = await _start_rollouts(config, dist, tokenizer, model_dir, start, state)
+    trainer = _make_trainer(config, dist, tokenizer, model_dir, device)
+    history: list[dict[str, Any]] = []
+    if state is not None:  # after the trainer copied the initial model as its KL reference
+        restore_weights(trainer, start.path, state)
+        task_order.position = state["task_position"]
+        history = list(state["history"])
+    sync = WeightSync.of(config, trainer, engine)
+    await sync.at_start(resumed=state is not None, world_size=dist.world_size)
+    done = state["step"] if state is not None else 0
+    return RunState(
+        config=config,
+        dist=dist,
+        out=out,
+        start=start,
+        done=done,
+        eval_tasks=eval_tasks,
+        task_order=task_order,
+        task_ids=task_ids,
+        tokenizer=tokenizer,
+        trainer=trainer,
+        engine=engine,
+        sync=sync,
+        rollout=rollout,
+        feed=_feed(config, dist, rollout, task_order, done, state),
+        history=history,
+    )
+
+
+def _local_device(device: str) -> Any:
+    """The trainer's device: one accelerator per local rank (`cuda` / `npu`, made the current one), else `device`."""
+    if device not in ("cuda", "npu"):
+        return device
+    from ascend.device import Platform
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local = Platform(device).device(local_rank)
+    Platform(device).set_device(local_rank)
+    return local
+
+
+def _prepare_output(config: TrainConfig, dist: DistContext, first_redone: int, *, resume: bool) -> Path:
+    """Make `output_dir` (and, rank 0, `rollouts/` and, for a new run, `config.json`), and cut this rank's task ids
+    file back to the steps before `first_redone` (a resumed run redoes the later steps).
+
+    Returns:
+        The task ids file, `task_ids_rank{R}.jsonl`.
+    """
+    from agentic_rl.train.loggers import keep_steps_before
+
+    out = Path(config.output_dir)
+    if dist.is_main:
+        (out / "rollouts").mkdir(parents=True, exist_ok=True)
+        if not resume:
+            (out / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    task_ids = out / f"task_ids_rank{dist.rank}.jsonl"
+    keep_steps_before(task_ids, first_redone)
+    return task_ids
+
+
+def _engine_options(
+    config: TrainConfig, dist: DistContext, model_dir: Path, state: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The colocated engine's options: the config's dtype, KV cache and window, seeded per rank, able to sleep when
+    `sleep_while_training`; resuming, it starts at the checkpoint's weight version."""
+    engine = config.engine
+    options: dict[str, Any] = {
+        "dtype": engine.dtype,
+        "kv_cache_gib": engine.kv_cache_gib,
+        "seed": config.seed + dist.rank,
+        "enable_sleep_mode": engine.sleep_while_training,
+    }
+    if engine.max_model_len:
+        options["max_model_len"] = engine.max_model_len
+    if _distribution(config) is not None:  # the sampled token's logprob under the distribution it was drawn from
+        options["logprobs_mode"] = "processed"
+    if state is not None:  # the engine starts from the checkpoint's weights (fp32), at their version
+        options["weight_version"] = state["weight_version"]
+        if engine.dtype == "auto":  # the dtype the model's own folder asks for, as in the first process
+            from transformers import AutoConfig
+
+            wanted = getattr(AutoConfig.from_pretrained(str(model_dir)), "dtype", None)
+            options["dtype"] = str(wanted).removeprefix("torch.") if wanted else "auto"
+    return {**options, **lora_engine_options(config, state)}
+
+
+async def _start_rollouts(
+    config: TrainConfig,
+    dist: DistContext,
+    tokenizer: PreTrainedTokenizerBase,
+    model_dir: Path,
+    start: Checkpoint | None,
+    state: dict[str, Any] | None,
+) -> tuple[TrainingRollout, TrainableEngine]:
+    """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
+    (`_engine_options`, the checkpoint's weights when resuming) and the `TrainingRollout` over it
+    (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes are
+    loaded before the engine starts). `loop.run.train` closes both.
+
+    Returns:
+        The rollout and its engine.
+
+    Raises:
+        ConfigError: if the engine cannot take new weights, or a class the config names cannot be loaded or built.
+    """
+    from agentic_rl.chat import ChatRenderer
+    from agentic_rl.loop.sources import build_training_rollout, load_classes
+    from agentic_rl.rollout.agent import start_engine
+
+    r = config.rollout
+    harness = _harness(config)
+    renderer = ChatRenderer(tokenizer)
+    check_reward(config)
+    prompt = system_prompt(config)
+    load_classes(tools=config.tools, environment=config.environment, agent=config.agent)
+    weights = start.path if start is not None and config.optimizer.lora is None else model_dir  # LoRA: the base
+    engine = start_engine(
+        weights,
+        _engine_options(config, dist, model_dir, state),
+        max_prompt_length=r.max_prompt_length,
+        max_response_length=r.max_response_length,
+    )
+    try:
+        if not isinstance(engine, TrainableEngine):
+            raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
+        if r.max_staleness and r.placement == "pause" and not isinstance(engine, PausableEngine):
+            raise ConfigError(
+                f"rollout.placement 'pause' needs an engine that can pause generation, got "
+                f"{type(engine).__name__}: use placement 'overlap'"
+            )
+        reward_fn = train_reward(config, engine, renderer)  # the in-process judge asks this engine
+        rollout = build_training_rollout(
+            engine,
+            renderer,
+            tokenizer,
+            harness=harness,
+            n_parallel_agents=r.n_parallel_agents,
+            tools=config.tools,
+            reward_fn=reward_fn,
+            environment=config.environment,
+            agent=config.agent,
+            system_prompt=prompt,
+        )
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await engine.close()
+        raise
+    return rollout, engine
+
+
+def _harness(config: TrainConfig) -> HarnessConfig:
+    """The turn loop's limits, sampling and reward shaping, from the config's `rollout` section."""
+    from agentic_rl.rollout.spec import HarnessConfig
+
+    r = config.rollout
+    return HarnessConfig(
+        max_steps=r.max_steps,
+        max_prompt_length=r.max_prompt_length,
+        max_response_length=r.max_response_length,
+        sampling=r.sampling,
+        toolcall_weight=r.toolcall_weight,
+        milestone_weight=r.milestone_weight,
+        unfinished_penalty=r.unfinished_penalty,
+        reward_timeout_s=r.reward_timeout_s,
+    )
+
+
+def _make_trainer(
+    config: TrainConfig, dist: DistContext, tokenizer: PreTrainedTokenizerBase, model_dir: Path, device: Any
+) -> GRPOTrainer:
+    """A `GRPOTrainer` of the fp32 model on `device` (the trainer copies it as its KL reference); a cosine schedule
+    without `lr_decay_steps` decays over the run's `steps`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentic_rl.train.trainer import GRPOTrainer
+
+    optimizer = config.optimizer
+    if optimizer.lr_schedule == "cosine" and optimizer.lr_decay_steps is None:
+        optimizer = optimizer.model_copy(update={"lr_decay_steps": config.steps})  # the cosine spans the run
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
+    return GRPOTrainer(
+        model, pad_token_id=tokenizer.pad_token_id, config=optimizer, dist=dist, sampling=_distribution(config)
+    )
+
+
+def _distribution(config: TrainConfig) -> SamplingDistribution | None:
+    """The distribution the rollout samples from (temperature, top-k, top-p), which the trainer's logprobs follow
+    and the engine reports processed logprobs of; None for plain sampling (temperature 1, no truncation), where
+    the raw and processed logprobs are the same.
+
+    Raises:
+        ConfigError: for sampling options the trainer cannot follow (temperature 0, min_p, penalties, logit bias).
+    """
+    from agentic_rl.train.logprobs import SamplingDistribution
+
+    distribution = SamplingDistribution.of(config.rollout.sampling)
+    return None if distribution.is_plain else distribution
+
+
+def _feed(
+    config: TrainConfig,
+    dist: DistContext,
+    rollout: TrainingRollout,
+    task_order: TaskOrder,
+    done: int,
+    state: dict[str, Any] | None,
+) -> ContinuousRollout:
+    """The run's `ContinuousRollout`: rollout batches of this rank's share of each step's tasks (`TaskOrder`,
+    sharded by group), batch s sampled with step s's options, admitted under `rollout.max_staleness`, with
+    `rollout.dynamic_sampling` (one rank only) extra draws from the same order; resuming, the checkpoint's admitted
+    but untrained groups are rolled out again first."""
+    from agentic_rl.loop.scheduler import ContinuousRollout, PendingGroup
+    from agentic_rl.train.distributed import shard
+
+    r = config.rollout
+    if r.placement == "pause" and not r.max_staleness:
+        logger.warning(
+            "rollout.placement 'pause' has no effect in lockstep training (rollout.max_staleness: 0): "
+            "nothing is generated while the trainer steps"
+        )
+    saved = (state or {}).get("rollout") or {}
+    return ContinuousRollout(
+        run=lambda tasks, sampling, indices: rollout.run(tasks, sampling, indices=indices),
+        next_batch=lambda: shard(task_order.next_batch(), dist),
+        sampling=lambda batch: step_sampling(config, dist.rank, batch),
+        group_size=r.group_size,
+        groups_per_step=r.tasks_per_step,
+        max_staleness=r.max_staleness,
+        n_parallel_agents=r.n_parallel_agents,
+        first_step=done,
+        last_step=config.steps,
+        pending=[PendingGroup(**p) for p in saved.get("pending", ())],
+        next_batch_index=saved.get("next_batch"),
+        whole_batches=rollout.whole_batches,
+        dynamic_sampling=r.dynamic_sampling,
+        max_extra_draws=r.max_extra_draws,
+        step_level=config.optimizer.advantage == "step",
+        overlong_filter=config.optimizer.overlong_filter,
+    )
+
+
+def step_sampling(config: TrainConfig, rank: int, step: int | None) -> SamplingConfig:
+    """The sampling options of training step `step`'s rollout (0-based: the config's, with the seed
+    `derive_seed(config.seed, rank, step)`, which the turn loop offsets per trajectory and turn, so a resumed run
+    samples what the uninterrupted one would have), or with `step=None` the held-out evaluation's (greedy and
+    unseeded; or at `config.eval_temperature` with a seed of its own (`step=-1`: no training step's), the same at
+    every evaluation)."""
+    from agentic_rl.engine.sampling import derive_seed
+
+    if step is None:
+        temperature = config.eval_temperature
+        seed = derive_seed(config.seed, rank=rank, step=-1) if temperature else None  # no step's seed
+        update: dict[str, Any] = {"temperature": temperature, "seed": seed}
+    else:
+        update = {"seed": derive_seed(config.seed, rank=rank, step=step)}
+    return config.rollout.sampling.model_copy(update=update)

@@ -1,0 +1,110 @@
+"""The GRPO trainer's optimizer and loss settings (`GRPOConfig`): the `optimizer` section of a training config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from agentic_rl.config import Config
+from agentic_rl.train.lora import LoRAConfig
+from agentic_rl.train.off_policy import OffPolicyConfig
+
+__all__ = ["GRPOConfig"]
+
+
+class GRPOConfig(Config):
+    """Optimizer and loss settings.
+
+    Attributes:
+        lr: AdamW learning rate (the peak one under a schedule).
+        lr_schedule: `constant` (default) or `cosine`: the learning rate of optimizer step k (0-based) falls from `lr`
+            along half a cosine towards `lr * min_lr_ratio`, reached at step `lr_decay_steps` and kept after it
+            (Loshchilov & Hutter 2017, "SGDR", without restarts; `train.optim.learning_rates`). Either schedule rises
+            linearly from 0 over `lr_warmup_steps` first (step k < warmup trains at `lr * k / warmup`).
+        lr_warmup_steps: optimizer steps of linear warmup (0: none); the first trains at rate 0, so its rollout
+            changes no weight (in RL each step is a whole rollout: keep W small).
+        min_lr_ratio: the cosine's floor as a fraction of `lr`, in [0, 1]; `cosine` only.
+        lr_decay_steps: the 0-based optimizer step at which the cosine reaches its floor, warmup included; `cosine`
+            only. None: a training run takes its `steps`, so its last step (`steps` - 1) has come
+            (steps - 1 - W) / (steps - W) of the way down (W the warmup; all but the shortest runs end near the
+            floor); a trainer built alone refuses a cosine without it (`ConfigError`).
+        weight_decay: AdamW weight decay.
+        clip_low / clip_high: ratio clip range of the policy loss.
+        clip_ratio_c: dual-clip bound (> 1) on the ratio of negative-advantage tokens (Ye et al. 2020; see
+            `grpo_loss`).
+        kl_coef: weight of the k3 KL to the reference (the model at the start of training); 0 = no reference.
+        loss_agg_mode: `token-mean` or `sequence-mean` (a trajectory's runs form one sequence).
+        scale_by_std: GRPO's division by the group std (False: mean baseline only).
+        std_floor: floor on the group std.
+        max_grad_norm: gradient clipping norm.
+        micro_batch_size: rows per forward/backward (gradients are accumulated over the batch); with
+            `sequence-mean` a trajectory's runs stay in one micro-batch, which may then hold more rows.
+        max_prompt_length / max_response_length: packing widths in tokens (None: the longest in the batch). A run
+            whose prompt is longer is left out; a longer response keeps its first tokens. Cut sampled tokens are
+            counted in `tokens_excluded_over_length`.
+        overlong_filter: leave out of the loss every trajectory a length limit cut (termination reason `truncated`
+            or `context_limit`); it still enters its group's reward statistics, and its sampled tokens are counted
+            in `tokens_excluded_overlong` (Yu et al. 2025, "DAPO", section 3.4: overlong filtering; `is_overlong`).
+        max_consecutive_skips: `train_step` raises `TrainingError` when this many optimizer steps in a row were
+            skipped for a non-finite gradient norm.
+        off_policy: the correction for tokens the engine sampled with other weights or another precision than the
+            trainer's (decoupled PPO with a truncated or masked importance weight; `train.off_policy`). `none` is
+            plain PPO on the ratio to the engine's logprobs. With `sequence`-level masking a trajectory's runs stay
+            in one micro-batch, as with `sequence-mean`.
+        advantage: `trajectory` (default): every token of a trajectory gets its trajectory's group-relative
+            advantage. `step`: each turn of a trajectory is its own row (its exact prompt: the run's prompt and
+            everything before the turn; its sampled ids), rewarded with its discounted return from `Step.reward`
+            (`train.turn_rows.step_units`), and normalized within its task group per turn index (`turn_advantages`).
+            In step mode a row is a sequence of its own (`sequence-mean`, `sequence`-level masking), and the widths
+            apply to each row: a late turn's prompt holds the turns before it.
+        gamma: discount of the step returns in `step` mode, in [0, 1] (1: each turn is credited with every reward
+            from it to the end); not used in `trajectory` mode.
+        lora: train a LoRA adapter on the frozen model instead of every weight (`train.lora.LoRAConfig`); the KL
+            reference is then the same model with its adapter disabled. None (default): full fine-tuning.
+    """
+
+    lr: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_warmup_steps: int = Field(default=0, ge=0, strict=True)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    lr_decay_steps: int | None = Field(default=None, ge=1, strict=True)
+    weight_decay: float = Field(default=0.0, ge=0)
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    clip_high: float = Field(default=0.2, ge=0)
+    clip_ratio_c: float = Field(default=3.0, gt=1)
+    kl_coef: float = Field(default=0.0, ge=0)
+    loss_agg_mode: Literal["token-mean", "sequence-mean"] = "token-mean"
+    scale_by_std: bool = True
+    std_floor: float = Field(default=0.1, gt=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    micro_batch_size: int = Field(default=4, ge=1)
+    max_prompt_length: int | None = Field(default=None, ge=1)
+    max_response_length: int | None = Field(default=None, ge=1)
+    overlong_filter: bool = False
+    max_consecutive_skips: int = Field(default=3, ge=1)
+    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
+    advantage: Literal["trajectory", "step"] = "trajectory"
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    lora: LoRAConfig | None = None
+
+    @model_validator(mode="after")
+    def _schedule_is_consistent(self) -> GRPOConfig:
+        cosine_only = {"min_lr_ratio": self.min_lr_ratio or None, "lr_decay_steps": self.lr_decay_steps}
+        given = [f"{name}={value:g}" for name, value in cosine_only.items() if value is not None]
+        if self.lr_schedule == "constant" and given:
+            one = len(given) == 1
+            raise ValueError(
+                f"{' and '.join(given)} only shape{'s' * one} the cosine schedule: set lr_schedule: "
+                f"cosine, or remove {'it' if one else 'them'}"
+            )
+        if (
+            self.lr_schedule == "cosine"
+            and self.lr_decay_steps is not None
+            and self.lr_warmup_steps >= self.lr_decay_steps
+        ):
+            raise ValueError(
+                f"lr_warmup_steps={self.lr_warmup_steps} must be below lr_decay_steps="
+                f"{self.lr_decay_steps}: the cosine decays after the warmup"
+            )
+        return self
