@@ -1,7 +1,9 @@
 """Chat replies from an in-process `Engine`: messages rendered to prompt ids, the sampled ids decoded to text.
 
 Helpers that ask the run's own model a question (memory summaries, the LLM-judge reward) use `EngineChatClient`
-instead of going through the OpenAI-compatible HTTP server of the same process.
+instead of going through the OpenAI-compatible HTTP server of the same process. `chat` is a coroutine: await it on
+the event loop that drives the engine (the LLM judge is an async reward, which the harness awaits on its own loop);
+never block a thread on it from inside that loop.
 """
 
 from __future__ import annotations
