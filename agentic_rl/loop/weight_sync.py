@@ -15,11 +15,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from agentic_rl.loop.config import TrainConfig
+
+if TYPE_CHECKING:
+    from agentic_rl.engine.base import TrainableEngine
+    from agentic_rl.train.trainer import GRPOTrainer
 
 __all__ = ["WeightSync", "lora_engine_options", "remove_orphaned_folders", "restore_weights"]
 
@@ -77,7 +81,7 @@ def _engine_rank(rank: int) -> int:
     return next((size for size in MAX_LORA_RANKS if size >= rank), rank)
 
 
-def restore_weights(trainer: Any, folder: Path, state: dict[str, Any]) -> None:
+def restore_weights(trainer: GRPOTrainer, folder: Path, state: dict[str, Any]) -> None:
     """Load a checkpoint's weights (the whole model, or with LoRA the adapter) and training state into `trainer`."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -101,7 +105,7 @@ class WeightSync:
         keep: adapter folders kept on tmpfs (the engine's `max_loras`).
     """
 
-    def __init__(self, trainer: Any, engine: Any, *, keep: int = 1) -> None:
+    def __init__(self, trainer: GRPOTrainer, engine: TrainableEngine, *, keep: int = 1) -> None:
         self.trainer = trainer
         self.engine = engine
         self.keep = max(keep, 1)
@@ -110,7 +114,7 @@ class WeightSync:
         self._folders: list[Path] = []
 
     @classmethod
-    def of(cls, config: TrainConfig, trainer: Any, engine: Any) -> WeightSync:
+    def of(cls, config: TrainConfig, trainer: GRPOTrainer, engine: TrainableEngine) -> WeightSync:
         """The sync of a training run's trainer and engine, keeping `rollout.max_staleness + 1` adapters."""
         return cls(trainer, engine, keep=config.rollout.max_staleness + 1)
 
