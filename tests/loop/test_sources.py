@@ -15,9 +15,9 @@ from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment, Sample
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import ConfigError, TrainingError
+from agentic_rl.loop.sources import AgentRollout, SpecRollout, build_training_rollout, refuse_untrainable
 from agentic_rl.plugins import PluginRef
 from agentic_rl.rollout.spec import HarnessConfig, RolloutSpec
-from agentic_rl.loop.sources import AgentRollout, SpecRollout, build_training_rollout, refuse_untrainable
 from agentic_rl.rollout.wrapper import BaseEngineWrapper
 from agentic_rl.types import TokenRun, Trajectory
 

@@ -12,14 +12,14 @@ from test_trainer import _rewritten
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.tool_env import ToolEnvironment
-from agentic_rl.rollout.harness import HarnessConfig
 from agentic_rl.rewards import gsm8k_reward
+from agentic_rl.rollout.harness import HarnessConfig
 from agentic_rl.rollout.session import Rollout
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool
 from agentic_rl.train.packing import pack_trajectories
-from agentic_rl.train.turn_rows import step_units
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
+from agentic_rl.train.turn_rows import step_units
 from agentic_rl.types import RunRecorder, Step, StepTrajectory
 
 
