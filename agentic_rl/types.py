@@ -439,7 +439,7 @@ class Step:
             (`info["reward"]` of its `step()`), the turn's share of the tool-call reward, and on the last turn the
             answer's reward (less `HarnessConfig.unfinished_penalty` when a limit cut the trajectory), so that
             without environment rewards the steps' rewards add up to `trajectory_reward`
-            (`rewards.turns`). Step-level training (`GRPOConfig.advantage = "step"`) learns from it.
+            (`rewards.shaping`). Step-level training (`GRPOConfig.advantage = "step"`) learns from it.
         done: True on the step that ended the trajectory.
         mc_return: discounted return from this step on (filled by training code).
         run: the trajectory's `TokenRun` this turn was sampled in (None for a step built by hand without one: it has
@@ -486,7 +486,7 @@ class StepTrajectory(Trajectory):
     Attributes:
         task: the task as the environment read it.
         steps: one `Step` per assistant turn.
-        credited: True when the harness wrote each turn's reward into `Step.reward` (`rewards.turns`): the
+        credited: True when the harness wrote each turn's reward into `Step.reward` (`rewards.shaping`): the
             step rewards are then used as they are, even when they are all 0 (e.g. a milestone and the
             `unfinished_penalty` cancel). False for steps the harness did not write (captured by the server, or
             an agent that builds its own records): if they all carry 0, step-level training puts

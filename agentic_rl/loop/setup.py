@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
     from agentic_rl.loop.scheduler import ContinuousRollout
     from agentic_rl.loop.sources import TrainingRollout
-    from agentic_rl.rollout.spec import HarnessConfig
     from agentic_rl.train.distributed import DistContext
     from agentic_rl.train.loggers import MetricsLogger
     from agentic_rl.train.logprobs import SamplingDistribution
@@ -331,7 +330,7 @@ async def _start_rollouts(
     from agentic_rl.rollout.agent import start_engine
 
     r = config.rollout
-    harness = _harness(config)
+    harness = config.rollout.harness_config()
     renderer = ChatRenderer(tokenizer)
     check_reward(config)
     prompt = system_prompt(config)
@@ -369,23 +368,6 @@ async def _start_rollouts(
             await engine.close()
         raise
     return rollout, engine
-
-
-def _harness(config: TrainConfig) -> HarnessConfig:
-    """The turn loop's limits, sampling and reward shaping, from the config's `rollout` section."""
-    from agentic_rl.rollout.spec import HarnessConfig
-
-    r = config.rollout
-    return HarnessConfig(
-        max_steps=r.max_steps,
-        max_prompt_length=r.max_prompt_length,
-        max_response_length=r.max_response_length,
-        sampling=r.sampling,
-        toolcall_weight=r.toolcall_weight,
-        milestone_weight=r.milestone_weight,
-        unfinished_penalty=r.unfinished_penalty,
-        reward_timeout_s=r.reward_timeout_s,
-    )
 
 
 def _make_trainer(

@@ -3,8 +3,8 @@
 
 - `chat_templates`: the chat templates of tool-using and reasoning model families (tests/fixtures/templates), each on
   SmolLM2's tokenizer given the family's control tokens, and what `ChatRenderer` makes of each.
-- `derived_builders`: build and fingerprint recipes for the derived-model registry test, named by dotted path
-  (`support.derived_builders:copy_build`).
+- `derived_builders`: build and fingerprint recipes for the derived-model registry test, registered as callables
+  (`models.register_model`).
 - `engines`: engine decorators (scripted, steered, forced-call, recording) that delegate to the real engine, and an
   environment that counts its sessions.
 - `exact`: the check that a captured trajectory is one exact token sequence (server capture and framework tests).
