@@ -121,16 +121,30 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY, "train"})
 
 
-class _Package(type(sys)):
-    """The package's module: `agentic_rl.train` names the training entry point, which shares its name with the
-    trainer's subpackage. The import system binds a subpackage on its parent when it first loads it; that binding is
-    kept off the name (the subpackage stays in `sys.modules["agentic_rl.train"]`, where imports find it)."""
+class _TrainEntry:
+    """`agentic_rl.train`: called, the training entry point (`agentic_rl.loop.train`, a coroutine function); read as
+    a package, the learner subpackage `agentic_rl.train` (its names and submodules, e.g. `agentic_rl.train.loss`).
+    Both share one name, so imports of the subpackage (`import agentic_rl.train.loss as m`) keep working."""
 
-    @property
-    def train(self) -> object:
+    def __call__(self, *args: object, **kwargs: object) -> object:
         from agentic_rl.loop import train
 
-        return train
+        return train(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(importlib.import_module("agentic_rl.train"), name)
+
+    def __repr__(self) -> str:
+        return "<agentic_rl.train: the training entry point (agentic_rl.loop.train) and the learner subpackage>"
+
+
+class _Package(type(sys)):
+    """The package's module: `agentic_rl.train` stays the `_TrainEntry` after the import system binds the learner
+    subpackage on its parent (the subpackage itself stays in `sys.modules["agentic_rl.train"]`)."""
+
+    @property
+    def train(self) -> _TrainEntry:
+        return _TRAIN
 
     @train.setter
     def train(self, value: object) -> None:
@@ -138,5 +152,6 @@ class _Package(type(sys)):
             raise AttributeError("agentic_rl.train is the training entry point (agentic_rl.loop.train)")
 
 
+_TRAIN = _TrainEntry()
 sys.modules[__name__].__class__ = _Package
 logging.getLogger(__name__).addHandler(logging.NullHandler())

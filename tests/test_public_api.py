@@ -25,15 +25,20 @@ def test_importing_the_package_does_not_import_vllm():
 TRAINING_NAMES = ("train", "run_training", "TrainConfig", "GRPOConfig", "run_sft", "SFTConfig")
 
 
-def test_the_training_entry_points_are_the_loops_own():
+def test_the_training_entry_points_are_the_loops_own(monkeypatch):
     import agentic_rl.loop
 
     for name in TRAINING_NAMES:
         assert name in agentic_rl.__all__
-        assert getattr(agentic_rl, name) is getattr(agentic_rl.loop, name), name
+        if name != "train":
+            assert getattr(agentic_rl, name) is getattr(agentic_rl.loop, name), name
     from agentic_rl import GRPOConfig, train
 
-    assert train is agentic_rl.loop.train and GRPOConfig is agentic_rl.loop.GRPOConfig
+    assert GRPOConfig is agentic_rl.loop.GRPOConfig
+    calls = []
+    monkeypatch.setattr(agentic_rl.loop, "train", lambda *args, **kwargs: calls.append((args, kwargs)) or "ran")
+    assert train("config", resume=True) == "ran"  # `agentic_rl.train(...)` is `agentic_rl.loop.train(...)`
+    assert calls == [(("config",), {"resume": True})]
 
 
 def _run(code: str) -> str:
@@ -51,9 +56,14 @@ def test_train_stays_the_entry_point_once_the_trainer_subpackage_is_loaded():
         "import sys, agentic_rl\n"
         "from agentic_rl.train import trainer\n"
         "from agentic_rl.train.loss import grpo_loss\n"
+        "import agentic_rl.train.packing as packing\n"
         "import agentic_rl.loop\n"
         "from agentic_rl import train\n"
-        "print(train is agentic_rl.loop.train, agentic_rl.train is train, trainer.__name__,\n"
+        "agentic_rl.loop.train = lambda config: ('trained', config)\n"
+        "print(train('c'), agentic_rl.train is train, trainer.__name__, packing.__name__,\n"
+        "      agentic_rl.train.trainer.GRPOTrainer is trainer.GRPOTrainer, grpo_loss is agentic_rl.train.loss.grpo_loss,\n"
         "      sys.modules['agentic_rl.train'].__name__, 'train' in dir(agentic_rl))"
     )
-    assert _run(code) == "True True agentic_rl.train.trainer agentic_rl.train True"
+    assert _run(code) == (
+        "('trained', 'c') True agentic_rl.train.trainer agentic_rl.train.packing True True agentic_rl.train True"
+    )
