@@ -18,9 +18,15 @@ from typing import Any
 
 from agentic_rl.data import drop_partial_line, iter_jsonl
 from agentic_rl.errors import ConfigError, TrajectoryError
-from agentic_rl.types import StepTrajectory, TokenRun, Trajectory
+from agentic_rl.types import StepTrajectory, TerminationReason, TokenRun, Trajectory
 
-__all__ = ["finished_records", "trajectory_from_dict", "trajectory_to_dict", "write_trajectories"]
+__all__ = [
+    "finished_records",
+    "read_trajectories",
+    "trajectory_from_dict",
+    "trajectory_to_dict",
+    "write_trajectories",
+]
 
 _RUN_FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "weight_versions")
 
@@ -90,7 +96,7 @@ def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
             chat_completions=record["chat_completions"],
             metrics=record["metrics"],
             response_logprobs=record["response_logprobs"],
-            termination_reason=record["termination_reason"],
+            termination_reason=_reason(record["termination_reason"]),
             failed=record["failed"],
             error=record["error"],
             refused=record.get("refused", record["metrics"].get("refused")),  # older records: in their metrics
@@ -98,6 +104,41 @@ def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
         )
     except KeyError as exc:
         raise TrajectoryError(f"a trajectory record needs {exc.args[0]!r}") from None
+
+
+def _reason(value: Any) -> Any:
+    """A recorded termination reason as a `TerminationReason` where it names one (else as recorded)."""
+    return TerminationReason(value) if value in _REASONS else value
+
+
+_REASONS = frozenset(reason.value for reason in TerminationReason)
+
+
+def read_trajectories(path: str | os.PathLike[str]) -> list[Trajectory]:
+    """The trajectories of a `trajectories.jsonl` file (`write_trajectories`, a rollout's or a training step's
+    records), in file order, as `trajectory_from_dict` restores them. The file is only read: a half-written last
+    line (a process killed mid-write) is skipped, not cut.
+
+    Raises:
+        FileNotFoundError: if `path` does not exist.
+        ConfigError: naming `path:line` for a line that is not JSON or not a trajectory record.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    if lines and lines[-1]:  # no newline after it: half-written
+        lines[-1] = ""
+    trajectories = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise TrajectoryError("a trajectory record is a JSON object")
+            trajectories.append(trajectory_from_dict(record))
+        except (ValueError, TrajectoryError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{path}:{lineno}: not a trajectory record: {exc}") from None
+    return trajectories
 
 
 def write_trajectories(

@@ -197,6 +197,9 @@ def test_rollout_usage_errors_go_to_stderr_name_their_option_and_leave_no_folder
         (["--reward", "nope"], "'llm_judge'"),
         (["--system-prompt-file", str(tmp_path / "none.txt")], "--system-prompt-file"),
         (["--system-prompt-file", str(tmp_path / "latin1.txt")], "not UTF-8 text"),
+        # values only the harness config refuses: refused before the output folder is made
+        (["--turn-timeout-s", "inf"], "turn_timeout_s"),
+        (["--close-timeout-s", "nan"], "close_timeout_s"),
     ]
     (tmp_path / "latin1.txt").write_bytes("Réponds en français.".encode("latin-1"))
     for extra, message in cases:

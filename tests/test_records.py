@@ -109,3 +109,37 @@ def test_run_tasks_keeps_given_indices():
 
     anyio.run(main)
     assert sorted(seen) == [2, 5]
+
+
+def test_read_trajectories_reads_back_what_was_written_and_leaves_a_half_line_alone(tmp_path):
+    from agentic_rl.records import read_trajectories
+    from agentic_rl.types import TerminationReason
+
+    written = [
+        Trajectory(prompt_tokens=[1], response_tokens=[2, 3], response_masks=[1, 1], idx=i, trajectory_reward=r,
+                   response_logprobs=[-0.1, -0.2], termination_reason="max_steps", refused=refused)
+        for i, (r, refused) in enumerate([(1.0, None), (0.0, "stale: sampled 3 versions ago")])
+    ]  # fmt: skip
+    path = tmp_path / "trajectories.jsonl"
+    write_trajectories(path, written)
+    with path.open("a") as f:
+        f.write('{"idx": 2, "prompt_ids": [1')  # a process killed mid-write
+    before = path.read_bytes()
+    read = read_trajectories(path)
+    assert path.read_bytes() == before  # only read
+    assert [t.idx for t in read] == [0, 1] and [t.trajectory_reward for t in read] == [1.0, 0.0]
+    assert [t.refused for t in read] == [None, "stale: sampled 3 versions ago"]
+    assert read[0].termination_reason is TerminationReason.MAX_STEPS
+    assert [t.response_tokens.tolist() for t in read] == [[2, 3], [2, 3]]
+
+
+def test_read_trajectories_names_the_line_that_is_not_a_record(tmp_path):
+    from agentic_rl.records import read_trajectories
+
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(record(0) + "[1, 2]\n")
+    with pytest.raises(ConfigError, match=r"trajectories.jsonl:2: not a trajectory record"):
+        read_trajectories(path)
+    path.write_text(record(0) + '{"idx": 1}\n')
+    with pytest.raises(ConfigError, match=r"trajectories.jsonl:2: not a trajectory record: .*needs 'prompt_ids'"):
+        read_trajectories(path)

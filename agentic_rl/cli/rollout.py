@@ -130,6 +130,7 @@ class _RolloutPlan:
     judge: bool  # the llm_judge reward: it asks the run's own engine (`_start_agent`)
     system_prompt: str | None
     out_dir: Path
+    harness: Any  # the turn loop's HarnessConfig (`_harness_config`)
 
 
 def run_rollout(args: argparse.Namespace, typed: dict[str, Any], *, defaults: dict[str, Any]) -> int:
@@ -179,6 +180,7 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
     judge = args.reward == "llm_judge"  # asks the run's own engine: set up after initialize()
     reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"])
     system_prompt = _read_system_prompt(args.system_prompt_file)
+    harness = _harness_config(args)  # refused here, before the output folder exists
     out_dir = Path(args.output_dir or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
     if not resuming:
         _check_fresh_rollout_dir(out_dir)
@@ -200,6 +202,7 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
         judge=judge,
         system_prompt=system_prompt,
         out_dir=out_dir,
+        harness=harness,
     )
 
 
@@ -242,7 +245,6 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     from agentic_rl.tools.registry import build_tools
 
     args = plan.args
-    config = _harness_config(args)
     model_dir = resolve_model(args.model)
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model_dir)))
     resumed = f" ({len(plan.done)} done before, resuming {plan.out_dir})" if plan.resuming else ""
@@ -262,7 +264,7 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
         renderer,
         engine,
         tools=build_tools(plan.tool_names, corpus=args.corpus),
-        config=config,
+        config=plan.harness,
         reward_fn=reward_fn,
         system_prompt=plan.system_prompt,
     )

@@ -78,14 +78,29 @@ async def score_answer(
         if scope.cancelled_caught:
             raise RewardError(f"the reward did not finish within reward_timeout_s={timeout_s:g}")
         metrics.update(getattr(result, "metrics", None) or {})  # a RewardWithMetrics' own metrics
-        reward = float(result)
-        if not math.isfinite(reward):
-            raise RewardError(f"reward function returned {reward}")
+        reward = _as_reward(result)
     except Exception as exc:
         metrics["reward_error"] = f"{type(exc).__name__}: {exc}"
         raise
     finally:
         metrics["reward_time"] = time.perf_counter() - t0
+    return reward
+
+
+def _as_reward(result: Any) -> float:
+    """The number a reward function returned, as a float.
+
+    Raises:
+        RewardError: for anything but a finite real number (a string, None or a bool is refused, not converted).
+    """
+    if result is None or isinstance(result, (bool, str, bytes)):
+        raise RewardError(f"reward function returned {result!r} ({type(result).__name__}), not a number")
+    try:
+        reward = float(result)
+    except (TypeError, ValueError) as exc:
+        raise RewardError(f"reward function returned {type(result).__name__}, not a number: {exc}") from None
+    if not math.isfinite(reward):
+        raise RewardError(f"reward function returned {reward}")
     return reward
 
 

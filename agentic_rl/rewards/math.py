@@ -50,7 +50,7 @@ def _math_answer_text(text: str) -> str:
 def math_verify_reward(prediction: str, gold: str | Sequence[str]) -> float:
     """1.0 when `math-verify` finds the answer of `prediction` equal to `gold`, else 0.0.
 
-    Uses Hugging Face `math-verify` (`parse` + `verify`) in a worker process (`reward_pool.math_verify_pool`):
+    Uses Hugging Face `math-verify` (`parse` + `verify`) in a worker process (`rewards.pool.math_verify_pool`):
     past `MATH_VERIFY_TIMEOUT_S` the worker is killed and the call fails, so an answer math-verify cannot finish
     (e.g. `2^{2^{2^{2^{2^{2}}}}}`) never hangs a rollout. `gold` may be several spellings of the ground truth,
     tried in order until one parses (the error quotes the last one: the text as written, after any added

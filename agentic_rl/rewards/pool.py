@@ -2,7 +2,7 @@
 
 A thread cannot be stopped, and math-verify's own timeouts rest on `signal.alarm`, which works only in a process's
 main thread. So the code of a reward that may run away (math-verify on an answer such as
-`\\boxed{2^{2^{2^{2^{2^{2}}}}}}`) runs in a small pool of persistent worker processes (`reward_worker.py`, started by
+`\\boxed{2^{2^{2^{2^{2^{2}}}}}}`) runs in a small pool of persistent worker processes (`rewards/worker.py`, started by
 path: no `agentic_rl`, no torch, about a second to start). A call past its bound kills its worker, which is replaced
 on a later call; the other workers, and the calls they serve, go on untouched.
 
@@ -129,7 +129,7 @@ class RewardProcessPool:
         is bounded by the calls ahead of it).
 
         Args:
-            target: a scorer of `reward_worker` (e.g. `"math_verify"`) or `"package.module:function"`.
+            target: a scorer of `rewards.worker` (e.g. `"math_verify"`) or `"package.module:function"`.
             args: its positional arguments (picklable).
             timeout_s: most seconds the call may run; past it its worker is killed, and replaced on a later call.
 
@@ -235,7 +235,7 @@ class ProcessReward:
 
     The harness waits for any reward at most `HarnessConfig.reward_timeout_s`, but a reward that never returns
     keeps its thread (a thread cannot be stopped). Wrapped in `ProcessReward`, the function runs in a pool of
-    worker processes that import its module once (`reward_pool.shared_pool`): past `timeout_s` its worker is
+    worker processes that import its module once (`rewards.pool.shared_pool`): past `timeout_s` its worker is
     killed and replaced, and the call raises `RewardError`. The function sees a copy of `task` and `messages` and
     the state of its own process, not of the caller's (a counter it keeps counts per worker).
 

@@ -91,6 +91,30 @@ async def test_score_answer_bounds_an_async_reward_by_cancelling_it():
     assert metrics["judge_calls"] == 1  # a reward's own metrics are kept, as for a sync one
 
 
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [("high", "returned 'high' (str), not a number"), (None, "returned None"), (True, "returned True (bool)"),
+     ([1.0], "returned list, not a number"), ("0.7", "returned '0.7' (str)")],
+)  # fmt: skip
+async def test_score_answer_refuses_a_reward_that_is_not_a_number(returned, message):
+    def reward(task, messages):
+        return returned
+
+    metrics: dict[str, Any] = {}
+    with pytest.raises(RewardError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        await score_answer(reward, TASK, ANSWER, timeout_s=5, metrics=metrics)
+    assert metrics["reward_error"].startswith("RewardError: reward function returned")
+
+
+async def test_score_answer_takes_any_real_number():
+    import numpy as np
+
+    for returned, expected in [(1, 1.0), (np.float32(0.5), 0.5), (RewardWithMetrics(0.25, {"f1": 0.5}), 0.25)]:
+        metrics: dict[str, Any] = {}
+        reward = await score_answer(lambda task, messages, r=returned: r, TASK, ANSWER, timeout_s=5, metrics=metrics)
+        assert reward == expected and type(reward) is float
+
+
 async def test_metrics_reward_over_an_async_reward_and_sync_metrics():
     async def judged(task, messages):
         return RewardWithMetrics(1.0, {"judge_calls": 1})
