@@ -219,7 +219,10 @@ def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
 def test_evaluation_is_greedy_by_default_and_otherwise_sampled_with_the_same_seed_every_time():
     from types import SimpleNamespace
 
-    from agentic_rl.loop.run import _sampling
+    from agentic_rl.loop.setup import step_sampling
+
+    def _sampling(run, step):
+        return step_sampling(run.config, run.dist.rank, step)
 
     def run(**overrides):
         return SimpleNamespace(config=TrainConfig(data="arithmetic:train:4", **overrides), dist=SimpleNamespace(rank=1))

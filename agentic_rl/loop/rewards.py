@@ -1,20 +1,31 @@
 """A training run's reward function (`TrainConfig.reward`, the LLM judge of `TrainConfig.judge`, the
 `reward_metrics` reported beside it) and the per-step figures of those metrics.
 
-`agentic_rl.loop` builds the reward once its engine runs (the in-process judge asks that engine) and adds
-`reward_figures` to each metrics row and to each held-out evaluation.
+`agentic_rl.loop` resolves the names before its engine starts (`check_reward`, a `RewardPlan`), builds the reward
+from them once the engine runs (`build_reward`: the in-process judge asks that engine) and adds `reward_figures` to
+each metrics row and to each held-out evaluation.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop.config import TrainConfig
+from agentic_rl.loop.config import JudgeSection, TrainConfig
 
-__all__ = ["JUDGE", "JUDGE_COUNTS", "check_reward", "reward_figures", "reward_keys", "train_reward"]
+__all__ = [
+    "JUDGE",
+    "JUDGE_COUNTS",
+    "RewardPlan",
+    "build_reward",
+    "check_reward",
+    "reward_figures",
+    "reward_keys",
+    "train_reward",
+]
 
 JUDGE = "llm_judge"
 """The reward name that asks an LLM judge (`TrainConfig.judge`)."""
@@ -23,8 +34,28 @@ JUDGE_COUNTS = ("judge_calls", "judge_failures")
 """Per-trajectory judge counts (`LLMJudgeReward`), summed in the metrics rows."""
 
 
-def check_reward(config: TrainConfig) -> None:
+@dataclass(frozen=True, slots=True)
+class RewardPlan:
+    """A run's reward, its names resolved before any engine starts (`check_reward`).
+
+    Attributes:
+        reward_fn: the reward function `TrainConfig.reward` names; None for the LLM judge, built once the engine runs.
+        metrics: the function of each name of `TrainConfig.reward_metrics`, reported beside the reward.
+        judge: the judge's settings (`TrainConfig.judge`).
+        api_key: the judge's API key, read from `judge.api_key_env` (None: none).
+    """
+
+    reward_fn: Any | None
+    metrics: Mapping[str, Any]
+    judge: JudgeSection
+    api_key: str | None
+
+
+def check_reward(config: TrainConfig) -> RewardPlan | None:
     """Resolve the reward and metric names before any engine starts, and read the judge's API key variable.
+
+    Returns:
+        The resolved names (None with an agent of your own: it brings its reward).
 
     Raises:
         ConfigError: naming the unknown reward or metric, or the unset API key variable.
@@ -32,15 +63,15 @@ def check_reward(config: TrainConfig) -> None:
     from agentic_rl.rewards.registry import resolve_reward
 
     if config.agent is not None:
-        return
-    if config.reward != JUDGE:
-        resolve_reward(config.reward, also=[JUDGE])
+        return None
+    reward_fn = resolve_reward(config.reward, also=[JUDGE]) if config.reward != JUDGE else None
+    metrics = {}
     for name in config.reward_metrics:
         try:
-            resolve_reward(name)
+            metrics[name] = resolve_reward(name)
         except ConfigError as exc:
             raise ConfigError(f"TrainConfig.reward_metrics: {exc}") from None
-    _api_key(config)
+    return RewardPlan(reward_fn=reward_fn, metrics=metrics, judge=config.judge, api_key=_api_key(config))
 
 
 def _api_key(config: TrainConfig) -> str | None:
@@ -54,27 +85,31 @@ def _api_key(config: TrainConfig) -> str | None:
 
 
 def train_reward(config: TrainConfig, engine: Any, renderer: Any) -> Any:
-    """The run's `reward_fn(task, messages)`: `config.reward` (for `llm_judge`: the judge of `config.judge` from
-    `rewards.build_judge`, over `judge.base_url`, else over `engine` in process, failures scored 0 and counted),
-    wrapped in a `MetricsReward` when `config.reward_metrics` names metrics; None with an agent of your own (it
-    brings its reward).
+    """The run's `reward_fn(task, messages)`: `build_reward(check_reward(config), engine, renderer)`.
 
     Raises:
         ConfigError: for an unknown reward or metric name, or an unset API key variable.
     """
-    from agentic_rl.rewards.judge import build_judge
-    from agentic_rl.rewards.registry import MetricsReward, resolve_reward
+    return build_reward(check_reward(config), engine, renderer)
 
-    if config.agent is not None:
+
+def build_reward(plan: RewardPlan | None, engine: Any, renderer: Any) -> Any:
+    """The run's `reward_fn(task, messages)` from its resolved names: the named reward (for `llm_judge`: the judge of
+    `plan.judge` from `rewards.build_judge`, over `judge.base_url`, else over `engine` in process, failures scored 0
+    and counted), wrapped in a `MetricsReward` when `plan.metrics` names metrics; None without a plan (an agent of
+    your own brings its reward)."""
+    from agentic_rl.rewards.judge import build_judge
+    from agentic_rl.rewards.registry import MetricsReward
+
+    if plan is None:
         return None
-    judge = config.judge
-    if config.reward != JUDGE:
-        reward_fn = resolve_reward(config.reward, also=[JUDGE])
-    else:
+    reward_fn = plan.reward_fn
+    if reward_fn is None:
+        judge = plan.judge
         reward_fn = build_judge(
             base_url=judge.base_url,
             model=judge.model,
-            api_key=_api_key(config),
+            api_key=plan.api_key,
             timeout_s=judge.timeout_s,
             max_retries=judge.max_retries,
             max_tokens=judge.max_tokens,
@@ -82,9 +117,9 @@ def train_reward(config: TrainConfig, engine: Any, renderer: Any) -> Any:
             engine=engine,
             renderer=renderer,
         )
-    if not config.reward_metrics:
+    if not plan.metrics:
         return reward_fn
-    return MetricsReward(reward_fn, {name: resolve_reward(name) for name in config.reward_metrics})
+    return MetricsReward(reward_fn, dict(plan.metrics))
 
 
 def reward_keys(config: TrainConfig) -> list[str]:

@@ -2,10 +2,11 @@
 
 Read from the top: `train` (one call, one run), the step loop (`_run_steps`), one step (`_train_step`: the
 scheduler's task groups -> one GRPO step -> the new weights into the engine) and what is recorded after it
-(`_record_step`). Everything set up before the first step (tasks, output folder, engine, trainer, scheduler, a
-resumed checkpoint's state) is `loop.setup`'s, the run's composition root. With the CLI, the loop package is the
-only one that imports both `rollout` and `train`. Runs on one process or under torchrun (one engine per rank, tasks
-sharded by group, gradients averaged across ranks).
+(`_record_step`). Everything the config says is resolved first, before any folder or engine starts (`loop.plan`:
+tasks, system prompt, reward names, classes, engine options); everything set up from it before the first step
+(output folder, engine, trainer, scheduler, a resumed checkpoint's state) is `loop.setup`'s, the run's composition
+root. With the CLI, the loop package is the only one that imports both `rollout` and `train`. Runs on one process or
+under torchrun (one engine per rank, tasks sharded by group, gradients averaged across ranks).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from typing import Any
 
 import anyio
 
-from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.loop.config import EngineSection, RolloutSection, TrainConfig, load_run_config, load_train_config
 from agentic_rl.loop.metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
+from agentic_rl.loop.plan import plan_run
 from agentic_rl.loop.rewards import reward_figures, reward_keys
-from agentic_rl.loop.setup import RunState, finished, first_redone, resume_point, set_up, starting_point, step_sampling
+from agentic_rl.loop.setup import RunState, finished, first_redone, resume_point, set_up, starting_point
 from agentic_rl.records import write_trajectories
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import weights_digest
@@ -74,11 +75,10 @@ async def train(
 
     A checkpoint holds the model (with `optimizer.lora`, its adapter only), the tokenizer and the training state
     (`RunState.training_state`: optimizer, steps, task order position, weight version, RNG states, metrics rows),
-    written atomically: a kill at any moment leaves the previous one intact. Each step's rollout is sampled with a seed
-    fixed by the config, the rank and the step, so a resumed run repeats the uninterrupted one. Each metrics row
-    (`metrics_row`) holds the step's rewards, losses, timings and token accounting summed over ranks (`tokens_sampled` =
-    `tokens_trained` + `tokens_excluded`), and `step_skipped` / `skipped_steps` (optimizer steps skipped for a
-    non-finite gradient norm).
+    written atomically (a kill leaves the previous one intact). Each step's rollout is seeded by the config, the rank
+    and the step, so a resumed run repeats the uninterrupted one. Each metrics row (`metrics_row`) holds the step's
+    rewards, losses, timings and token accounting summed over ranks (`tokens_sampled` = `tokens_trained` +
+    `tokens_excluded`), and `step_skipped` / `skipped_steps` (optimizer steps skipped for a non-finite gradient norm).
 
     Args:
         config: the run.
@@ -95,8 +95,8 @@ async def train(
 
     Raises:
         ConfigError: when `config` fails its checks (run anew: a value assigned inside a section is checked against
-            the whole run here), starting a new run over an earlier one, resuming a checkpoint of another world
-            size, or `data` / `eval_data` gives no tasks (checked before the engine starts).
+            the whole run), starting a new run over an earlier one, resuming a checkpoint of another world size, or
+            what the config names cannot be had (`plan_run`: tasks, reward, classes; before any engine starts).
         TrainingError: when `optimizer.max_consecutive_skips` optimizer steps in a row were skipped.
     """
     from agentic_rl.train.distributed import init_from_env
@@ -108,7 +108,8 @@ async def train(
     if finished(Path(config.output_dir), start, dist.world_size):  # nothing to redo: no engine to start
         logger.info("%s finished all %d steps already (%s)", config.output_dir, config.steps, start.path)
         return list(state["history"])
-    run = await set_up(config, dist, start, state, resume=resume)
+    plan = plan_run(config, dist.rank, dist.world_size, state)  # what the config says, before any folder or engine
+    run = await set_up(plan, dist, start, state, resume=resume)
     try:
         if dist.is_main:
             run.sinks.extend(
@@ -173,8 +174,8 @@ async def _train_step(run: RunState, step: int, started: float) -> StepFigures:
     rollout_s = time.perf_counter() - t0
     with run.task_ids.open("a") as f:
         f.write(json.dumps(run.feed.step_record(step, groups, _task_id), default=str) + "\n")
-    trajectories, _ = flatten_groups(groups)
     dropped = drop_stale_groups(groups, run.engine.weight_version, run.config.rollout.max_staleness)
+    trajectories, _ = flatten_groups(groups)
     refused = refuse_untrainable(trajectories, run.rollout.ledger)
     if all(t.failed for t in trajectories):  # each says why in its `error` (rollouts/step_K.jsonl)
         logger.warning("step %d: every trajectory of this rank failed or was refused: none trains", step + 1)
@@ -281,7 +282,7 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float]:
     """
     from agentic_rl.train.distributed import shard
 
-    trajectories = await run.rollout.run(shard(run.eval_tasks, run.dist), _sampling(run, None))
+    trajectories = await run.rollout.run(shard(run.eval_tasks, run.dist), run.eval_sampling)
     local = {
         "solved": float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
         "with_tool_calls": float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
@@ -303,15 +304,8 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float]:
 def _save_checkpoint(run: RunState, name: str, step: int) -> None:
     """Save `checkpoints/<name>/` after `step` steps: the model (or its LoRA adapter: peft's `save_pretrained` of the
     trainer's module), the tokenizer and the training state (`RunState.training_state`)."""
-    checkpoints.save_checkpoint(
-        run.out / "checkpoints" / name, run.trainer.module, run.tokenizer, run.training_state(step)
-    )
-
-
-def _sampling(run: RunState, step: int | None) -> SamplingConfig:
-    """The sampling options of this rank's training step `step` (0-based), or with `step=None` of the held-out
-    evaluation (`step_sampling`)."""
-    return step_sampling(run.config, run.dist.rank, step)
+    state = run.training_state(step)
+    checkpoints.save_checkpoint(run.out / "checkpoints" / name, run.trainer.module, run.tokenizer, state)
 
 
 def _task_id(task: Any) -> Any:

@@ -1,8 +1,9 @@
 """The composition root of a training run: everything `loop.run.train` needs before its first step.
 
-`set_up` reads the tasks, prepares `output_dir`, starts the colocated engine and the rollout source over it, builds
-the trainer and the scheduler that feeds it (`ContinuousRollout`), and, resuming, brings a checkpoint's state back
-(`starting_point`); the result is one typed `RunState`, which also captures the state a checkpoint saves
+`set_up` resolves the config first (`plan_run`: tasks, system prompt, reward names, classes, engine options, ...,
+before any folder or engine starts), then prepares `output_dir`, starts the colocated engine and the rollout source
+over it, builds the trainer and the scheduler that feeds it (`ContinuousRollout`) from that `RunPlan`, and, resuming,
+brings a checkpoint's state back (`starting_point`); the result is one typed `RunState`, which also captures the state a checkpoint saves
 (`RunState.training_state`). The step loop itself is `loop.run`.
 """
 
@@ -20,9 +21,10 @@ import anyio
 from agentic_rl.engine.base import PausableEngine, TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.loop.config import TrainConfig, config_tasks, system_prompt
-from agentic_rl.loop.rewards import check_reward, train_reward
-from agentic_rl.loop.weight_sync import WeightSync, lora_engine_options, restore_weights
+from agentic_rl.loop.config import TrainConfig
+from agentic_rl.loop.plan import RunPlan
+from agentic_rl.loop.rewards import build_reward
+from agentic_rl.loop.weight_sync import WeightSync, restore_weights
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint
 
@@ -33,7 +35,6 @@ if TYPE_CHECKING:
     from agentic_rl.loop.sources import TrainingRollout
     from agentic_rl.train.distributed import DistContext
     from agentic_rl.train.loggers import MetricsLogger
-    from agentic_rl.train.logprobs import SamplingDistribution
     from agentic_rl.train.trainer import GRPOTrainer
 
 __all__ = [
@@ -143,6 +144,7 @@ class RunState:
         start: the checkpoint it resumed from (None: from the start).
         done: steps done before this call (the checkpoint's step; 0 from the start).
         eval_tasks: held-out tasks (empty: no evaluation).
+        eval_sampling: this rank's sampling options of the held-out evaluation (`step_sampling`).
         task_order: the training tasks, in the order the steps take them.
         task_ids: this rank's task ids file, `task_ids_rank{R}.jsonl`.
         tokenizer: the model's tokenizer (saved with each checkpoint).
@@ -161,6 +163,7 @@ class RunState:
     start: Checkpoint | None
     done: int
     eval_tasks: list[dict[str, Any]]
+    eval_sampling: SamplingConfig
     task_order: TaskOrder
     task_ids: Path
     tokenizer: PreTrainedTokenizerBase
@@ -191,36 +194,33 @@ class RunState:
 
 
 async def set_up(
-    config: TrainConfig, dist: DistContext, start: Checkpoint | None, state: dict[str, Any] | None, *, resume: bool
+    plan: RunPlan, dist: DistContext, start: Checkpoint | None, state: dict[str, Any] | None, *, resume: bool
 ) -> RunState:
-    """Everything a run needs before its first step, in this order: the tasks (read before any folder or engine
-    starts), `output_dir`, the rollout machinery and the trainer. Resuming, the checkpoint's `state` comes back (all
-    but the RNG states, which `train` restores last); otherwise, on several ranks, every engine loads rank 0's
-    weights, like the trainers (a resumed run's engines all load the same checkpoint). The metric sinks are
-    `train`'s to add.
+    """Everything a run needs before its first step, from its `plan` (`loop.plan.plan_run`: what the config says,
+    resolved before any folder or engine starts), in this order: `output_dir`, the rollout machinery and the
+    trainer. Resuming, the checkpoint's `state` comes back (all but the RNG states, which `train` restores last);
+    otherwise, on several ranks, every engine loads rank 0's weights, like the trainers (a resumed run's engines all
+    load the same checkpoint). The metric sinks are `train`'s to add.
 
     Raises:
-        ConfigError: for dynamic sampling on several ranks, tasks the config cannot give, an engine that cannot take
-            new weights or pause, or a class the config names that cannot be loaded or built.
+        ConfigError: for an engine that cannot take new weights or pause, or a class the config names that cannot
+            be built.
     """
     import torch
     from transformers import AutoTokenizer
 
     from agentic_rl.models import resolve_model
 
-    if config.rollout.dynamic_sampling and dist.world_size > 1:  # each rank would draw its own extra tasks
-        raise ConfigError(f"rollout.dynamic_sampling runs on one rank only, not {dist.world_size}")
-    tasks = config_tasks(config, "data")
-    eval_tasks = config_tasks(config, "eval_data", limit=config.eval_limit) if config.eval_data else []
+    config = plan.config
     device = _local_device(config.device)
     torch.manual_seed(config.seed)
     out = Path(config.output_dir)
     task_ids = _prepare_output(config, dist, first_redone(state), resume=resume)
     model_dir = await anyio.to_thread.run_sync(resolve_model, config.model)  # may build it: off the event loop
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    task_order = TaskOrder(tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
-    rollout, engine = await _start_rollouts(config, dist, tokenizer, model_dir, start, state)
-    trainer = _make_trainer(config, dist, tokenizer, model_dir, device)
+    task_order = TaskOrder(plan.tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
+    rollout, engine = await _start_rollouts(plan, tokenizer, model_dir, start)
+    trainer = _make_trainer(plan, dist, tokenizer, model_dir, device)
     history: list[dict[str, Any]] = []
     if state is not None:  # after the trainer copied the initial model as its KL reference
         restore_weights(trainer, start.path, state)
@@ -235,7 +235,7 @@ async def set_up(
         out=out,
         start=start,
         done=done,
-        eval_tasks=eval_tasks,
+        eval_tasks=plan.eval_tasks,
         task_order=task_order,
         task_ids=task_ids,
         tokenizer=tokenizer,
@@ -244,6 +244,7 @@ async def set_up(
         sync=sync,
         rollout=rollout,
         feed=_feed(config, dist, rollout, task_order, done, state),
+        eval_sampling=step_sampling(config, dist.rank, None),
         history=history,
     )
 
@@ -280,44 +281,25 @@ def _prepare_output(config: TrainConfig, dist: DistContext, first_redone: int, *
     return task_ids
 
 
-def _engine_options(
-    config: TrainConfig, dist: DistContext, model_dir: Path, state: dict[str, Any] | None
-) -> dict[str, Any]:
-    """The colocated engine's options: the config's dtype, KV cache and window, seeded per rank, able to sleep when
-    `sleep_while_training`; resuming, it starts at the checkpoint's weight version."""
-    engine = config.engine
-    options: dict[str, Any] = {
-        "dtype": engine.dtype,
-        "kv_cache_gib": engine.kv_cache_gib,
-        "seed": config.seed + dist.rank,
-        "enable_sleep_mode": engine.sleep_while_training,
-    }
-    if engine.max_model_len:
-        options["max_model_len"] = engine.max_model_len
-    if _distribution(config) is not None:  # the sampled token's logprob under the distribution it was drawn from
-        options["logprobs_mode"] = "processed"
-    if state is not None:  # the engine starts from the checkpoint's weights (fp32), at their version
-        options["weight_version"] = state["weight_version"]
-        if engine.dtype == "auto":  # the dtype the model's own folder asks for, as in the first process
-            from transformers import AutoConfig
+def _engine_options(plan: RunPlan, model_dir: Path, *, resumed: bool) -> dict[str, Any]:
+    """The colocated engine's options (`RunPlan.engine_options`); a resumed run with `engine.dtype: auto` starts its
+    engine from the checkpoint's fp32 weights, so it asks for the dtype the model's own folder asks for, as in the
+    first process."""
+    if not resumed or plan.config.engine.dtype != "auto":
+        return plan.engine_options
+    from transformers import AutoConfig
 
-            wanted = getattr(AutoConfig.from_pretrained(str(model_dir)), "dtype", None)
-            options["dtype"] = str(wanted).removeprefix("torch.") if wanted else "auto"
-    return {**options, **lora_engine_options(config, state)}
+    wanted = getattr(AutoConfig.from_pretrained(str(model_dir)), "dtype", None)
+    return {**plan.engine_options, "dtype": str(wanted).removeprefix("torch.") if wanted else "auto"}
 
 
 async def _start_rollouts(
-    config: TrainConfig,
-    dist: DistContext,
-    tokenizer: PreTrainedTokenizerBase,
-    model_dir: Path,
-    start: Checkpoint | None,
-    state: dict[str, Any] | None,
+    plan: RunPlan, tokenizer: PreTrainedTokenizerBase, model_dir: Path, start: Checkpoint | None
 ) -> tuple[TrainingRollout, TrainableEngine]:
     """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
     (`_engine_options`, the checkpoint's weights when resuming) and the `TrainingRollout` over it
-    (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes are
-    loaded before the engine starts). `loop.run.train` closes both.
+    (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes
+    `plan_run` loaded before the engine starts). `loop.run.train` closes both.
 
     Returns:
         The rollout and its engine.
@@ -326,19 +308,17 @@ async def _start_rollouts(
         ConfigError: if the engine cannot take new weights, or a class the config names cannot be loaded or built.
     """
     from agentic_rl.chat import ChatRenderer
-    from agentic_rl.loop.sources import build_training_rollout, load_classes
+    from agentic_rl.loop.sources import build_training_rollout
     from agentic_rl.rollout.agent import start_engine
 
+    config = plan.config
     r = config.rollout
-    harness = config.rollout.harness_config()
     renderer = ChatRenderer(tokenizer)
-    check_reward(config)
-    prompt = system_prompt(config)
-    load_classes(tools=config.tools, environment=config.environment, agent=config.agent)
     weights = start.path if start is not None and config.optimizer.lora is None else model_dir  # LoRA: the base
+    options = _engine_options(plan, model_dir, resumed=start is not None)
     engine = start_engine(
         weights,
-        _engine_options(config, dist, model_dir, state),
+        options,
         max_prompt_length=r.max_prompt_length,
         max_response_length=r.max_response_length,
     )
@@ -350,18 +330,18 @@ async def _start_rollouts(
                 f"rollout.placement 'pause' needs an engine that can pause generation, got "
                 f"{type(engine).__name__}: use placement 'overlap'"
             )
-        reward_fn = train_reward(config, engine, renderer)  # the in-process judge asks this engine
+        reward_fn = build_reward(plan.reward, engine, renderer)  # the in-process judge asks this engine
         rollout = build_training_rollout(
             engine,
             renderer,
             tokenizer,
-            harness=harness,
+            harness=plan.harness,
             n_parallel_agents=r.n_parallel_agents,
             tools=config.tools,
             reward_fn=reward_fn,
             environment=config.environment,
             agent=config.agent,
-            system_prompt=prompt,
+            system_prompt=plan.system_prompt,
         )
     except BaseException:
         with anyio.CancelScope(shield=True):
@@ -371,36 +351,19 @@ async def _start_rollouts(
 
 
 def _make_trainer(
-    config: TrainConfig, dist: DistContext, tokenizer: PreTrainedTokenizerBase, model_dir: Path, device: Any
+    plan: RunPlan, dist: DistContext, tokenizer: PreTrainedTokenizerBase, model_dir: Path, device: Any
 ) -> GRPOTrainer:
-    """A `GRPOTrainer` of the fp32 model on `device` (the trainer copies it as its KL reference); a cosine schedule
-    without `lr_decay_steps` decays over the run's `steps`."""
+    """A `GRPOTrainer` of the fp32 model on `device` (the trainer copies it as its KL reference), with the plan's
+    optimizer settings, its logprobs under the distribution the rollout samples from."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from agentic_rl.train.trainer import GRPOTrainer
 
-    optimizer = config.optimizer
-    if optimizer.lr_schedule == "cosine" and optimizer.lr_decay_steps is None:
-        optimizer = optimizer.model_copy(update={"lr_decay_steps": config.steps})  # the cosine spans the run
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     return GRPOTrainer(
-        model, pad_token_id=tokenizer.pad_token_id, config=optimizer, dist=dist, sampling=_distribution(config)
+        model, pad_token_id=tokenizer.pad_token_id, config=plan.optimizer, dist=dist, sampling=plan.distribution
     )
-
-
-def _distribution(config: TrainConfig) -> SamplingDistribution | None:
-    """The distribution the rollout samples from (temperature, top-k, top-p), which the trainer's logprobs follow
-    and the engine reports processed logprobs of; None for plain sampling (temperature 1, no truncation), where
-    the raw and processed logprobs are the same.
-
-    Raises:
-        ConfigError: for sampling options the trainer cannot follow (temperature 0, min_p, penalties, logit bias).
-    """
-    from agentic_rl.train.logprobs import SamplingDistribution
-
-    distribution = SamplingDistribution.of(config.rollout.sampling)
-    return None if distribution.is_plain else distribution
 
 
 def _feed(

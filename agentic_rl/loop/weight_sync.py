@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from agentic_rl.engine.base import TrainableEngine
     from agentic_rl.train.trainer import GRPOTrainer
 
-__all__ = ["WeightSync", "lora_engine_options", "remove_orphaned_folders", "restore_weights"]
+__all__ = ["WeightSync", "remove_orphaned_folders", "restore_weights"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,27 +60,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def lora_engine_options(config: TrainConfig, state: dict[str, Any] | None) -> dict[str, Any]:
-    """The engine options LoRA training adds (none without `optimizer.lora`): LoRA on for the adapter's rank, and
-    room for the adapters of every weight version a trained token may come from (`rollout.max_staleness + 1`).
-    Resuming, the engine starts one version before the checkpoint's: `WeightSync.at_start` loads the checkpoint's
-    adapter as that version."""
-    lora = config.optimizer.lora
-    if lora is None:
-        return {}
-    options: dict[str, Any] = {"max_lora_rank": _engine_rank(lora.rank), "max_loras": config.rollout.max_staleness + 1}
-    if state is not None:
-        options["weight_version"] = state["weight_version"] - 1
-    return options
-
-
-def _engine_rank(rank: int) -> int:
-    """The smallest `max_lora_rank` vLLM takes (`engine.adapters.MAX_LORA_RANKS`) that serves an adapter of `rank`."""
-    from agentic_rl.engine.adapters import MAX_LORA_RANKS
-
-    return next((size for size in MAX_LORA_RANKS if size >= rank), rank)
-
-
 def restore_weights(trainer: GRPOTrainer, folder: Path, state: dict[str, Any]) -> None:
     """Load a checkpoint's weights (the whole model, or with LoRA the adapter) and training state into `trainer`."""
     import torch
@@ -101,7 +80,8 @@ class WeightSync:
 
     Args:
         trainer: the run's `GRPOTrainer`.
-        engine: its colocated engine; with LoRA it must have `update_adapter` (and LoRA on: `lora_engine_options`).
+        engine: its colocated engine; with LoRA it must have `update_adapter` (and LoRA on:
+            `loop.plan.lora_engine_options`).
         keep: adapter folders kept on tmpfs (the engine's `max_loras`).
     """
 

@@ -13,6 +13,7 @@ import sys
 
 import anyio
 
+from agentic_rl.loop.plan import plan_run
 from agentic_rl.loop.run import load_train_config, weights_digest
 from agentic_rl.loop.setup import set_up, step_sampling
 from agentic_rl.loop.sources import refuse_untrainable
@@ -22,7 +23,7 @@ from agentic_rl.train.distributed import init_from_env, shard
 async def lockstep(config_path: str) -> dict:
     config = load_train_config(config_path)
     dist = init_from_env(config.device)
-    run = await set_up(config, dist, None, None, resume=False)
+    run = await set_up(plan_run(config, dist.rank, dist.world_size, None), dist, None, None, resume=False)
     size = config.rollout.group_size
     rows = []
     try:
