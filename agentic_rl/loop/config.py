@@ -84,6 +84,13 @@ class RolloutSection(Config):
         description="most seconds one engine request may take; past it the request is aborted and the trajectory "
         "fails with termination_reason timeout (not trained); the default only catches requests that never return",
     )
+    env_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="most seconds one environment reset or step may take; past it the trajectory fails with "
+        "termination_reason timeout (not trained) and the rest of the rollout goes on",
+    )
     close_timeout_s: float = Field(
         default=30.0,
         gt=0,
