@@ -32,7 +32,7 @@ def _split(path: str, what: str) -> tuple[str, str]:
 def _import(module: str, what: str, path: str) -> Any:
     """Import `module`, retrying with the current directory on `sys.path` when its top-level package is missing."""
     try:
-        return importlib.import_module(module)
+        return _import_module(module, what, path)
     except ModuleNotFoundError as exc:
         cwd = os.getcwd()
         top = module.split(".")[0]
@@ -40,15 +40,29 @@ def _import(module: str, what: str, path: str) -> Any:
             raise ConfigError(f"{what} {path!r}: cannot import module {module!r}: {exc}") from None
         sys.path.insert(0, cwd)
         try:
-            return importlib.import_module(module)
+            return _import_module(module, what, path)
         except ModuleNotFoundError as again:
             raise ConfigError(
                 f"{what} {path!r}: cannot import module {module!r} (also tried from {cwd}): {again}"
             ) from None
-        except Exception as again:
-            raise ConfigError(
-                f"{what} {path!r}: importing module {module!r} failed: {type(again).__name__}: {again}"
-            ) from again
+
+
+def _import_module(module: str, what: str, path: str) -> Any:
+    """`importlib.import_module(module)`; a `ModuleNotFoundError` passes through (the caller may retry).
+
+    Raises:
+        ConfigError: when the module raised while being imported, or exited (`SystemExit`: a script's top level
+            calling `sys.exit()` or argparse's `parse_args()`). A `KeyboardInterrupt` stays an interrupt.
+    """
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError:
+        raise
+    except SystemExit as exc:
+        raise ConfigError(
+            f"{what} {path!r}: importing module {module!r} exited (SystemExit: {exc.code!r}): its top level runs "
+            'a script (sys.exit(), argparse\'s parse_args()); put that code under `if __name__ == "__main__":`'
+        ) from None
     except Exception as exc:  # the module itself raised while being imported
         raise ConfigError(f"{what} {path!r}: importing module {module!r} failed: {type(exc).__name__}: {exc}") from exc
 

@@ -58,19 +58,24 @@ def check_reward(config: TrainConfig) -> RewardPlan | None:
         The resolved names (None with an agent of your own: it brings its reward).
 
     Raises:
-        ConfigError: naming the unknown reward or metric, or the unset API key variable.
+        ConfigError: naming the unknown reward or metric, the unset API key variable, or a function of your own
+            that cannot be called as `reward_fn(task, messages)` (`rollout.contracts.check_reward`).
     """
     from agentic_rl.rewards.registry import resolve_reward
+    from agentic_rl.rollout.contracts import check_reward as check_callable
 
     if config.agent is not None:
         return None
     reward_fn = resolve_reward(config.reward, also=[JUDGE]) if config.reward != JUDGE else None
+    if reward_fn is not None:
+        check_callable(reward_fn, what="reward", path=config.reward if ":" in config.reward else None)
     metrics = {}
-    for name in config.reward_metrics:
+    for i, name in enumerate(config.reward_metrics):
         try:
             metrics[name] = resolve_reward(name)
         except ConfigError as exc:
             raise ConfigError(f"TrainConfig.reward_metrics: {exc}") from None
+        check_callable(metrics[name], what=f"reward_metrics[{i}]", path=name if ":" in name else None)
     return RewardPlan(reward_fn=reward_fn, metrics=metrics, judge=config.judge, api_key=_api_key(config))
 
 

@@ -25,6 +25,13 @@ from agentic_rl.environments.base import Environment
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import ConfigError, TrainingError
 from agentic_rl.plugins import PluginRef
+from agentic_rl.rollout.contracts import (
+    check_agent,
+    check_constructor,
+    check_environment,
+    check_tool,
+    check_tools,
+)
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
 from agentic_rl.rollout.tasks import failed_trajectory
 from agentic_rl.rollout.wrapper import BaseEngineWrapper, collect_trajectories
@@ -41,6 +48,17 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_AGENT_SETTINGS = (
+    "agent_name",
+    "tokenizer",
+    "sampling_params",
+    "max_prompt_length",
+    "max_response_length",
+    "n_parallel_agents",
+    "max_steps",
+)
+"""The keyword arguments a run builds a user's agent with (`_build_agent`), besides its config's `agent.kwargs`."""
 
 
 class TrainingRollout(Protocol):
@@ -179,12 +197,14 @@ def _untrainable_reason(trajectory: Trajectory, ledger: SampleLedger) -> str | N
 
 
 def load_classes(*, tools: Sequence[str | PluginRef], environment: PluginRef | None, agent: PluginRef | None) -> None:
-    """Import every class a training config names, and check its kind, without building anything: what a run does
-    before it starts its engine, so that a bad dotted path fails in seconds.
+    """Import every class a training config names, and check its kind and its contract (`rollout.contracts`: the
+    methods the harness or the trainer calls, and the constructor with the config's kwargs plus what the run
+    passes), without building anything: what a run does before it starts its engine, so that a bad dotted path or a
+    class that would fail every trajectory fails in seconds.
 
     Raises:
-        ConfigError: naming the entry, the path and what is missing (see `load_object`), or an unknown built-in
-            tool name.
+        ConfigError: naming the entry, the path and what is missing (see `load_object`), an unknown built-in tool
+            name, or the class, method and broken contract (see `rollout.contracts`).
     """
     from agentic_rl.tools.base import Tool
     from agentic_rl.tools.registry import TOOL_NAMES
@@ -198,13 +218,23 @@ def load_classes(*, tools: Sequence[str | PluginRef], environment: PluginRef | N
                 )
             continue
         ref = PluginRef.model_validate(entry)
-        _check_kwargs(ref, ref.load(what=f"tools[{i}]", base=Tool), f"tools[{i}]")
+        what = f"tools[{i}]"
+        cls = ref.load(what=what, base=Tool)
+        check_constructor(cls, what=what, path=ref.path, kwargs=ref.kwargs, caller="harness")
+        check_tool(cls, what=what, path=ref.path)
     if environment is not None:
         cls = environment.load(what="environment", base=Environment)
-        _check_kwargs(environment, cls, "environment")
-        _takes_tools(environment, cls, tools)
+        given = ["tools"] if _takes_tools(environment, cls, tools) else []
+        if issubclass(cls, ToolEnvironment):
+            given.append("tools_in_system_prompt")
+        check_constructor(
+            cls, what="environment", path=environment.path, kwargs=environment.kwargs, given=given, caller="harness"
+        )
+        check_environment(cls, path=environment.path)
     if agent is not None:
-        _check_kwargs(agent, agent.load(what="agent", base=BaseEngineWrapper), "agent")
+        cls = agent.load(what="agent", base=BaseEngineWrapper)
+        check_constructor(cls, what="agent", path=agent.path, kwargs=agent.kwargs, given=_AGENT_SETTINGS)
+        check_agent(cls, path=agent.path)
 
 
 def _parameters(cls: type) -> dict[str, inspect.Parameter]:
@@ -212,21 +242,6 @@ def _parameters(cls: type) -> dict[str, inspect.Parameter]:
         return dict(inspect.signature(cls).parameters)
     except (TypeError, ValueError):  # a signature Python cannot read: let the constructor decide
         return {"kwargs": inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)}
-
-
-def _check_kwargs(ref: PluginRef, cls: type, what: str) -> None:
-    """Refuse keyword arguments the class's constructor does not name (unless it takes `**kwargs`).
-
-    Raises:
-        ConfigError: naming the entry, the unknown arguments and the ones the class takes.
-    """
-    parameters = _parameters(cls)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    unknown = sorted(set(ref.kwargs) - set(parameters))
-    if unknown:
-        known = ", ".join(n for n, p in parameters.items() if p.kind is not inspect.Parameter.VAR_POSITIONAL) or "none"
-        raise ConfigError(f"{what} {ref.path!r} takes no argument(s) {', '.join(unknown)} (it takes: {known})")
 
 
 def build_training_rollout(
@@ -269,6 +284,7 @@ def build_training_rollout(
     if agent is not None:
         return AgentRollout(_build_agent(agent, recording, renderer, tokenizer, harness, n_parallel_agents), ledger)
     built_tools = build_tools(tools)
+    check_tools(built_tools)  # as built: a tool may set its schema in its constructor
     env = _build_environment(environment, built_tools, renderer, system_prompt)
     return SpecRollout(RolloutSpec(recording, env, renderer, harness, reward_fn=reward_fn), n_parallel_agents, ledger)
 
@@ -284,7 +300,9 @@ def _build_environment(
     extra: dict[str, Any] = {"tools": tools} if _takes_tools(ref, cls, tools) else {}
     if issubclass(cls, ToolEnvironment):
         extra["tools_in_system_prompt"] = not renderer.supports_tools
-    return ref.build(what="environment", base=Environment, **extra)
+    environment = ref.build(what="environment", base=Environment, **extra)
+    check_environment(environment, path=ref.path)
+    return environment
 
 
 def _takes_tools(ref: PluginRef, cls: type, tools: Sequence[Any]) -> bool:
@@ -313,7 +331,7 @@ def _build_agent(
 ) -> BaseEngineWrapper:
     """The user's agent, built with the harness's limits and sampling, on `engine`, initialized."""
     cls = ref.load(what="agent", base=BaseEngineWrapper)
-    settings = {
+    settings = {  # _AGENT_SETTINGS
         "agent_name": cls.__name__,
         "tokenizer": tokenizer,
         "sampling_params": harness.sampling.model_dump(exclude_none=True),

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 
 from agentic_rl.errors import ConfigError
+from agentic_rl.rollout.contracts import check_environment, check_reward
 from agentic_rl.rollout.harness import TrajectoryCheckpoint, run_trajectory
 from agentic_rl.rollout.runner import batch_indices, check_n_parallel_agents, run_batch
 from agentic_rl.rollout.spec import RolloutSpec
@@ -78,11 +79,15 @@ class Rollout:
             its settings enter: the wrapper and the configs).
 
     Raises:
-        ConfigError: if `n_parallel_agents` is not a positive int.
+        ConfigError: if `n_parallel_agents` is not a positive int, or the spec's environment (its tools) or reward
+            breaks what the harness calls on it (`rollout.contracts`), naming the method and what is wrong.
     """
 
     def __init__(self, spec: RolloutSpec, *, n_parallel_agents: int = 8) -> None:
         self.n_parallel_agents = check_n_parallel_agents(n_parallel_agents)
+        check_environment(spec.environment, what="spec.environment")  # what the harness calls, before any task
+        if spec.reward_fn is not None:
+            check_reward(spec.reward_fn, what="spec.reward_fn")
         self.spec = spec
         self._pause: anyio.Event | None = None
         self._done: anyio.Event | None = None

@@ -17,6 +17,7 @@ from agentic_rl.engine.base import Engine, TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents, bounds, describe
+from agentic_rl.rollout.contracts import check_reward, check_tools
 from agentic_rl.rollout.harness import run_trajectory
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
@@ -333,6 +334,11 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             `oai_client`, summaries come from this wrapper's own engine, called in process.
         chat_template_kwargs: extra variables for the chat template on every render (e.g.
             `{"enable_thinking": False}`).
+
+    Raises:
+        ConfigError: as `BaseEngineWrapper`; without `model` and `engine`; for a tool or `reward_fn` that breaks
+            what the harness calls on it (`rollout.contracts`: the method, or a `parameters` schema, and what is
+            wrong).
     """
 
     def __init__(
@@ -378,6 +384,8 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         self.model = model
         self.tools = list(tools)
         self.reward_fn = gsm8k_reward if reward_fn is None else reward_fn
+        check_tools(self.tools)  # what the harness calls on them, before any engine starts
+        check_reward(self.reward_fn, what="reward_fn")
         self.system_prompt = system_prompt
         self.engine = engine
         self._owned_engine: TrainableEngine | None = None  # the engine initialize() built; close() stops it

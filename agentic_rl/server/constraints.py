@@ -34,7 +34,6 @@ its whole budget on blanks.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -52,12 +51,9 @@ from agentic_rl.server.protocol import (
     SamplingFields,
     parse_request,
 )
+from agentic_rl.tools.schema import MAX_JSON_WHITESPACE, schema_problem
 
 __all__ = ["MAX_TOOL_CALLS", "Constraint", "output_constraint", "tool_call_tag", "tool_choice_outputs"]
-
-# Most whitespace characters in a row inside constrained JSON: enough for indented JSON, and a small model cannot
-# fill its whole budget with blanks.
-MAX_JSON_WHITESPACE = 16
 
 # Most tool calls in one constrained turn with parallel calls on: agents call a few tools at once, and a model that
 # would repeat calls until `max_tokens` ends its turn here instead.
@@ -198,23 +194,11 @@ def _structured_outputs(fields: dict[str, Any]) -> Any:
 
 
 def _check_schema(schema: dict[str, Any], param: str) -> None:
-    """A 400 naming `param` and xgrammar's reason when the engine could not build a grammar from `schema`."""
-    reason = _schema_problem(json.dumps(schema, ensure_ascii=False, sort_keys=True))
+    """A 400 naming `param` and xgrammar's reason when the engine could not build a grammar from `schema`
+    (`tools.schema.schema_problem`)."""
+    reason = schema_problem(schema)
     if reason is not None:
         raise RequestError(f"invalid JSON schema in '{param}': {reason}", param=param)
-
-
-@functools.lru_cache(maxsize=1024)
-def _schema_problem(schema_json: str) -> str | None:
-    """xgrammar's reason for rejecting a JSON schema, or None (cached: clients resend the same tools every call)."""
-    import xgrammar
-
-    try:
-        xgrammar.Grammar.from_json_schema(schema_json, max_whitespace_cnt=MAX_JSON_WHITESPACE)
-    except Exception as exc:  # xgrammar raises RuntimeError with "[time] file:line: reason"
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return reason.rsplit(": ", 1)[-1] if "json_schema_converter" in reason else reason
-    return None
 
 
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
