@@ -59,7 +59,8 @@ def plan_run(config: TrainConfig, rank: int, world_size: int, state: dict[str, A
     `state` (None: from the start).
 
     Raises:
-        ConfigError: for dynamic sampling on several ranks, tasks the config cannot give, a harness value out of
+        ConfigError: for dynamic sampling on several ranks, tasks the config cannot give, a step of more tasks
+            (`rollout.tasks_per_step` on each of `world_size` ranks) than the data holds, a harness value out of
             range, a system prompt file that cannot be read, an unknown reward or metric, an unset judge API key
             variable, a class the config names that cannot be loaded, or sampling options the trainer cannot follow.
     """
@@ -71,6 +72,7 @@ def plan_run(config: TrainConfig, rank: int, world_size: int, state: dict[str, A
     optimizer = _optimizer(config)
     engine_options = _engine_options(config, rank, distribution, state)
     tasks = config_tasks(config, "data")
+    _check_step_fits(config, len(tasks), world_size)
     eval_tasks = config_tasks(config, "eval_data", limit=config.eval_limit) if config.eval_data else []
     harness = config.rollout.harness_config()
     prompt = system_prompt(config)
@@ -87,6 +89,21 @@ def plan_run(config: TrainConfig, rank: int, world_size: int, state: dict[str, A
         engine_options=engine_options,
         optimizer=optimizer,
     )
+
+
+def _check_step_fits(config: TrainConfig, n_tasks: int, world_size: int) -> None:
+    """Refuse a step of more tasks than the data holds: it would train two groups of one task.
+
+    Raises:
+        ConfigError: naming `rollout.tasks_per_step`, the world size, the data's size and `data`.
+    """
+    per_step = config.rollout.tasks_per_step * world_size
+    if per_step > n_tasks:
+        ranks = f" x {world_size} ranks = {per_step}" if world_size > 1 else ""
+        raise ConfigError(
+            f"rollout.tasks_per_step={config.rollout.tasks_per_step}{ranks} tasks per step is more than the "
+            f"{n_tasks} task(s) of TrainConfig.data={config.data!r}: a step would train one task twice"
+        )
 
 
 def _distribution(config: TrainConfig) -> SamplingDistribution | None:

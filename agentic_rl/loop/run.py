@@ -25,7 +25,16 @@ from agentic_rl.loop.config import EngineSection, RolloutSection, TrainConfig, l
 from agentic_rl.loop.metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
 from agentic_rl.loop.plan import plan_run
 from agentic_rl.loop.rewards import reward_figures, reward_keys
-from agentic_rl.loop.setup import RunState, finished, first_redone, resume_point, set_up, starting_point
+from agentic_rl.loop.setup import (
+    RunState,
+    close_engine,
+    close_rollout,
+    finished,
+    first_redone,
+    resume_point,
+    set_up,
+    starting_point,
+)
 from agentic_rl.records import write_trajectories
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import weights_digest
@@ -129,14 +138,27 @@ async def train(
         _finish(run)
         dist.close()  # every rank got here: leave the training group before the interpreter shuts down
     finally:
-        for sink in run.sinks:
-            sink.close()
-        try:
-            await run.rollout.aclose()
-        finally:
-            await run.engine.close()
-            run.sync.close()
+        await _tear_down(run)
     return run.history
+
+
+async def _tear_down(run: RunState) -> None:
+    """Close what the run started: its metric sinks, the rollout (bounded: `close_rollout`), the engine (always,
+    even when the rollout hangs or fails to close) and the weight sync's folders. Never raises (each failure is
+    logged) and is shielded from cancellation, so that it neither masks a failed run's error nor fails a finished
+    run."""
+    with anyio.CancelScope(shield=True):
+        for sink in run.sinks:
+            try:
+                sink.close()
+            except Exception:
+                logger.exception("closing the metric sink %s failed", type(sink).__name__)
+        await close_rollout(run.rollout)
+        await close_engine(run.engine)
+        try:
+            run.sync.close()
+        except Exception:
+            logger.exception("removing the weight sync's folders failed")
 
 
 async def _run_steps(run: RunState, on_step: Callable[[dict[str, Any]], None] | None) -> None:

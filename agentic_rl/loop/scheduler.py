@@ -62,15 +62,20 @@ logger = logging.getLogger(__name__)
 class PendingGroup:
     """An admitted group not trained yet, as a checkpoint keeps it (a resumed run rolls it out again).
 
+    Only plain numbers and strings, so that a checkpoint holding it loads with `torch.load(weights_only=True)`
+    whatever the task's own fields are: the task itself is re-read from the run's task order (`task_at`).
+
     Attributes:
         batch: the rollout batch it belongs to (its sampling seed's step, 0-based).
         position: the task's position within the batch.
-        task: the task.
+        order: the task's position in the run's task order (`loop.task_order.TaskOrder.task_at`).
+        task_id: the task's `id` when it is a string or an int (None otherwise): checked against the task re-read.
     """
 
     batch: int
     position: int
-    task: dict[str, Any]
+    order: int
+    task_id: str | int | None = None
 
 
 RunTrajectories = Callable[[Sequence[dict[str, Any]], SamplingConfig, Sequence[int]], Any]
@@ -89,7 +94,8 @@ class ContinuousRollout:
             sampling seeds, as in a lockstep batch). It is called with one sample at a time (at most
             `n_parallel_agents` in flight), or with `whole_batches` once per batch with all its samples (for a
             rollout that runs its own concurrency: the batch's groups then finish together).
-        next_batch: the tasks of the next rollout batch (called once per batch, in batch order).
+        next_batch: the tasks of the next rollout batch, each as `(order, task)` with `order` its position in the
+            run's task order (called once per batch, in batch order).
         sampling: the sampling options of batch s.
         group_size: samples per task.
         groups_per_step: groups each step trains (tasks per batch).
@@ -98,6 +104,7 @@ class ContinuousRollout:
         first_step: the first step this run trains (0, or the checkpoint's step when resuming).
         last_step: the step after the run's last (no batch past it is admitted).
         pending: groups a checkpoint left admitted but untrained: rolled out again first, with their batches.
+        task_at: the task at a position of the run's task order (re-reads `pending` groups' tasks; needed with them).
         next_batch_index: the first new batch's index (a checkpoint's; None: `first_step`).
         whole_batches: call `run` once per batch (see `run`).
         dynamic_sampling: leave idle groups (`TrajectoryGroup.idle`: constant, or every sample overlong-filtered) out of
@@ -118,11 +125,11 @@ class ContinuousRollout:
 
     Raises:
         ConfigError: for a bad `max_staleness`, `group_size`, `groups_per_step`, `n_parallel_agents` or
-            `max_extra_draws`.
+            `max_extra_draws`, or `pending` groups without `task_at`.
     """
 
     run: RunTrajectories
-    next_batch: Callable[[], list[dict[str, Any]]]
+    next_batch: Callable[[], list[tuple[int, dict[str, Any]]]]
     sampling: Callable[[int], SamplingConfig]
     group_size: int
     groups_per_step: int
@@ -131,6 +138,7 @@ class ContinuousRollout:
     first_step: int = 0
     last_step: int | None = None
     pending: Sequence[PendingGroup] = ()
+    task_at: Callable[[int], dict[str, Any]] | None = None
     next_batch_index: int | None = None
     whole_batches: bool = False
     dynamic_sampling: bool = False
@@ -152,6 +160,8 @@ class ContinuousRollout:
                 f"group_size and groups_per_step must be >= 1, got {self.group_size}, {self.groups_per_step}"
             )
         check_n_parallel_agents(self.n_parallel_agents)
+        if self.pending and self.task_at is None:
+            raise ConfigError("pending groups need task_at to re-read their tasks")
         if (
             isinstance(self.max_extra_draws, bool)
             or not isinstance(self.max_extra_draws, int)
@@ -165,6 +175,7 @@ class ContinuousRollout:
             self.next_batch_index = self.first_step
         self._unadmitted = len(self.pending)  # pending groups `serve` has not admitted again yet
         self._limiter = anyio.CapacityLimiter(self.n_parallel_agents)
+        self._orders: dict[int, int] = {}  # id(group) -> its task's position in the run's task order
 
     # ---- admission ---------------------------------------------------------------------------------------------
 
@@ -181,18 +192,34 @@ class ContinuousRollout:
             self._notify()
             for batch in sorted({p.batch for p in self.pending}):
                 await self._wait_until(lambda b=batch: self._may_admit(b))
-                again = [(p.position, p.task) for p in self.pending if p.batch == batch]
+                again = [(p.position, p.order, self._reread(p)) for p in self.pending if p.batch == batch]
                 self._unadmitted -= len(again)
                 self._admit(tg, batch, again)
             while True:
                 batch = self.next_batch_index
                 await self._wait_until(lambda b=batch: self._may_admit(b))
-                self._admit(tg, batch, list(enumerate(self.next_batch())))
+                self._admit(tg, batch, [(i, order, task) for i, (order, task) in enumerate(self.next_batch())])
                 self.next_batch_index += 1
 
+    def _reread(self, pending: PendingGroup) -> dict[str, Any]:
+        """A pending group's task, re-read from the run's task order.
+
+        Raises:
+            ConfigError: when the task there has another id than the checkpoint's (the data changed since).
+        """
+        assert self.task_at is not None
+        task = self.task_at(pending.order)
+        if pending.task_id is not None and _plain_id(task) != pending.task_id:
+            raise ConfigError(
+                f"the checkpoint's pending task at position {pending.order} of the task order has id "
+                f"{pending.task_id!r}, the data's has {_plain_id(task)!r}: resume with the data the run started with"
+            )
+        return task
+
     def _admit(
-        self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, dict[str, Any]]], draw: int = 0
+        self, tg: anyio.abc.TaskGroup, batch: int, tasks: list[tuple[int, int, dict[str, Any]]], draw: int = 0
     ) -> None:
+        """Admit `(position, order, task)` groups of `batch` (extra draw `draw`) and start their samples."""
         groups = [
             TrajectoryGroup(
                 batch,
@@ -204,8 +231,9 @@ class ContinuousRollout:
                 step_level=self.step_level,
                 overlong_filter=self.overlong_filter,
             )
-            for position, task in tasks
+            for position, _, task in tasks
         ]
+        self._orders.update((id(group), order) for group, (_, order, _) in zip(groups, tasks, strict=True))
         self.groups.extend(groups)
         if self.whole_batches:
             tg.start_soon(self._sample_batch, batch, groups)
@@ -253,6 +281,8 @@ class ContinuousRollout:
                 await self._changed.wait()
         taken = {id(g) for g in chosen}
         self.groups = [g for g in self.groups if id(g) not in taken]
+        for key in taken:
+            self._orders.pop(key, None)
         chosen.sort(key=lambda g: (g.batch, g.position))
         self.constant = [g for g in chosen if g.idle] if self.dynamic_sampling else []
         kept = [g for g in chosen if not g.idle] if self.dynamic_sampling else chosen
@@ -319,7 +349,7 @@ class ContinuousRollout:
         d * groups_per_step ...: the batch's seed, offsets past its own samples)."""
         assert self._tg is not None
         d = self._draws[step] = self._draws.get(step, 0) + 1
-        tasks = [(d * self.groups_per_step + i, task) for i, task in enumerate(self.next_batch())]
+        tasks = [(d * self.groups_per_step + i, order, task) for i, (order, task) in enumerate(self.next_batch())]
         logger.info(
             "step %d: fewer than %d useful groups: extra draw %d of %d tasks",
             step + 1,
@@ -357,13 +387,15 @@ class ContinuousRollout:
 
     def checkpoint(self) -> dict[str, Any]:
         """What a resumed run needs (`ContinuousRollout(pending=..., next_batch_index=...)`): the next new batch and
-        every admitted group not trained yet (running or finished, as `PendingGroup` fields). A resumed run rolls
-        those out again, so that none is lost and none is trained twice."""
+        every admitted group not trained yet (running or finished, as `PendingGroup` fields: plain numbers and
+        strings, never the task itself). A resumed run rolls those out again, so that none is lost and none is
+        trained twice."""
         ordered = sorted(self.groups, key=lambda g: (g.batch, g.position))
-        return {
-            "next_batch": self.next_batch_index,
-            "pending": [{"batch": g.batch, "position": g.position, "task": g.task} for g in ordered],
-        }
+        pending = [
+            {"batch": g.batch, "position": g.position, "order": self._orders[id(g)], "task_id": _plain_id(g.task)}
+            for g in ordered
+        ]
+        return {"next_batch": self.next_batch_index, "pending": pending}
 
     # ---- waiting -----------------------------------------------------------------------------------------------
 
@@ -374,6 +406,12 @@ class ContinuousRollout:
     async def _wait_until(self, condition: Callable[[], bool]) -> None:
         while not condition():
             await self._changed.wait()
+
+
+def _plain_id(task: Any) -> str | int | None:
+    """`task`'s `id` when it is a string or an int (what a checkpoint may hold), else None."""
+    task_id = task.get("id") if isinstance(task, dict) else None
+    return task_id if isinstance(task_id, str | int) and not isinstance(task_id, bool) else None
 
 
 def drop_stale_groups(groups: Sequence[TrajectoryGroup], weight_version: int, max_staleness: int) -> int:

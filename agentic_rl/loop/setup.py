@@ -1,9 +1,11 @@
 """The composition root of a training run: everything `loop.run.train` needs before its first step.
 
-`set_up` resolves the config first (`plan_run`: tasks, system prompt, reward names, classes, engine options, ...,
-before any folder or engine starts), then prepares `output_dir`, starts the colocated engine and the rollout source
-over it, builds the trainer and the scheduler that feeds it (`ContinuousRollout`) from that `RunPlan`, and, resuming,
-brings a checkpoint's state back (`starting_point`); the result is one typed `RunState`, which also captures the state a checkpoint saves
+`set_up` works from a resolved config (`plan_run`: tasks, system prompt, reward names, classes, engine options, ...,
+before any folder or engine starts): it prepares `output_dir`, builds the trainer (LoRA wrapping included) and,
+resuming, brings a checkpoint's state back (`starting_point`), all before the colocated engine starts; then it
+starts the engine, the rollout source over it, the weight sync and the scheduler that feeds the trainer
+(`ContinuousRollout`). Set-up is all or nothing: a failure after the engine started closes what started (the engine
+first). The result is one typed `RunState`, which also captures the state a checkpoint saves
 (`RunState.training_state`). The step loop itself is `loop.run`.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-import random
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ from agentic_rl.errors import ConfigError
 from agentic_rl.loop.config import TrainConfig
 from agentic_rl.loop.plan import RunPlan
 from agentic_rl.loop.rewards import build_reward
+from agentic_rl.loop.task_order import TaskOrder
 from agentic_rl.loop.weight_sync import WeightSync, restore_weights
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint
@@ -31,15 +34,17 @@ from agentic_rl.train.checkpoints import Checkpoint
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from agentic_rl.loop.scheduler import ContinuousRollout
+    from agentic_rl.loop.scheduler import ContinuousRollout, PendingGroup
     from agentic_rl.loop.sources import TrainingRollout
     from agentic_rl.train.distributed import DistContext
     from agentic_rl.train.loggers import MetricsLogger
     from agentic_rl.train.trainer import GRPOTrainer
 
 __all__ = [
+    "ROLLOUT_CLOSE_TIMEOUT_S",
     "RunState",
-    "TaskOrder",
+    "close_engine",
+    "close_rollout",
     "finished",
     "first_redone",
     "resume_point",
@@ -49,6 +54,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: The longest a run waits for its rollout to close (user environments, tools and reward workers) before it closes
+#: the engine anyway.
+ROLLOUT_CLOSE_TIMEOUT_S = 60.0
 
 
 def resume_point(config: TrainConfig) -> Checkpoint | None:
@@ -116,23 +125,6 @@ def first_redone(state: dict[str, Any] | None) -> int:
     return state["step"] + 1 if state is not None else 0
 
 
-class TaskOrder:
-    """`per_step` tasks at a time from a seeded shuffle, cycling; `position` counts the tasks handed out (what a
-    resumed run restores)."""
-
-    def __init__(self, tasks: list[dict[str, Any]], per_step: int, seed: int) -> None:
-        self.tasks = tasks
-        self.per_step = per_step
-        self.order = list(range(len(tasks)))
-        random.Random(seed).shuffle(self.order)
-        self.position = 0
-
-    def next_batch(self) -> list[dict[str, Any]]:
-        batch = [self.tasks[self.order[(self.position + i) % len(self.order)]] for i in range(self.per_step)]
-        self.position += self.per_step
-        return batch
-
-
 @dataclass(slots=True)
 class RunState:
     """What a training run holds from its set-up (`set_up`) to its end.
@@ -197,14 +189,19 @@ async def set_up(
     plan: RunPlan, dist: DistContext, start: Checkpoint | None, state: dict[str, Any] | None, *, resume: bool
 ) -> RunState:
     """Everything a run needs before its first step, from its `plan` (`loop.plan.plan_run`: what the config says,
-    resolved before any folder or engine starts), in this order: `output_dir`, the rollout machinery and the
-    trainer. Resuming, the checkpoint's `state` comes back (all but the RNG states, which `train` restores last);
-    otherwise, on several ranks, every engine loads rank 0's weights, like the trainers (a resumed run's engines all
-    load the same checkpoint). The metric sinks are `train`'s to add.
+    resolved before any folder or engine starts), in this order: `output_dir`, the trainer (with `optimizer.lora`,
+    its adapter) and, resuming, the checkpoint's `state` (all but the RNG states, which `train` restores last), the
+    task order; then the colocated engine, the rollout machinery over it and the weight sync (`_start_engine_side`).
+    Without a resume, on several ranks, every engine loads rank 0's weights, like the trainers (a resumed run's
+    engines all load the same checkpoint). The metric sinks are `train`'s to add.
+
+    All or nothing: what can fail without the engine fails before it starts, and a failure after it started closes
+    the engine, then the rollout and the weight sync, before the error goes on.
 
     Raises:
-        ConfigError: for an engine that cannot take new weights or pause, or a class the config names that cannot
-            be built.
+        ConfigError: for LoRA target modules the model lacks, an engine that cannot take new weights or pause, a
+            class the config names that cannot be built, or a checkpoint whose pending tasks are not the data's.
+        EngineError: if the engine fails to start.
     """
     import torch
     from transformers import AutoTokenizer
@@ -219,34 +216,77 @@ async def set_up(
     model_dir = await anyio.to_thread.run_sync(resolve_model, config.model)  # may build it: off the event loop
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     task_order = TaskOrder(plan.tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
-    rollout, engine = await _start_rollouts(plan, tokenizer, model_dir, start)
     trainer = _make_trainer(plan, dist, tokenizer, model_dir, device)
     history: list[dict[str, Any]] = []
     if state is not None:  # after the trainer copied the initial model as its KL reference
         restore_weights(trainer, start.path, state)
         task_order.position = state["task_position"]
         history = list(state["history"])
-    sync = WeightSync.of(config, trainer, engine)
-    await sync.at_start(resumed=state is not None, world_size=dist.world_size)
     done = state["step"] if state is not None else 0
-    return RunState(
-        config=config,
-        dist=dist,
-        out=out,
-        start=start,
-        done=done,
-        eval_tasks=plan.eval_tasks,
-        task_order=task_order,
-        task_ids=task_ids,
-        tokenizer=tokenizer,
-        trainer=trainer,
-        engine=engine,
-        sync=sync,
-        rollout=rollout,
-        feed=_feed(config, dist, rollout, task_order, done, state),
-        eval_sampling=step_sampling(config, dist.rank, None),
-        history=history,
-    )
+    async with AsyncExitStack() as started:
+        rollout, engine, sync = await _start_engine_side(plan, dist, trainer, tokenizer, model_dir, start, started)
+        run = RunState(
+            config=config,
+            dist=dist,
+            out=out,
+            start=start,
+            done=done,
+            eval_tasks=plan.eval_tasks,
+            task_order=task_order,
+            task_ids=task_ids,
+            tokenizer=tokenizer,
+            trainer=trainer,
+            engine=engine,
+            sync=sync,
+            rollout=rollout,
+            feed=_feed(config, dist, rollout, task_order, done, state),
+            eval_sampling=step_sampling(config, dist.rank, None),
+            history=history,
+        )
+        started.pop_all()  # set up: from now on `train` closes them
+    return run
+
+
+async def _start_engine_side(
+    plan: RunPlan,
+    dist: DistContext,
+    trainer: GRPOTrainer,
+    tokenizer: PreTrainedTokenizerBase,
+    model_dir: Path,
+    start: Checkpoint | None,
+    started: AsyncExitStack,
+) -> tuple[TrainingRollout, TrainableEngine, WeightSync]:
+    """Start the colocated engine and the rollout over it (`_start_rollouts`), then the weight sync and its first
+    push (`WeightSync.at_start`), each pushed onto `started` as it starts: closing it (on a failure) closes the
+    engine first, then the rollout (`close_rollout`: bounded, never raising), then removes the sync's folders."""
+    rollout, engine = await _start_rollouts(plan, tokenizer, model_dir, start, started)
+    sync = WeightSync.of(plan.config, trainer, engine)
+    started.callback(sync.close)
+    started.push_async_callback(close_rollout, rollout)
+    started.push_async_callback(close_engine, engine)  # the engine first: closing it twice does nothing
+    await sync.at_start(resumed=start is not None, world_size=dist.world_size)
+    return rollout, engine, sync
+
+
+async def close_rollout(rollout: TrainingRollout, *, timeout_s: float = ROLLOUT_CLOSE_TIMEOUT_S) -> None:
+    """Close `rollout` (its environments, tools and reward workers: user code) without letting it hang or raise:
+    shielded from cancellation, given at most `timeout_s` seconds, and what it raises is logged, never raised."""
+    with anyio.move_on_after(timeout_s, shield=True) as scope:
+        try:
+            await rollout.aclose()
+        except Exception:
+            logger.exception("closing the rollout failed")
+    if scope.cancelled_caught:
+        logger.error("closing the rollout took longer than %.0f s: left behind", timeout_s)
+
+
+async def close_engine(engine: TrainableEngine) -> None:
+    """Close `engine` shielded from cancellation; what it raises is logged, never raised."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await engine.close()
+        except Exception:
+            logger.exception("closing the engine failed")
 
 
 def _local_device(device: str) -> Any:
@@ -294,12 +334,17 @@ def _engine_options(plan: RunPlan, model_dir: Path, *, resumed: bool) -> dict[st
 
 
 async def _start_rollouts(
-    plan: RunPlan, tokenizer: PreTrainedTokenizerBase, model_dir: Path, start: Checkpoint | None
+    plan: RunPlan,
+    tokenizer: PreTrainedTokenizerBase,
+    model_dir: Path,
+    start: Checkpoint | None,
+    started: AsyncExitStack,
 ) -> tuple[TrainingRollout, TrainableEngine]:
     """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
     (`_engine_options`, the checkpoint's weights when resuming) and the `TrainingRollout` over it
     (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes
-    `plan_run` loaded before the engine starts). `loop.run.train` closes both.
+    `plan_run` loaded before the engine starts). Both go onto `started` (closed in reverse: the engine before the
+    rollout); once the run is set up, `loop.run.train` closes them.
 
     Returns:
         The rollout and its engine.
@@ -322,31 +367,27 @@ async def _start_rollouts(
         max_prompt_length=r.max_prompt_length,
         max_response_length=r.max_response_length,
     )
-    try:
-        if not isinstance(engine, TrainableEngine):
-            raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
-        if r.max_staleness and r.placement == "pause" and not isinstance(engine, PausableEngine):
-            raise ConfigError(
-                f"rollout.placement 'pause' needs an engine that can pause generation, got "
-                f"{type(engine).__name__}: use placement 'overlap'"
-            )
-        reward_fn = build_reward(plan.reward, engine, renderer)  # the in-process judge asks this engine
-        rollout = build_training_rollout(
-            engine,
-            renderer,
-            tokenizer,
-            harness=plan.harness,
-            n_parallel_agents=r.n_parallel_agents,
-            tools=config.tools,
-            reward_fn=reward_fn,
-            environment=config.environment,
-            agent=config.agent,
-            system_prompt=plan.system_prompt,
+    started.push_async_callback(close_engine, engine)  # first pushed, last run: see `_start_engine_side`
+    if not isinstance(engine, TrainableEngine):
+        raise ConfigError(f"training needs an engine that takes new weights, got {type(engine).__name__}")
+    if r.max_staleness and r.placement == "pause" and not isinstance(engine, PausableEngine):
+        raise ConfigError(
+            f"rollout.placement 'pause' needs an engine that can pause generation, got "
+            f"{type(engine).__name__}: use placement 'overlap'"
         )
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await engine.close()
-        raise
+    reward_fn = build_reward(plan.reward, engine, renderer)  # the in-process judge asks this engine
+    rollout = build_training_rollout(
+        engine,
+        renderer,
+        tokenizer,
+        harness=plan.harness,
+        n_parallel_agents=r.n_parallel_agents,
+        tools=config.tools,
+        reward_fn=reward_fn,
+        environment=config.environment,
+        agent=config.agent,
+        system_prompt=plan.system_prompt,
+    )
     return rollout, engine
 
 
@@ -377,8 +418,8 @@ def _feed(
     """The run's `ContinuousRollout`: rollout batches of this rank's share of each step's tasks (`TaskOrder`,
     sharded by group), batch s sampled with step s's options, admitted under `rollout.max_staleness`, with
     `rollout.dynamic_sampling` (one rank only) extra draws from the same order; resuming, the checkpoint's admitted
-    but untrained groups are rolled out again first."""
-    from agentic_rl.loop.scheduler import ContinuousRollout, PendingGroup
+    but untrained groups are rolled out again first, their tasks re-read from the task order."""
+    from agentic_rl.loop.scheduler import ContinuousRollout
     from agentic_rl.train.distributed import shard
 
     r = config.rollout
@@ -390,7 +431,7 @@ def _feed(
     saved = (state or {}).get("rollout") or {}
     return ContinuousRollout(
         run=lambda tasks, sampling, indices: rollout.run(tasks, sampling, indices=indices),
-        next_batch=lambda: shard(task_order.next_batch(), dist),
+        next_batch=lambda: [(p, task_order.task_at(p)) for p in shard(task_order.next_positions(), dist)],
         sampling=lambda batch: step_sampling(config, dist.rank, batch),
         group_size=r.group_size,
         groups_per_step=r.tasks_per_step,
@@ -398,7 +439,8 @@ def _feed(
         n_parallel_agents=r.n_parallel_agents,
         first_step=done,
         last_step=config.steps,
-        pending=[PendingGroup(**p) for p in saved.get("pending", ())],
+        pending=[_pending_group(p) for p in saved.get("pending", ())],
+        task_at=task_order.task_at,
         next_batch_index=saved.get("next_batch"),
         whole_batches=rollout.whole_batches,
         dynamic_sampling=r.dynamic_sampling,
@@ -406,6 +448,22 @@ def _feed(
         step_level=config.optimizer.advantage == "step",
         overlong_filter=config.optimizer.overlong_filter,
     )
+
+
+def _pending_group(saved: dict[str, Any]) -> PendingGroup:
+    """A checkpoint's pending group (`ContinuousRollout.checkpoint`).
+
+    Raises:
+        ConfigError: for one of a checkpoint that kept tasks instead of their task order positions.
+    """
+    from agentic_rl.loop.scheduler import PendingGroup
+
+    if "order" not in saved:
+        raise ConfigError(
+            "the checkpoint keeps its pending groups' tasks instead of their task order positions (an earlier "
+            "version wrote it): resume it with that version, or start the run anew"
+        )
+    return PendingGroup(saved["batch"], saved["position"], saved["order"], saved.get("task_id"))
 
 
 def step_sampling(config: TrainConfig, rank: int, step: int | None) -> SamplingConfig:

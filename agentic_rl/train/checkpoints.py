@@ -18,6 +18,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +26,15 @@ from typing import Any
 
 import torch
 
+from agentic_rl.errors import TrainingError
+
 __all__ = [
     "FINAL",
     "STATE_FILE",
     "Checkpoint",
+    "CheckpointError",
     "capture_rng_state",
+    "check_loadable",
     "discard_partial",
     "latest_checkpoint",
     "load_state",
@@ -46,6 +51,10 @@ STATE_FILE = "training_state.pt"
 FINAL = "final"
 _STEP = re.compile(r"step_(\d+)")
 _PARTIAL = (".tmp-", ".trash-")
+
+
+class CheckpointError(TrainingError):
+    """A training state a checkpoint cannot hold (it would not load with `torch.load(weights_only=True)`)."""
 
 
 @dataclass(frozen=True)
@@ -138,17 +147,65 @@ def save_checkpoint(folder: str | os.PathLike[str], model: Any, tokenizer: Any, 
         state: tensors, numbers, strings, lists and dicts (loadable with `torch.load(weights_only=True)`).
 
     Raises:
+        CheckpointError: for a `state` that `torch.load(weights_only=True)` could not read back (checked before
+            anything is written, and once more on the file written: nothing is left under `folder` then).
         OSError: from the file system.
     """
+
+    check_loadable(state)
 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save(state, tmp / STATE_FILE)
+        _load_back(tmp / STATE_FILE)
 
     path = write_atomically(folder, write)
     logger.info("checkpoint written to %s", path)
     return path
+
+
+#: The leaf types a training state may hold (`check_loadable`), besides tensors: what
+#: `torch.load(weights_only=True)` reads back (exactly these types: a NumPy scalar or an enum is refused).
+_LEAVES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
+_CONTAINERS = (dict, OrderedDict, list, tuple)
+
+
+def check_loadable(state: Any, where: str = "state") -> None:
+    """Check that `state` holds nothing but what `torch.load(weights_only=True)` reads back: dicts, lists and
+    tuples of tensors, numbers, strings, bytes and None (no datetime, Decimal, NumPy scalar or other object).
+
+    Raises:
+        CheckpointError: naming the first value that is not, by its path (`state['history'][3]['when']`).
+    """
+    if isinstance(state, torch.Tensor) or type(state) in _LEAVES:
+        return
+    if type(state) not in _CONTAINERS:
+        raise CheckpointError(
+            f"{where} is a {type(state).__module__}.{type(state).__qualname__} ({state!r:.80}), which a checkpoint "
+            f"cannot hold (torch.load(weights_only=True) would refuse it): store plain numbers, strings, lists, "
+            f"dicts or tensors"
+        )
+    if isinstance(state, dict):
+        for key, value in state.items():
+            check_loadable(key, f"a key of {where}")
+            check_loadable(value, f"{where}[{key!r}]")
+    else:
+        for i, value in enumerate(state):
+            check_loadable(value, f"{where}[{i}]")
+
+
+def _load_back(path: Path) -> None:
+    """Read a state file just written as a resumed run will (`torch.load(weights_only=True)`, tensors mapped, not
+    read).
+
+    Raises:
+        CheckpointError: when it cannot.
+    """
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        raise CheckpointError(f"the training state written to {path.name} cannot be read back: {exc}") from exc
 
 
 def load_state(checkpoint: Checkpoint | str | os.PathLike[str]) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class _Rollout:
         start = self.handed_out[-1] + 1 if self.handed_out else self.first_id
         batch = [{"id": start + i} for i in range(per_step)]
         self.handed_out += [t["id"] for t in batch]
-        return batch
+        return [(t["id"], t) for t in batch]  # each task's id is its position in the order
 
     async def run(self, tasks, sampling, indices):
         assert self.feed is not None
@@ -78,7 +78,7 @@ def _feed(sim: _Rollout, *, k: int, steps: int, per_step: int = 3, draws: int = 
     feed = ContinuousRollout(
         run=sim.run, next_batch=lambda: sim.next_batch(per_step), sampling=lambda batch: SamplingConfig(seed=1000 + batch),
         group_size=GROUP_SIZE, groups_per_step=per_step, max_staleness=k, n_parallel_agents=4, first_step=first_step,
-        last_step=steps, pending=pending, next_batch_index=next_batch_index, dynamic_sampling=dynamic,
+        last_step=steps, pending=pending, task_at=lambda n: {"id": n}, next_batch_index=next_batch_index, dynamic_sampling=dynamic,
         max_extra_draws=draws,
     )  # fmt: skip
     sim.feed = feed
@@ -94,7 +94,15 @@ async def _train(feed: ContinuousRollout, steps: range, *, stop_after: int | Non
         tg.start_soon(feed.serve)
         for step in steps:
             groups = await feed.next_step(step)
-            out.append((step, groups, list(feed.constant), dict(feed.step_counts), feed.step_record(step, groups, lambda t: t["id"])))
+            out.append(
+                (
+                    step,
+                    groups,
+                    list(feed.constant),
+                    dict(feed.step_counts),
+                    feed.step_record(step, groups, lambda t: t["id"]),
+                )
+            )
             await anyio.sleep(0.002)  # the train step: the rollout runs on meanwhile
             feed.step_done()
             if stop_after is not None and step + 1 == stop_after:

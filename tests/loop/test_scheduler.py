@@ -55,10 +55,10 @@ def _feed(sim: _SimulatedRollout, *, k: int, steps: int, per_step: int = 3, grou
           n_parallel_agents: int = 4, first_step: int = 0, pending=(), next_batch_index=None, whole_batches=False):  # fmt: skip
     counter = iter(range(next_batch_index * per_step if next_batch_index else 0, 10**6))
     feed = ContinuousRollout(
-        run=sim.run, next_batch=lambda: [{"id": next(counter)} for _ in range(per_step)],
+        run=sim.run, next_batch=lambda: [(n, {"id": n}) for n in (next(counter) for _ in range(per_step))],
         sampling=lambda batch: SamplingConfig(seed=1000 + batch), group_size=group_size, groups_per_step=per_step,
         max_staleness=k, n_parallel_agents=n_parallel_agents, first_step=first_step, last_step=steps,
-        pending=pending, next_batch_index=next_batch_index, whole_batches=whole_batches,
+        pending=pending, task_at=lambda n: {"id": n}, next_batch_index=next_batch_index, whole_batches=whole_batches,
     )  # fmt: skip
     sim.feed = feed
     return feed
@@ -93,7 +93,9 @@ async def test_bound_holds_and_every_group_is_trained_once(k, seed):
         assert len(groups) == per_step
         assert [(g.batch, g.position) for g in groups] == sorted((g.batch, g.position) for g in groups)
         for g in groups:
-            assert g.batch - k <= g.admitted_at and g.batch >= step  # admitted within the bound, trained by its due step
+            assert (
+                g.batch - k <= g.admitted_at and g.batch >= step
+            )  # admitted within the bound, trained by its due step
             for t in g.trajectories:
                 assert step - t.metrics["started_at"] <= k  # no token older than k versions
     if k == 0:  # lockstep: step t trains exactly batch t, and nothing of batch t + 1 runs before step t is done
