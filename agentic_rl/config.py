@@ -65,7 +65,8 @@ def _numeric(annotation: Any) -> bool:
 class Config(BaseModel):
     """Base of every settings object: unknown fields rejected, checked on assignment, errors as `ConfigError`.
 
-    A boolean is refused where a number is expected (pydantic would read YAML's `true` as 1). An assignment that
+    A boolean is refused where a number is expected (pydantic would read YAML's `true` as 1), and so is a float that
+    is not finite (`.inf`, `.nan`: no option of the package means "unbounded" by infinity). An assignment that
     fails leaves the object as it was. Checks across fields run on construction and on assignment to the object
     itself; an assignment inside a nested section is checked against that section only (`checked` re-runs them all).
 
@@ -73,7 +74,9 @@ class Config(BaseModel):
         ConfigError: on construction, `model_validate` or assignment, naming the first bad field.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, arbitrary_types_allowed=True, allow_inf_nan=False
+    )
 
     @field_validator("*", mode="before")
     @classmethod

@@ -5,19 +5,24 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from agentic_rl.engine.sampling import SamplingConfig
 
 __all__ = [
     "AdapterEngine",
     "Engine",
+    "EngineDtype",
     "Generation",
     "PausableEngine",
     "StreamingEngine",
     "TrainableEngine",
     "sampled_versions",
 ]
+
+
+#: The weight and activation dtypes an engine takes (vLLM's names; `auto`: the model folder's).
+EngineDtype = Literal["bfloat16", "float16", "float32", "half", "float", "auto"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,15 +5,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from agentic_rl.config import Config
 
-__all__ = ["SamplingConfig", "derive_seed"]
+__all__ = ["SamplingConfig", "derive_seed", "fold_seed"]
 
 _Float = Annotated[float, Field(allow_inf_nan=False)]
 
 _SEED_MODULUS = 2**31 - 1
+
+
+def fold_seed(seed: int) -> int:
+    """Any integer seed folded into the engine's seed range, [0, 2**31 - 2]: `seed mod (2**31 - 1)`.
+
+    Seeds already in that range are unchanged. Clients send seeds of any width (OpenAI clients often 64-bit ones);
+    vLLM reads -1 as "unseeded", and torch refuses seeds beyond 64 bits: folding keeps each request seeded and
+    reproducible whatever integer it came with.
+    """
+    return seed % _SEED_MODULUS
 
 
 def derive_seed(seed: int, *, rank: int = 0, step: int = 0, trajectory: int = 0, turn: int = 0, choice: int = 0) -> int:
@@ -35,7 +45,7 @@ def derive_seed(seed: int, *, rank: int = 0, step: int = 0, trajectory: int = 0,
         `seed` itself at the origin (all coordinates 0); else `(seed + offset) mod (2**31 - 1)`, in [0, 2**31 - 2].
     """
     offset = 1000 * rank + 7_368_787 * step + 1_000_003 * trajectory + 7_919 * turn + choice
-    if offset == 0:  # the first request of a run samples with the run's own seed, whatever its sign
+    if offset == 0:  # the first request of a run samples with the run's own seed
         return seed
     return (seed + offset) % _SEED_MODULUS
 
@@ -46,14 +56,16 @@ class SamplingConfig(Config):
     Attributes:
         max_tokens: most tokens to sample, >= 1; None lets the caller decide (the rollout uses what is left of the
             window and the response budget, and always clamps a given value to it).
-        min_tokens: sample at least this many tokens before a stop may end the request, >= 0.
+        min_tokens: sample at least this many tokens before a stop may end the request, >= 0 and <= `max_tokens`
+            when that is given (the rollout clamps it with `max_tokens` to the room a turn has).
         temperature: >= 0; 0 is greedy.
         top_p: nucleus mass in (0, 1].
         top_k: sample from the k most likely tokens; 0 or -1 = off.
         min_p: drop tokens below `min_p` x the most likely token's probability, in [0, 1].
         presence_penalty, frequency_penalty: OpenAI-style penalties in [-2, 2].
         repetition_penalty: > 0; 1 = off.
-        seed: per-request seed (the rollout offsets it per trajectory and turn); None = unseeded.
+        seed: per-request seed (the rollout offsets it per trajectory and turn); None = unseeded. Any integer is
+            taken and folded into the engine's range (`fold_seed`).
         stop: strings that end the request (the match is not part of the output text).
         stop_token_ids: token ids that end the request (the id is the last sampled token).
         logit_bias: `{token_id: bias}` added to those tokens' logits before sampling, each bias in [-100, 100].
@@ -89,6 +101,20 @@ class SamplingConfig(Config):
     @classmethod
     def _one_stop_string(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("seed")
+    @classmethod
+    def _engine_seed(cls, value: int | None) -> int | None:
+        return None if value is None else fold_seed(value)
+
+    @model_validator(mode="after")
+    def _min_tokens_within_max_tokens(self) -> SamplingConfig:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens={self.min_tokens} exceeds max_tokens={self.max_tokens}: a request cannot sample more "
+                "than its most tokens"
+            )
+        return self
 
     @classmethod
     def of(cls, sampling: SamplingConfig | Mapping[str, Any] | None) -> SamplingConfig:

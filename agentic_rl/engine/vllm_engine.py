@@ -30,7 +30,7 @@ from pydantic import Field, StrictInt, field_validator
 from agentic_rl.config import Config
 from agentic_rl.engine import weight_copy
 from agentic_rl.engine.adapters import MAX_LORA_RANKS, AdapterSlots, check_adapter_folder
-from agentic_rl.engine.base import Generation
+from agentic_rl.engine.base import EngineDtype, Generation
 from agentic_rl.engine.commands import Abort, AddRequest, Call, LoadAdapter, Stop
 from agentic_rl.engine.engine_thread import EngineThread
 from agentic_rl.engine.load_log import counted_casts, quiet_native_stderr, quiet_vllm
@@ -95,7 +95,7 @@ class VLLMEngineConfig(Config):
     """
 
     model: str | Path
-    dtype: Literal["bfloat16", "float16", "float32", "half", "float", "auto"] = Field(default_factory=_platform_dtype)
+    dtype: EngineDtype = Field(default_factory=_platform_dtype)
     max_model_len: Annotated[int, Field(ge=16)] = 4096
     kv_cache_gib: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.5

@@ -6,17 +6,20 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, StrictInt, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
 from agentic_rl.config import Config, Weight
 from agentic_rl.data import DataColumns, load_tasks
+from agentic_rl.engine.base import EngineDtype
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError, EnvStepError
 from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents
+from agentic_rl.loop.ranges import check_ranges
 from agentic_rl.plugins import PluginRef
 from agentic_rl.train.loggers import LoggerName
 from agentic_rl.train.trainer import GRPOConfig
@@ -144,9 +147,14 @@ class RolloutSection(Config):
 class EngineSection(Config):
     """Engine settings; fp32 by default so the engine's logprobs match the fp32 trainer's."""
 
-    dtype: str = "float32"
+    dtype: EngineDtype = "float32"
     kv_cache_gib: float = Field(default=0.5, gt=0)
-    max_model_len: int | None = Field(default=None, ge=16)
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        description="the engine window in tokens (prompt + response); None: VLLMEngineConfig's default (4096); "
+        "rollout.max_prompt_length + rollout.max_response_length must fit it",
+    )
     sleep_while_training: bool = False
 
 
@@ -229,7 +237,12 @@ class TrainConfig(Config):
     )
     output_dir: str = "runs/train"
     steps: int = Field(default=3, ge=1)
-    seed: int = 0
+    seed: int = Field(
+        default=0,
+        ge=0,
+        le=2**32 - 1,
+        description="seeds the trainer, the data order and the engine (seed + rank); an unsigned 32-bit int",
+    )
     device: str = "cpu"
     checkpoint_every: int = Field(default=0, ge=0, description="0: only the final checkpoint")
     keep_checkpoints: int = Field(
@@ -329,6 +342,18 @@ class TrainConfig(Config):
                 "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause"
             )
         return self
+
+    @model_validator(mode="after")
+    def _ranges_across_sections(self) -> TrainConfig:
+        check_ranges(self)
+        return self
+
+    @field_validator("device")
+    @classmethod
+    def _torch_device(cls, value: str) -> str:
+        if not re.fullmatch(r"(cpu|cuda|npu|xpu|mps)(:\d+)?", value):
+            raise ValueError("not a training device: cpu, cuda, npu, xpu or mps, optionally with :INDEX (cuda:0)")
+        return value
 
 
 def _check_trainable_sampling(sampling: SamplingConfig) -> None:

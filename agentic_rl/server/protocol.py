@@ -158,7 +158,7 @@ class SamplingFields(_Strict):
     max_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_LIMIT)] = 128
     n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
     presence_penalty: Annotated[_Float, Field(ge=-2.0, le=2.0)] = 0.0
-    seed: Annotated[StrictInt, Field(ge=-65535, le=65535)] | None = None
+    seed: StrictInt | None = None  # any integer: folded into the engine's range (`engine.sampling.fold_seed`)
     stop: StrictStr | Annotated[list[StrictStr], Field(max_length=16)] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

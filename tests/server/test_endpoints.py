@@ -26,7 +26,7 @@ RANGES = [
     ("presence_penalty", [-2.0, 2.0], [-2.5, 2.5]),
     ("max_tokens", [1, 16], [0, 64001, 2.5]),
     ("min_tokens", [0, 4], [-1, 64001]),
-    ("seed", [-65535, 0, 65535], [-65536, 65536]),
+    ("seed", [-(2**63), -1, 0, 65536, 2**64 - 1, 2**70], [1.5, "7", True]),
     ("temperature", [0.0, 1.0, 2.0], [-0.1, 2.1]),
     ("top_p", [1e-8, 0.5, 1.0], [0.0, 1.5]),
 ]
@@ -84,8 +84,12 @@ def test_chat_completion_renders_the_template_and_stops_on_end_of_turn(base_url,
 
 def test_chat_tool_calls_come_back_in_openai_format(base_url):
     regex = r'<tool_call>\n\{"name": "calculator", "arguments": \{"expression": "2 \+ 2"\}\}\n</tool_call>'
-    body = {**CHAT, "max_tokens": 64, "structured_outputs": {"regex": regex},
-            "tools": [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]}
+    body = {
+        **CHAT,
+        "max_tokens": 64,
+        "structured_outputs": {"regex": regex},
+        "tools": [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}],
+    }
     r = _post(base_url, "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
@@ -97,7 +101,9 @@ def test_chat_tool_calls_come_back_in_openai_format(base_url):
     assert choice["message"]["content"] is None
 
 
-@pytest.mark.parametrize("case", RANGES, ids=[r[0] + (f"-{r[3][0].split('/')[-1]}" if len(r) > 3 else "") for r in RANGES])
+@pytest.mark.parametrize(
+    "case", RANGES, ids=[r[0] + (f"-{r[3][0].split('/')[-1]}" if len(r) > 3 else "") for r in RANGES]
+)
 def test_every_sampling_parameter_range_is_enforced_with_a_400(base_url, case):
     field, good, bad = case[:3]
     paths = case[3] if len(case) > 3 else ("/v1/completions", "/v1/chat/completions")
@@ -117,6 +123,19 @@ def test_every_sampling_parameter_range_is_enforced_with_a_400(base_url, case):
             error = r.json()["error"]
             assert error["param"] == field and field in error["message"]
             assert error["type"] == "invalid_request_error"
+
+
+def test_a_seed_of_any_width_is_folded_into_the_engine_range_and_samples_alike(base_url):
+    # OpenAI clients send 64-bit seeds; s and s + (2**31 - 1) fold to the same engine seed, so they sample alike
+    folded = 2**63 + 12345
+    same = folded - (2**31 - 1) * 7
+    bodies = [{**COMPLETION, "temperature": 1.0, "max_tokens": 12, "seed": seed} for seed in (folded, same)]
+    ids = []
+    for body in bodies:
+        r = _post(base_url, "/v1/completions", body)
+        assert r.status_code == 200, r.text
+        ids.append(r.json()["choices"][0]["token_ids"])
+    assert ids[0] == ids[1] and len(ids[0]) == 12
 
 
 def test_defaults_follow_the_documented_values(serving):
@@ -169,7 +188,9 @@ def test_missing_or_malformed_fields_are_400s_naming_the_field(base_url, path, b
 
 
 def test_malformed_json_body_and_non_object_body_are_400(base_url):
-    r = httpx.post(f"{base_url}/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{base_url}/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = _post(base_url, "/v1/completions", [1, 2, 3])
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
