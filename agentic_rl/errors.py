@@ -13,6 +13,7 @@ Hierarchy::
     │   └── EngineRejectedError             the engine refused one request (bad sampling options, prompt too long)
     ├── ToolError                           a tool failed while executing (turned into error text for the model)
     ├── EnvStepError                        an environment's reset/step failed (fails that trajectory only)
+    │   └── EnvTimeoutError                 a reset/step did not return within `env_timeout_s`
     ├── RewardError                         a reward function failed or returned a non-finite value
     ├── TrainingError                       training cannot go on (e.g. optimizer steps skipped too often in a row)
     └── RequestError (also ValueError)      the OpenAI-compatible server refuses a request (`status` 400/404/413)
@@ -34,6 +35,7 @@ __all__ = [
     "EngineRejectedError",
     "EngineTimeoutError",
     "EnvStepError",
+    "EnvTimeoutError",
     "ModelError",
     "RequestError",
     "RewardError",
@@ -97,6 +99,11 @@ class ToolError(AgenticRLError):
 
 class EnvStepError(AgenticRLError):
     """Raised when an environment's `reset` or `step` fails; only that trajectory fails."""
+
+
+class EnvTimeoutError(EnvStepError):
+    """Raised when an environment's `reset` or `step` did not return within `HarnessConfig.env_timeout_s` (it is
+    cancelled); only that trajectory fails, with termination reason `timeout`."""
 
 
 class RewardError(AgenticRLError):

@@ -54,13 +54,15 @@ class TerminationReason(StrEnum):
     PROMPT_TOO_LONG = "prompt_too_long"  # the first prompt exceeds `max_prompt_length` or fills the window (failed)
     INVALID_TASK = "invalid_task"  # the task could not be read (failed)
     ERROR = "error"  # an exception in the engine, environment or reward, or a failing close (failed)
-    TIMEOUT = "timeout"  # an engine request did not return within `turn_timeout_s`; it was aborted (failed)
+    TIMEOUT = "timeout"  # an engine request (`turn_timeout_s`) or an environment reset/step (`env_timeout_s`) did
+    # not return within its bound; it was aborted (failed)
     ABORTED = "aborted"  # the engine ended a turn as aborted (finish_reason `abort`, `error`); never trained (failed)
     CAPTURED = "captured"  # recorded by the server from an OpenAI client's calls: the client decides when it ends
 
     @property
     def aborts_a_turn(self) -> bool:
-        """True for the reasons whose last engine request was aborted before it finished (`aborted`, `timeout`)."""
+        """True for the reasons whose last turn was cut off before it finished (`aborted`, `timeout`: an engine
+        request aborted, or an environment call cancelled)."""
         return self in (TerminationReason.ABORTED, TerminationReason.TIMEOUT)
 
     @property

@@ -183,6 +183,12 @@ def _harness_options(add: Any) -> None:
         help="compare each trajectory's ids with a full chat-template re-render",
     )
     add("--turn-timeout-s", type=seconds, default=harness.turn_timeout_s, help="most seconds of one engine request")
+    add(
+        "--env-timeout-s",
+        type=seconds,
+        default=harness.env_timeout_s,
+        help="most seconds of one environment reset or step",
+    )
     add("--close-timeout-s", type=seconds, default=harness.close_timeout_s, help="most seconds of environment.close")
     add("--reward-timeout-s", type=seconds, default=harness.reward_timeout_s, help="most seconds of one reward call")
 

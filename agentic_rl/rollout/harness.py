@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 
 from agentic_rl.chat import Segment, check_alignment
-from agentic_rl.engine.base import Engine, Generation, sampled_versions
+from agentic_rl.engine.base import Generation, sampled_versions
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.engine.turns import ABORTED, CUT, TurnEnd, read_turn
 from agentic_rl.environments.base import Sample, StepResult
@@ -28,12 +28,14 @@ from agentic_rl.errors import (
     EngineAbortedError,
     EngineTimeoutError,
     EnvStepError,
+    EnvTimeoutError,
     TrajectoryError,
 )
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
 from agentic_rl.parser import action_text, split_thought
 from agentic_rl.rewards.base import score_answer
 from agentic_rl.rewards.shaping import TrajectoryFacts, TurnFacts
+from agentic_rl.rollout.bounded import close_sample, env_call, generate_within
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
@@ -175,9 +177,10 @@ async def run_trajectory(
     Returns:
         A `StepTrajectory`, or a `TrajectoryCheckpoint` if `pause` was set before the trajectory ended. An
         exception inside the loop does not propagate: it returns a trajectory with `failed=True`,
-        `termination_reason="error"` (`"timeout"` for an engine request past `config.turn_timeout_s`, `"aborted"`
-        for a turn the engine aborted) and the error message; a failing or hanging `environment.close` also fails
-        the trajectory. Cancellation still propagates after `environment.close` ran (once).
+        `termination_reason="error"` (`"timeout"` for an engine request past `config.turn_timeout_s` or an
+        `environment.reset` / `environment.step` past `config.env_timeout_s`, `"aborted"` for a turn the engine
+        aborted) and the error message; a failing or hanging `environment.close` also fails the trajectory.
+        Cancellation still propagates after `environment.close` ran (once).
     """
     state = checkpoint._state if checkpoint is not None else _State(task, idx)
     started = time.perf_counter() - state.elapsed_s
@@ -201,19 +204,20 @@ async def run_trajectory(
         reason, error, reward = _failure(exc, state), f"{type(exc).__name__}: {exc}", 0.0
     finally:
         if state.sample is not None and reason is not None:
-            close_error = await _close_environment(spec, state)
+            t0 = time.perf_counter()
+            close_error = await close_sample(spec.environment, state.sample, state.idx, spec.config.close_timeout_s)
+            state.metrics["env_time"] += time.perf_counter() - t0
             if close_error is not None and error is None:
                 reason, error, reward = TerminationReason.ERROR, close_error, 0.0
     return _finish(spec, state, reason, error, reward, time.perf_counter() - started)
 
 
 async def _reset(spec: RolloutSpec, state: _State) -> None:
-    """`environment.reset`, then the memory of a new trajectory."""
+    """`environment.reset` (bounded by `env_timeout_s`), then the memory of a new trajectory."""
     state.milestones = spec.config.shaping().milestones(state.task)  # a malformed list fails it before it starts
     t0 = time.perf_counter()
-    state.sample = await spec.environment.reset(
-        {**state.task, "trajectory_id": f"{state.task.get('id', state.idx)}-{state.idx}"}
-    )
+    request = {**state.task, "trajectory_id": f"{state.task.get('id', state.idx)}-{state.idx}"}
+    state.sample = await env_call(spec.environment, "reset", request, spec.config.env_timeout_s)
     if not isinstance(state.sample, Sample):
         sample, state.sample = state.sample, None  # nothing to close
         raise EnvStepError(f"reset() must return a Sample, got {type(sample).__name__}")
@@ -246,30 +250,11 @@ def _failure(exc: Exception, state: _State) -> TerminationReason:
         logger.error("trajectory %s (task %r) failed: %s: %s", state.idx, state.task.get("id"), type(exc).__name__, exc)
     else:
         logger.exception("trajectory %s (task %r) failed", state.idx, state.task.get("id"))
-    if isinstance(exc, EngineTimeoutError):
+    if isinstance(exc, (EngineTimeoutError, EnvTimeoutError)):
         return TerminationReason.TIMEOUT
     if isinstance(exc, EngineAbortedError):
         return TerminationReason.ABORTED
     return TerminationReason.ERROR
-
-
-async def _close_environment(spec: RolloutSpec, state: _State) -> str | None:
-    """Close once, shielded from cancellation and bounded by `close_timeout_s`; returns the failure, if any."""
-    assert state.sample is not None
-    timeout_s = spec.config.close_timeout_s
-    error = None
-    t0 = time.perf_counter()
-    with anyio.CancelScope(shield=True), anyio.move_on_after(timeout_s) as scope:
-        try:
-            await spec.environment.close(state.sample)
-        except Exception as exc:
-            logger.exception("environment.close failed for trajectory %s", state.idx)
-            error = f"environment.close failed: {type(exc).__name__}: {exc}"
-    if scope.cancelled_caught:
-        logger.error("environment.close of trajectory %s did not finish within %g s", state.idx, timeout_s)
-        error = f"environment.close did not finish within close_timeout_s={timeout_s:g}"
-    state.metrics["env_time"] += time.perf_counter() - t0
-    return error
 
 
 def _finish(
@@ -414,7 +399,7 @@ async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None
         step.info["truncated"] = True  # a half-written tool call must not run
         return stop
     t0 = time.perf_counter()
-    result = StepResult.of(await spec.environment.step(state.sample))
+    result = StepResult.of(await env_call(spec.environment, "step", state.sample, spec.config.env_timeout_s))
     step.info["env_time_s"] = time.perf_counter() - t0
     tool_results = result.observation if state.milestones else ()  # only milestones read them
     facts = state.turn_facts[len(state.steps) - 1] = TurnFacts.of(result.info, turn, step.action, tool_results)
@@ -441,7 +426,7 @@ async def _generate(
     run = state.recorder.current
     version = spec.engine.weight_version  # stamped on the turn (and on its tokens if the engine does not say)
     t0 = time.perf_counter()
-    generation = await _generate_within(
+    generation = await generate_within(
         spec.engine, run.prompt_ids + run.response_ids, sampling, spec.config.turn_timeout_s
     )
     llm_time_s = time.perf_counter() - t0
@@ -487,13 +472,6 @@ async def _generate(
     )
     state.steps.append(step)
     return generation, end, step
-
-
-async def _generate_within(engine: Engine, prompt: list[int], sampling: SamplingConfig, timeout_s: float) -> Generation:
-    """`engine.generate`, aborted (by cancellation) and turned into `EngineTimeoutError` past `timeout_s`."""
-    with anyio.move_on_after(timeout_s):
-        return await engine.generate(prompt, sampling)
-    raise EngineTimeoutError(f"engine request did not return within turn_timeout_s={timeout_s:g}; it was aborted")
 
 
 def _observe(spec: RolloutSpec, state: _State, turn: int, result: StepResult, end: TurnEnd, step: Step) -> _Stop | None:
@@ -568,13 +546,15 @@ def _room(spec: RolloutSpec, run: TokenRun, extra: int = 0) -> tuple[int, str]:
 
 
 def _turn_sampling(spec: RolloutSpec, idx: int, turn: int, room: int) -> SamplingConfig:
-    """The turn's sampling: `max_tokens` clamped to `room`, the end-of-turn token among the stop ids, and the seed
-    derived for this trajectory and turn."""
+    """The turn's sampling: `max_tokens` clamped to `room` and `min_tokens` to that `max_tokens` (a turn with less
+    room than `min_tokens` is cut by the limit, not refused by the engine), the end-of-turn token among the stop
+    ids, and the seed derived for this trajectory and turn."""
     base = spec.config.sampling
     stop_ids = list(base.stop_token_ids or [])
     if spec.renderer.end_of_turn_id not in stop_ids:
         stop_ids.append(spec.renderer.end_of_turn_id)
-    update = {"max_tokens": room if base.max_tokens is None else min(base.max_tokens, room), "stop_token_ids": stop_ids}
+    max_tokens = room if base.max_tokens is None else min(base.max_tokens, room)
+    update = {"max_tokens": max_tokens, "min_tokens": min(base.min_tokens, max_tokens), "stop_token_ids": stop_ids}
     return base.model_copy(update=update).derived(trajectory=idx, turn=turn)
 
 

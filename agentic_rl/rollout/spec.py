@@ -59,6 +59,11 @@ class HarnessConfig(Config):
         turn_timeout_s: most seconds one `engine.generate` call may take; past it the request is aborted and the
             trajectory fails with `termination_reason="timeout"`. The default (1 hour) only catches requests that
             never return; lower it when turns are short.
+        env_timeout_s: most seconds one `environment.reset` or `environment.step` call may take; past it the call is
+            cancelled and the trajectory fails with `termination_reason="timeout"` (its error names the call), while
+            the rest of the rollout goes on. A bound cancels only code that awaits: an environment that blocks the
+            event loop (`time.sleep`, blocking I/O in an `async def`) must run that work in a worker thread
+            (`await anyio.to_thread.run_sync(...)`); a rollout warns when the loop stalls.
         close_timeout_s: most seconds `environment.close` may take (it runs shielded from cancellation); past it
             the trajectory fails and the environment may have leaked resources.
         reward_timeout_s: most seconds the harness waits for `reward_fn`; past it the trajectory fails with a
@@ -84,6 +89,7 @@ class HarnessConfig(Config):
     unfinished_penalty: Weight = 0.0
     check_alignment: bool = True
     turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3600.0
+    env_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
     close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0
     reward_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 60.0
 

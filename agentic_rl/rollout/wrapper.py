@@ -326,9 +326,10 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             support.
         engine: an already built engine to use instead of building one from `model`.
         engine_options: extra `VLLMEngineConfig` fields (`dtype`, `kv_cache_gib`, `max_model_len`, ...).
-        toolcall_weight, milestone_weight, unfinished_penalty, check_alignment, turn_timeout_s, close_timeout_s,
-            reward_timeout_s: the `HarnessConfig` fields of those names (the reward shaping, the template re-render
-            check and the timeouts), with its defaults; `harness_config` holds them with the limits and sampling.
+        toolcall_weight, milestone_weight, unfinished_penalty, check_alignment, turn_timeout_s, env_timeout_s,
+            close_timeout_s, reward_timeout_s: the `HarnessConfig` fields of those names (the reward shaping, the
+            template re-render check and the timeouts), with its defaults; `harness_config` holds them with the
+            limits and sampling.
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
         memory: a `MemoryConfig` (or dict) to prompt each turn through agent memory; with `use_summary` and no
             `oai_client`, summaries come from this wrapper's own engine, called in process.
@@ -362,6 +363,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         serve: bool = True,
         memory: Any = None,
         turn_timeout_s: float = 3600.0,
+        env_timeout_s: float = 600.0,
         chat_template_kwargs: dict[str, Any] | None = None,
         milestone_weight: float = 0.0,
         unfinished_penalty: float = 0.0,
@@ -400,6 +402,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             unfinished_penalty=unfinished_penalty,
             check_alignment=check_alignment,
             turn_timeout_s=turn_timeout_s,
+            env_timeout_s=env_timeout_s,
             close_timeout_s=close_timeout_s,
             reward_timeout_s=reward_timeout_s,
         )
