@@ -9,8 +9,8 @@ import pytest
 
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop.config import TrainConfig
-from agentic_rl.plugins import PluginRef, load_object
 from agentic_rl.loop.sources import load_classes
+from agentic_rl.plugins import PluginRef, load_object
 from agentic_rl.tools.base import Tool
 from agentic_rl.tools.calculator import CalculatorTool
 from agentic_rl.tools.registry import build_tools
@@ -106,17 +106,26 @@ def test_load_classes_checks_every_entry_before_anything_starts():
                  agent=None)  # fmt: skip
     with pytest.raises(ConfigError, match=r"unknown tool 'calc'"):
         load_classes(tools=["calc"], environment=None, agent=None)
-    with pytest.raises(ConfigError, match=r"tools\[1\] 'agentic_rl.rollout.wrapper:BaseEngineWrapper' must name a subclass of Tool"):
+    with pytest.raises(
+        ConfigError, match=r"tools\[1\] 'agentic_rl.rollout.wrapper:BaseEngineWrapper' must name a subclass of Tool"
+    ):
         load_classes(tools=["calculator", "agentic_rl.rollout.wrapper:BaseEngineWrapper"], environment=None, agent=None)
-    with pytest.raises(ConfigError, match=r"environment 'agentic_rl.tools.calculator:CalculatorTool' must name a subclass of Environment"):
+    with pytest.raises(
+        ConfigError,
+        match=r"environment 'agentic_rl.tools.calculator:CalculatorTool' must name a subclass of Environment",
+    ):
         load_classes(tools=[], environment=PluginRef(path="agentic_rl.tools.calculator:CalculatorTool"), agent=None)
-    with pytest.raises(ConfigError, match=r"agent 'agentic_rl.environments.base:Environment' must name a subclass of BaseEngineWrapper"):
+    with pytest.raises(
+        ConfigError, match=r"agent 'agentic_rl.environments.base:Environment' must name a subclass of BaseEngineWrapper"
+    ):
         load_classes(tools=[], environment=None, agent=PluginRef(path="agentic_rl.environments.base:Environment"))
 
 
 def test_load_classes_refuses_unknown_kwargs_and_a_tools_clash_before_anything_starts():
     calc = PluginRef.model_validate({"class": "agentic_rl.tools.calculator:CalculatorTool", "kwargs": {"bogus": 1}})
-    with pytest.raises(ConfigError, match=r"tools\[0\] 'agentic_rl.tools.calculator:CalculatorTool' takes no argument\(s\) bogus"):
+    with pytest.raises(
+        ConfigError, match=r"tools\[0\] 'agentic_rl.tools.calculator:CalculatorTool' takes no argument\(s\) bogus"
+    ):
         load_classes(tools=[calc], environment=None, agent=None)
     env = PluginRef.model_validate({"class": "agentic_rl.environments.tool_env:ToolEnvironment",
                                     "kwargs": {"system_prompt": "x", "colour": 2}})  # fmt: skip
@@ -128,3 +137,30 @@ def test_load_classes_refuses_unknown_kwargs_and_a_tools_clash_before_anything_s
     wrapper = PluginRef.model_validate({"class": "agentic_rl.rollout.wrapper:ToolAgentEngineWrapper",
                                         "kwargs": {"toolcall_weight": 0.2}})  # fmt: skip
     load_classes(tools=[], environment=None, agent=wrapper)  # a known keyword passes
+
+
+def test_a_script_style_module_that_exits_at_import_is_a_config_error(tmp_path, monkeypatch):
+    """A user's script named in a config: argparse's parse_args() and sys.exit() at its top level raise SystemExit,
+    which becomes a ConfigError naming the entry, the path and the fix; the interpreter keeps running."""
+    (tmp_path / "argparse_script_env.py").write_text(
+        "import argparse\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--episodes', type=int, required=True)\n"
+        "args = parser.parse_args(['--no-such-flag'])\n"
+        "class Env: ...\n"
+    )
+    (tmp_path / "exiting_script_env.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"environment 'argparse_script_env:Env': importing module "
+                                          r"'argparse_script_env' exited \(SystemExit: 2\): its top level runs a script "
+                                          r".*put that code under `if __name__ == \"__main__\":`"):  # fmt: skip
+        load_classes(tools=[], environment=PluginRef(path="argparse_script_env:Env"), agent=None)
+    with pytest.raises(ConfigError, match=r"tools\[0\] 'exiting_script_env:Tool': .*exited \(SystemExit: 3\)"):
+        build_tools(["exiting_script_env:Tool"])
+
+
+def test_an_interrupt_while_importing_stays_an_interrupt(tmp_path, monkeypatch):
+    (tmp_path / "interrupted_plugin_mod.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        load_object("interrupted_plugin_mod:X", what="environment")
