@@ -28,9 +28,20 @@ from agentic_rl.train.step_stats import LossSums, StepStats
 from agentic_rl.train.turn_rows import step_units
 from agentic_rl.types import Trajectory
 
-__all__ = ["GRPOConfig", "GRPOTrainer"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "has_dropout"]
 
 logger = logging.getLogger(__name__)
+
+
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a training-mode forward of `model` is stochastic: a dropout layer with p > 0 (peft's `lora_dropout`,
+    GPT-2's `resid_pdrop`), or attention dropout that its config turns on (`attention_dropout`, `attn_pdrop`)."""
+    nn = torch.nn
+    dropouts = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+    if any(isinstance(m, dropouts) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    return any(float(getattr(config, name, 0.0) or 0.0) > 0 for name in ("attention_dropout", "attn_pdrop"))
 
 
 class GRPOTrainer:
@@ -63,6 +74,8 @@ class GRPOTrainer:
         steps_done: `train_step` calls so far.
         skipped_steps: optimizer steps skipped so far for a non-finite gradient norm.
         consecutive_skips: skips since the last optimizer step that was taken.
+        stochastic: whether the model's training forward has dropout (`has_dropout`); its proximal logprobs then
+            come from a forward without it (`proximal_logprobs`).
     """
 
     def __init__(
@@ -99,6 +112,7 @@ class GRPOTrainer:
 
             reference = copy.deepcopy(self.module).eval().requires_grad_(False)
         self.reference = reference
+        self.stochastic = has_dropout(self.module)
         self.steps_done = 0
         self.skipped_steps = 0
         self.consecutive_skips = 0
@@ -311,10 +325,26 @@ class GRPOTrainer:
         """A DDP wrapper's `no_sync` for every micro-batch but the last, whose backward then averages the gradients."""
         return self.model.no_sync() if (hasattr(self.model, "no_sync") and not last) else nullcontext()
 
+    def proximal_logprobs(self, micro: PackedBatch) -> torch.Tensor | None:
+        """The proximal policy's (b, r) float32 response logprobs of `micro`, when they differ from the trained
+        forward's: a model with dropout (`stochastic`, e.g. LoRA `dropout` > 0) runs its training forward with
+        dropout noise, which is no change of policy; pi_prox, whose ratio to the engine's logprobs makes the
+        importance weights (`off_policy`), is then the model's own forward without dropout (eval mode, no gradient).
+        None without dropout: pi_prox is the trained forward's logprobs, detached (`grpo_loss`)."""
+        if not self.stochastic:
+            return None
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return response_logprobs(self._policy, micro, distribution=self.sampling)
+        finally:
+            self.model.train()
+
     def _micro_loss(
         self, micro: PackedBatch, advantages: torch.Tensor, normalizer: float
     ) -> tuple[torch.Tensor, LossOutput]:
-        """The policy's (b, r) float32 response logprobs of a micro-batch (with gradient) and its `grpo_loss`.
+        """The policy's (b, r) float32 response logprobs of a micro-batch and its `grpo_loss`: the proximal ones
+        when the model has dropout (`proximal_logprobs`), else the trained forward's (with gradient).
 
         Args:
             micro: the micro-batch's rows.
@@ -322,6 +352,7 @@ class GRPOTrainer:
             normalizer: the loss's divisor (`StepRows.loss_normalizer`).
         """
         cfg = self.config
+        proximal = self.proximal_logprobs(micro)
         new = response_logprobs(self._policy, micro, distribution=self.sampling)
         ref = self.reference_logprobs(micro) if self._with_kl else None
         out = grpo_loss(
@@ -338,8 +369,9 @@ class GRPOTrainer:
             sequence_ids=micro.row_trajectory,
             normalizer=normalizer,
             off_policy=cfg.off_policy,
+            proximal_logprobs=proximal,
         )
-        return new, out
+        return (new if proximal is None else proximal), out
 
     def _clip_gradients(self, step: StepRows) -> tuple[bool, float]:
         """Average the gradients across ranks and clip them to `max_grad_norm`.
