@@ -25,6 +25,7 @@ from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop.config import TrainConfig
 from agentic_rl.loop.plan import RunPlan
+from agentic_rl.loop.ranges import check_model_window
 from agentic_rl.loop.rewards import build_reward
 from agentic_rl.loop.task_order import TaskOrder
 from agentic_rl.loop.weight_sync import WeightSync, restore_weights
@@ -199,7 +200,7 @@ async def set_up(
     the engine, then the rollout and the weight sync, before the error goes on.
 
     Raises:
-        ConfigError: for LoRA target modules the model lacks, an engine that cannot take new weights or pause, a
+        ConfigError: for LoRA target modules the model lacks, a window longer than the model's, an engine that cannot take new weights or pause, a
             class the config names that cannot be built, or a checkpoint whose pending tasks are not the data's.
         EngineError: if the engine fails to start.
     """
@@ -214,6 +215,7 @@ async def set_up(
     out = Path(config.output_dir)
     task_ids = _prepare_output(config, dist, first_redone(state), resume=resume)
     model_dir = await anyio.to_thread.run_sync(resolve_model, config.model)  # may build it: off the event loop
+    check_model_window(config, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     task_order = TaskOrder(plan.tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
     trainer = _make_trainer(plan, dist, tokenizer, model_dir, device)

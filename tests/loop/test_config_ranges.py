@@ -13,7 +13,7 @@ from agentic_rl.engine.sampling import SamplingConfig, derive_seed, fold_seed
 from agentic_rl.engine.vllm_engine import VLLMEngineConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop import TrainConfig
-from agentic_rl.loop.ranges import engine_window
+from agentic_rl.loop.ranges import check_model_window, engine_window
 from agentic_rl.memory import MemoryConfig
 from agentic_rl.rollout.spec import HarnessConfig
 from agentic_rl.train.lora import LoRAConfig
@@ -48,14 +48,24 @@ def test_min_tokens_above_max_tokens_is_refused_by_every_config_that_holds_sampl
 
 
 def test_the_trajectory_budget_must_fit_the_engine_window():
-    config = _train()
-    assert engine_window(config) == VLLMEngineConfig.model_fields["max_model_len"].default == 4096
-    assert _train(rollout={"max_prompt_length": 3584, "max_response_length": 512}).rollout.max_prompt_length == 3584
-    with pytest.raises(ConfigError, match=r"= 4097 exceeds the engine's default window \(4096 tokens\)"):
-        _train(rollout={"max_prompt_length": 3585, "max_response_length": 512})
-    with pytest.raises(ConfigError, match=r"1024 \+ 512 = 1536 exceeds engine\.max_model_len \(1024 tokens\)"):
+    assert engine_window(_train()) == 1024 + 512  # no max_model_len: the engine gets the budget
+    assert _train(engine={"max_model_len": 1536}).engine.max_model_len == 1536
+    with pytest.raises(ConfigError, match=r"1024 \+ 512 = 1536 exceeds engine\.max_model_len=1024"):
         _train(engine={"max_model_len": 1024})
     assert engine_window(_train(engine={"max_model_len": 8192}, rollout={"max_prompt_length": 7680})) == 8192
+
+
+def test_a_window_longer_than_the_model_was_trained_for_is_refused_once_the_model_is_known(tmp_path):
+    from agentic_rl.models import resolve_model
+
+    model = resolve_model("tiny-random-smollm2")  # max_position_embeddings 4096
+    check_model_window(_train(rollout={"max_prompt_length": 3584, "max_response_length": 512}), model)
+    check_model_window(_train(engine={"max_model_len": 4096}), model)
+    with pytest.raises(ConfigError, match=r"rollout\.max_prompt_length \+ rollout\.max_response_length = 4097 exceeds "
+                                          r"the window of model .* \(max_position_embeddings=4096"):  # fmt: skip
+        check_model_window(_train(rollout={"max_prompt_length": 3585, "max_response_length": 512}), model)
+    with pytest.raises(ConfigError, match=r"engine\.max_model_len=8192 exceeds the window of model"):
+        check_model_window(_train(engine={"max_model_len": 8192}), model)
 
 
 def test_top_logprobs_beyond_what_the_engine_reports_are_refused():
