@@ -14,6 +14,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine, TrainableEngine
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.memory import MemorySimple
+from agentic_rl.rollout.bounded import close_quietly
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
 from agentic_rl.tools.base import Tool
 
@@ -83,7 +84,9 @@ def tool_agent_spec(
 
 async def close_tool_agent(spec: RolloutSpec, *, engine: TrainableEngine | None = None) -> None:
     """Close the environment's tools (their HTTP clients) and, when given, stop the engine the caller started.
-    Call it from the event loop that ran the rollouts."""
-    await spec.environment.aclose()
+    Call it from the event loop that ran the rollouts. The environment's `aclose` is shielded and bounded by
+    `close_timeout_s`; its failure or timeout is logged as a warning, never raised (the engine is stopped either way).
+    """
+    await close_quietly(spec.environment.aclose, spec.config.close_timeout_s)
     if engine is not None:
         await engine.close()

@@ -47,12 +47,16 @@ async def run_batch(
     *,
     n_parallel_agents: int,
     on_result: Callable[[T], None] | None = None,
+    watch: Callable[[], Awaitable[Any]] | None = None,
 ) -> dict[int, T]:
     """Run `run_one(idx, item)` for every `(idx, item)`, at most `n_parallel_agents` at a time, in item order.
 
     `run_one` is expected to turn its own failures into a result (as `run_trajectory` does); an exception that
     escapes it cancels the whole batch, as structured concurrency requires. A `None` result means the item was
     handed back unfinished (see `Rollout.quiesce`): it is neither reported nor returned.
+
+    `watch`, when given, runs beside the items (e.g. `loop_lag.watch_loop_lag`) and is cancelled when the last
+    item ends; it must not raise.
 
     Returns:
         `{idx: result}` for every item that produced a result.
@@ -62,10 +66,22 @@ async def run_batch(
     """
     limiter = anyio.CapacityLimiter(check_n_parallel_agents(n_parallel_agents))
     results: dict[int, T] = {}
+    watching = anyio.CancelScope()  # cancelled when the last item ends
+    left = len(items)
+
+    async def watcher(watch: Callable[[], Awaitable[Any]]) -> None:
+        with watching:
+            await watch()
 
     async def worker(idx: int, item: Any) -> None:
-        async with limiter:
-            result = await run_one(idx, item)
+        nonlocal left
+        try:
+            async with limiter:
+                result = await run_one(idx, item)
+        finally:
+            left -= 1
+            if left == 0:
+                watching.cancel()
         if result is None:
             return
         results[idx] = result
@@ -73,6 +89,8 @@ async def run_batch(
             on_result(result)
 
     async with anyio.create_task_group() as tg:
+        if watch is not None and items:
+            tg.start_soon(watcher, watch)
         for idx, item in items:
             tg.start_soon(worker, idx, item)
     return results

@@ -15,6 +15,7 @@ process with the same `Rollout`, or call `discard` to close them.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +24,10 @@ from typing import Any
 import anyio
 
 from agentic_rl.errors import ConfigError
+from agentic_rl.rollout.bounded import close_quietly, close_sample
 from agentic_rl.rollout.contracts import check_environment, check_reward
 from agentic_rl.rollout.harness import TrajectoryCheckpoint, run_trajectory
+from agentic_rl.rollout.loop_lag import watch_loop_lag
 from agentic_rl.rollout.runner import batch_indices, check_n_parallel_agents, run_batch
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.rollout.tasks import checked_task, failed_trajectory
@@ -155,15 +158,21 @@ class Rollout:
         return self._last_suspended
 
     async def discard(self, suspended: SuspendedRollout) -> None:
-        """Close the environment of every checkpoint in `suspended` (for work that will not be resumed)."""
+        """Close the environment of every checkpoint in `suspended` (for work that will not be resumed); each close
+        is shielded and bounded by `close_timeout_s`, and a failure is logged, not raised."""
         for checkpoint in suspended.checkpoints:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.spec.config.close_timeout_s):
-                try:
-                    await self.spec.environment.close(checkpoint.sample)
-                except Exception:
-                    logger.exception("environment.close failed for discarded trajectory %s", checkpoint.idx)
+            await close_sample(
+                self.spec.environment, checkpoint.sample, checkpoint.idx, self.spec.config.close_timeout_s
+            )
         suspended.checkpoints.clear()
         suspended.queued.clear()
+
+    async def aclose(self) -> None:
+        """Release what the environment holds across trajectories (`Environment.aclose`: its tools' clients) once
+        the rollouts are over. Shielded from cancellation and bounded by `config.close_timeout_s`; a timeout or an
+        exception is logged as a warning naming the environment's class and never raised, so that a finished run is
+        not turned into a failed one and a failing run's own error is not masked."""
+        await close_quietly(self.spec.environment.aclose, self.spec.config.close_timeout_s)
 
     async def _drive(
         self,
@@ -192,8 +201,11 @@ class Rollout:
             return result
 
         items = [(cp.idx, (cp.task, cp)) for cp in checkpoints] + [(idx, (task, None)) for idx, task in queued]
+        watch = functools.partial(watch_loop_lag, type(self.spec.environment).__qualname__)
         try:
-            finished = await run_batch(items, one, n_parallel_agents=self.n_parallel_agents, on_result=on_result)
+            finished = await run_batch(
+                items, one, n_parallel_agents=self.n_parallel_agents, on_result=on_result, watch=watch
+            )
         finally:
             left.queued.sort(key=lambda item: item[0])
             left.checkpoints.sort(key=lambda cp: cp.idx)
