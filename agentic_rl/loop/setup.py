@@ -29,6 +29,7 @@ from agentic_rl.loop.ranges import check_model_window
 from agentic_rl.loop.rewards import build_reward
 from agentic_rl.loop.task_order import TaskOrder
 from agentic_rl.loop.weight_sync import WeightSync, restore_weights
+from agentic_rl.rollout.bounded import close_quietly
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint
 
@@ -272,14 +273,9 @@ async def _start_engine_side(
 
 async def close_rollout(rollout: TrainingRollout, *, timeout_s: float = ROLLOUT_CLOSE_TIMEOUT_S) -> None:
     """Close `rollout` (its environments, tools and reward workers: user code) without letting it hang or raise:
-    shielded from cancellation, given at most `timeout_s` seconds, and what it raises is logged, never raised."""
-    with anyio.move_on_after(timeout_s, shield=True) as scope:
-        try:
-            await rollout.aclose()
-        except Exception:
-            logger.exception("closing the rollout failed")
-    if scope.cancelled_caught:
-        logger.error("closing the rollout took longer than %.0f s: left behind", timeout_s)
+    shielded from cancellation, given at most `timeout_s` seconds, and what it raises is logged, never raised
+    (`rollout.bounded.close_quietly`)."""
+    await close_quietly(rollout.aclose, timeout_s)
 
 
 async def close_engine(engine: TrainableEngine) -> None:

@@ -25,6 +25,7 @@ from agentic_rl.environments.base import Environment
 from agentic_rl.environments.tool_env import ToolEnvironment
 from agentic_rl.errors import ConfigError, TrainingError
 from agentic_rl.plugins import PluginRef
+from agentic_rl.rollout.bounded import close_quietly
 from agentic_rl.rollout.contracts import (
     check_agent,
     check_constructor,
@@ -48,6 +49,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Most seconds a user agent's `close` may take at the end of a run (then it is logged and left).
+AGENT_CLOSE_TIMEOUT_S = 30.0
 
 _AGENT_SETTINGS = (
     "agent_name",
@@ -95,7 +99,8 @@ class SpecRollout:
         return list((await rollout.run(list(tasks), indices=indices)).trajectories)
 
     async def aclose(self) -> None:
-        await self.spec.environment.aclose()
+        """The environment's `aclose`, bounded by `close_timeout_s`, a failure logged, never raised."""
+        await close_quietly(self.spec.environment.aclose, self.spec.config.close_timeout_s)
 
 
 @dataclass
@@ -137,7 +142,8 @@ class AgentRollout:
         return out
 
     async def aclose(self) -> None:
-        await self.agent.close()
+        """The agent's `close`, bounded by `AGENT_CLOSE_TIMEOUT_S`, a failure logged, never raised."""
+        await close_quietly(self.agent.close, AGENT_CLOSE_TIMEOUT_S)
 
 
 def _describe(exc: BaseException) -> str:

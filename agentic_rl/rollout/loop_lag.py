@@ -3,8 +3,9 @@
 A bound such as `env_timeout_s` cancels code that awaits; it cannot interrupt code that blocks the loop itself
 (`time.sleep`, blocking I/O or heavy computing inside an `async def` reset or step). Such code stalls every
 trajectory of the rollout. `watch_loop_lag` runs beside a rollout, sleeps a short interval at a time and compares
-the time that actually passed with the interval: when the loop was late by more than a threshold, it logs one
-warning naming the environment and the fix (run blocking work in a worker thread), then stops watching.
+the time that actually passed with the interval: when the loop was late by more than a threshold, it logs a
+warning naming the environment and the fix (run blocking work in a worker thread), then stops watching. It warns
+once per environment class and process: a training run, which rolls out a batch per step, warns at its first.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ LAG_INTERVAL_S = 0.25
 LAG_THRESHOLD_S = 1.0
 """Seconds the loop may be late before `watch_loop_lag` warns."""
 
+_warned: set[str] = set()  # the environments warned about in this process
+
 
 async def watch_loop_lag(
     environment_name: str, *, interval_s: float = LAG_INTERVAL_S, threshold_s: float = LAG_THRESHOLD_S
 ) -> float | None:
-    """Watch the running event loop until cancelled; warn once if it was blocked for more than `threshold_s`.
+    """Watch the running event loop until cancelled; warn if it was blocked for more than `threshold_s`, once per
+    `environment_name` and process (an environment already warned about is not watched again).
 
     Args:
         environment_name: the class of the rollout's environment, named in the warning.
@@ -36,9 +40,10 @@ async def watch_loop_lag(
         threshold_s: lag (seconds late beyond `interval_s`) that counts as a blocked loop.
 
     Returns:
-        The lag that was warned about (the watch ends after its one warning); it runs until cancelled otherwise.
+        The lag that was warned about (the watch ends after its one warning); None at once for an environment already
+        warned about; it runs until cancelled otherwise.
     """
-    while True:
+    while environment_name not in _warned:
         start = time.monotonic()
         await anyio.sleep(interval_s)
         lag = time.monotonic() - start - interval_s
@@ -51,4 +56,6 @@ async def watch_loop_lag(
                 lag,
                 environment_name,
             )
+            _warned.add(environment_name)
             return lag
+    return None

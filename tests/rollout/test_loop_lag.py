@@ -57,10 +57,17 @@ async def test_a_step_that_blocks_the_loop_is_warned_about_once_naming_the_envir
     (warning,) = _lag_warnings(caplog)
     assert warning.levelno == logging.WARNING
     assert "SleepyEnvironment" in warning.message and "anyio.to_thread.run_sync" in warning.message
+    with caplog.at_level(logging.WARNING):  # a training run's next batch: once per environment and process
+        await _run(engine, tokenizer, env)
+    assert env.steps == 4 and len(_lag_warnings(caplog)) == 1
+
+
+class PoliteEnvironment(SleepyEnvironment):
+    """Never blocks (a class of its own: warnings are once per environment class)."""
 
 
 async def test_a_well_behaved_environment_gives_no_warning(engine, tokenizer, caplog):
-    env = SleepyEnvironment()
+    env = PoliteEnvironment()
     with caplog.at_level(logging.WARNING):
         await _run(engine, tokenizer, env)
     assert env.steps == 2 and not _lag_warnings(caplog)

@@ -18,8 +18,8 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine, Generation
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
-from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint
 from agentic_rl.rewards import gsm8k_reward
+from agentic_rl.rollout.harness import HarnessConfig, TerminationReason, TrajectoryCheckpoint
 from agentic_rl.rollout.session import Rollout, SuspendedRollout
 from agentic_rl.rollout.spec import RolloutSpec
 from agentic_rl.tools.calculator import CalculatorTool

@@ -10,8 +10,8 @@ import pytest
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.tool_env import DEFAULT_SYSTEM_PROMPT, ToolEnvironment
 from agentic_rl.parser import ToolCall, parse_tool_calls
-from agentic_rl.rollout.harness import HarnessConfig
 from agentic_rl.rewards import gsm8k_reward
+from agentic_rl.rollout.harness import HarnessConfig
 from agentic_rl.rollout.traces import Trace, gsm8k_trace, gsm8k_traces, replay_traces, tool_call_text
 from agentic_rl.tools.calculator import CalculatorTool
 
