@@ -6,6 +6,9 @@ launcher of node 0; launched otherwise, rank 0 serves a store on `MASTER_PORT + 
 all-reduce of a flat buffer per step (what DDP does, without DDP's need for the default group), and initial
 weights are broadcast from rank 0 so every rank starts, and therefore stays, identical.
 
+The group is registered with `torch.distributed` under `TRAIN_GROUP` (not as the default group, which stays
+vLLM's), so that a `DeviceMesh` over it (`DistContext.mesh`) can carry FSDP2's collectives (`train.sharding`).
+
 Averaging is right only for a loss whose ranks share one normalizer. A step's loss is a mean over all ranks' tokens
 (or sequences), L = (1/N) sum_k sum_{t on rank k} l_t with N the global count (`allreduce_sum` of the ranks'
 counts), so each of the W ranks back-propagates L_k = (W/N) sum_{t on rank k} l_t and the average of the gradients,
@@ -19,18 +22,21 @@ import datetime
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
 from agentic_rl.errors import ConfigError
 
-__all__ = ["DistContext", "backend_for", "init_from_env", "shard"]
+__all__ = ["TRAIN_GROUP", "DistContext", "backend_for", "init_from_env", "registered_group", "shard"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: The training group's name in `torch.distributed` and its key prefix in torchrun's store.
+TRAIN_GROUP = "agentic_rl_train"
 
 
 def backend_for(device: str) -> str:
@@ -62,10 +68,49 @@ class DistContext:
     world_size: int = 1
     group: Any = None
     backend: str = "gloo"
+    device_type: str = "cpu"
+    _mesh: Any = field(default=None, repr=False)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def mesh(self) -> Any:
+        """The 1-D `DeviceMesh` (dimension `dp`) of the training group, built once; FSDP2 shards over it.
+
+        The mesh is given this process's training rank itself: the default process group, from which a mesh
+        would otherwise read it, is the colocated engine's own single-rank group.
+
+        Raises:
+            RuntimeError: on a single-rank context (there is no group to shard over).
+        """
+        if self.group is None:
+            raise RuntimeError("a DeviceMesh needs a training group of several ranks (launch with torchrun)")
+        if self._mesh is None:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            mesh = DeviceMesh(
+                self.device_type,
+                torch.arange(self.world_size),
+                mesh_dim_names=("dp",),
+                _init_backend=False,
+                _rank=self.rank,
+            )
+            mesh._dim_group_names = [self.group.group_name]
+            mesh._pg_registry[self.group.group_name] = self.group
+            self._mesh = mesh
+        return self._mesh
+
+    def allreduce_max(self, value: float) -> float:
+        """The largest of every rank's `value` (every rank must call it)."""
+        local = torch.tensor([value], dtype=torch.float64)
+        if self.group is not None:
+            import torch.distributed as dist
+
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.MAX
+            self.group.allreduce([local], opts).wait()
+        return float(local.item())
 
     def allreduce_mean_(self, tensors: Sequence[torch.Tensor]) -> None:
         """Average `tensors` across ranks in place, with one all-reduce of a flat buffer."""
@@ -120,8 +165,11 @@ class DistContext:
         """
         if self.group is None:
             return
+        import torch.distributed as dist
+
         self.group.barrier().wait()
-        self.group = None
+        group, self.group, self._mesh = self.group, None, None
+        dist.destroy_process_group(group)  # unregistered: nothing holds it when the interpreter shuts down
 
     def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
         """Every rank's `values` (same length on all ranks), in rank order."""
@@ -163,17 +211,59 @@ def init_from_env(device: str = "cpu", *, timeout_s: float = 600.0) -> DistConte
         base = dist.TCPStore(addr, port, world, False, timeout=timeout)
     else:  # another launcher: rank 0 serves a store one port up (MASTER_PORT may be the launcher's)
         base = dist.TCPStore(addr, port + 1, world, rank == 0, timeout=timeout)
-    store = dist.PrefixStore("agentic_rl_train", base)
+    store = dist.PrefixStore(TRAIN_GROUP, base)
     if backend == "gloo":
-        group = dist.ProcessGroupGloo(store, rank, world, timeout)
+        collectives = dist.ProcessGroupGloo(store, rank, world, timeout)
     elif backend == "nccl":
-        group = dist.ProcessGroupNCCL(store, rank, world)
+        collectives = dist.ProcessGroupNCCL(store, rank, world)
     else:
         from ascend.platform import hccl_process_group
 
-        group = hccl_process_group(store, rank, world)
+        collectives = hccl_process_group(store, rank, world)
+    device_type = device.split(":")[0]
+    group = registered_group(collectives, store, rank, world, backend=backend, device_type=device_type)
     logger.info("rank %d of %d joined the training group (%s)", rank, world, backend)
-    return DistContext(rank=rank, world_size=world, group=group, backend=backend)
+    return DistContext(rank=rank, world_size=world, group=group, backend=backend, device_type=device_type)
+
+
+def registered_group(collectives: Any, store: Any, rank: int, world: int, *, backend: str, device_type: str) -> Any:
+    """A `torch.distributed.ProcessGroup` named `TRAIN_GROUP` over the backend object `collectives` (gloo, NCCL or
+    HCCL), registered with `torch.distributed` as `new_group` registers a group, but beside the default group
+    rather than inside it: functional collectives (DTensor's, FSDP2's) find it by name, `get_group_rank` by the
+    identity mapping of its ranks.
+
+    Args:
+        collectives: the backend object (`ProcessGroupGloo`, `ProcessGroupNCCL`, torch_npu's `ProcessGroupHCCL`).
+        store: the store the group met in.
+        rank / world: this process's rank and the group's size.
+        backend: `gloo`, `nccl` or `hccl`.
+        device_type: the device type its tensors live on (`cpu`, `cuda`, `npu`).
+    """
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    kinds = dist.ProcessGroup.BackendType
+    kind = {"gloo": kinds.GLOO, "nccl": kinds.NCCL}.get(backend, kinds.CUSTOM)
+    group = dist.ProcessGroup(store, rank, world)
+    group._set_default_backend(kind)
+    if hasattr(collectives, "_set_sequence_number_for_group"):
+        collectives._set_sequence_number_for_group()
+    group._register_backend(torch.device(device_type), kind, collectives)
+    group._set_group_name(TRAIN_GROUP)
+    group._set_group_desc("agentic_rl training group")
+    ranks = {r: r for r in range(world)}
+    if hasattr(c10d, "_register_pg_in_world"):
+        config = f"{device_type}:{backend}"
+        c10d._register_pg_in_world(
+            group, backend_name=backend, store=store, group_name=TRAIN_GROUP, backend_config=config, rank_mapping=ranks
+        )
+    else:  # older torch: the same entries, one by one
+        c10d._world.pg_map[group] = (backend, store)
+        c10d._world.pg_names[group] = TRAIN_GROUP
+        c10d._world.pg_backend_config[group] = f"{device_type}:{backend}"
+        c10d._world.pg_group_ranks[group] = ranks
+        c10d._register_process_group(TRAIN_GROUP, group)
+    return group
 
 
 def shard(items: Sequence[T], ctx: DistContext) -> list[T]:

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from agentic_rl.config import Config
 from agentic_rl.train.lora import LoRAConfig
 from agentic_rl.train.off_policy import OffPolicyConfig
+from agentic_rl.train.sharding import Sharding
 
 __all__ = ["GRPOConfig"]
 
@@ -60,6 +61,9 @@ class GRPOConfig(Config):
             apply to each row: a late turn's prompt holds the turns before it.
         gamma: discount of the step returns in `step` mode, in [0, 1] (1: each turn is credited with every reward
             from it to the end); not used in `trajectory` mode.
+        sharding: how the ranks of a torchrun job hold the model: `replicate` (default: a whole copy each, gradients
+            all-reduced) or `fsdp` (FSDP2: each rank holds 1/W of every parameter, gradient and optimizer moment, and
+            of the frozen KL reference; `train.sharding`). One process trains alike either way.
         lora: train a LoRA adapter on the frozen model instead of every weight (`train.lora.LoRAConfig`); the KL
             reference is then the same model with its adapter disabled. None (default): full fine-tuning.
     """
@@ -86,6 +90,7 @@ class GRPOConfig(Config):
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
     advantage: Literal["trajectory", "step"] = "trajectory"
     gamma: float = Field(default=1.0, ge=0, le=1)
+    sharding: Sharding = "replicate"
     lora: LoRAConfig | None = None
 
     @model_validator(mode="after")

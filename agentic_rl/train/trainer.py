@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
 from agentic_rl.train.off_policy import lag_sums
 from agentic_rl.train.optim import adamw, learning_rates, load_optimizer_state
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
+from agentic_rl.train.sharding import full_weights, is_sharded, shard_model, unshard_tensor
 from agentic_rl.train.step_rows import StepRows, micro_batches
 from agentic_rl.train.step_stats import LossSums, StepStats
 from agentic_rl.train.turn_rows import step_units
@@ -103,15 +104,22 @@ class GRPOTrainer:
         self.model = model
         self.sampling = sampling
         self.dist = dist
+        self.sharded = cfg.sharding == "fsdp" and dist is not None and dist.world_size > 1
         if dist is not None:
             dist.broadcast_params_(model)  # identical start on every rank
         self.pad_token_id = pad_token_id
-        self.optimizer = adamw(model.parameters(), lr=self.learning_rate(0), weight_decay=self.config.weight_decay)
         if self.config.kl_coef > 0 and reference is None and self.config.lora is None:
             import copy
 
             reference = copy.deepcopy(self.module).eval().requires_grad_(False)
         self.reference = reference
+        if self.sharded:
+            if hasattr(model, "no_sync"):
+                raise ConfigError("optimizer.sharding: fsdp shards the model itself: give it unwrapped, not in DDP")
+            shard_model(self.module, self._policy, dist.mesh())
+            if reference is not None and not is_sharded(reference):
+                shard_model(reference, reference, dist.mesh())  # frozen: 1/W of a model per rank, no gradients
+        self.optimizer = adamw(model.parameters(), lr=self.learning_rate(0), weight_decay=self.config.weight_decay)
         self.stochastic = has_dropout(self.module)
         self.steps_done = 0
         self.skipped_steps = 0
@@ -143,8 +151,10 @@ class GRPOTrainer:
         self.consecutive_skips = int(state["consecutive_skips"])
         self._set_learning_rate(self.learning_rate(self.steps_done))  # the next step's, not the saved last one
 
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """`(name, tensor)` pairs to push into an engine (`VLLMEngine.update_weights`).
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """`(name, whole tensor)` pairs to push into an engine (`VLLMEngine.update_weights`), in `named_parameters`
+        order. Sharded, each is gathered as it is asked for (`train.sharding.full_weights`): consume them one at a
+        time and whole, on every rank.
 
         Raises:
             TrainingError: with `config.lora` (push the adapter instead: `save_adapter`).
@@ -154,7 +164,7 @@ class GRPOTrainer:
                 "a LoRA trainer's weights reach an engine as an adapter: use save_adapter(folder) "
                 "and the engine's update_adapter(folder)"
             )
-        return [(name, p.detach()) for name, p in self.module.named_parameters()]
+        return full_weights(self.module)
 
     def save_adapter(self, folder: str | Path) -> Path:
         """Write the LoRA adapter into `folder` as peft's `save_pretrained` does (`adapter_model.safetensors` with
@@ -244,14 +254,20 @@ class GRPOTrainer:
         wrapper (its adapter layers in place), whose forward takes `logits_to_keep` (`response_logprobs`)."""
         return adapter_model(self.model) if self.config.lora is not None else self.model
 
+    def _logprobs(self, model: torch.nn.Module, micro: PackedBatch) -> torch.Tensor:
+        """`response_logprobs` of `micro` under the engine's distribution; sharded, in exactly one forward (no shared
+        prefix, no length buckets: every rank must run as many forwards as the others, `train.sharding`)."""
+        whole = not self.sharded
+        return response_logprobs(model, micro, distribution=self.sampling, share_prefix=whole, bucket=whole)
+
     def reference_logprobs(self, micro: PackedBatch) -> torch.Tensor:
         """The KL reference's (b, r) float32 response logprobs of `micro`, without gradient: the frozen reference
         model's, or with LoRA the policy's with its adapter disabled (the base weights, which never train)."""
         with torch.no_grad():
             if self.reference is not None or self.config.lora is None:
-                return response_logprobs(self.reference, micro, distribution=self.sampling)
+                return self._logprobs(self.reference, micro)
             with self.model.disable_adapter():
-                return response_logprobs(self._policy, micro, distribution=self.sampling)
+                return self._logprobs(self._policy, micro)
 
     def _pack(
         self, trajectories: Sequence[Trajectory], group_ids: Sequence[int] | None
@@ -310,6 +326,9 @@ class GRPOTrainer:
             whole_trajectories=cfg.loss_agg_mode == "sequence-mean" or sequence_mask,
         )
         normalizer = step.loss_normalizer(cfg.loss_agg_mode)
+        if self.sharded:  # every rank runs as many forward/backward passes (collectives) as the busiest one
+            for _ in range(int(self.dist.allreduce_max(len(chunks))) - len(chunks)):
+                self._idle_pass()
         for i, idx in enumerate(chunks):
             micro = batch.select(idx, trim=True)
             with self._gradient_sync(last=i == len(chunks) - 1):
@@ -320,6 +339,27 @@ class GRPOTrainer:
             weight, token_share = step.report_weights(cfg.loss_agg_mode, micro)
             sums.add(out, gaps[micro.response_mask.bool()], weight=weight, token_share=token_share, lag_gap=lag_gap)
         return sums
+
+    def _idle_pass(self) -> None:
+        """The collectives of one micro-batch without its rows (sharded only): the forwards a micro-batch runs
+        (`_micro_loss`: the proximal one with dropout, the policy's, the reference's with KL) and a backward, on one
+        pad token, the loss times 0: a zero gradient, reduce-scattered like a real one."""
+        device = next(self.module.parameters()).device
+        ids = torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=device)
+        if self.stochastic:
+            self.model.eval()
+            with torch.no_grad():
+                self._policy(input_ids=ids)
+            self.model.train()
+        loss = self._policy(input_ids=ids).logits.float().sum() * 0.0
+        if self._with_kl:
+            with torch.no_grad():
+                if self.reference is not None:
+                    self.reference(input_ids=ids)
+                else:
+                    with self.model.disable_adapter():
+                        self._policy(input_ids=ids)
+        loss.backward()
 
     def _gradient_sync(self, *, last: bool) -> AbstractContextManager[Any]:
         """A DDP wrapper's `no_sync` for every micro-batch but the last, whose backward then averages the gradients."""
@@ -336,7 +376,7 @@ class GRPOTrainer:
         self.model.eval()
         try:
             with torch.no_grad():
-                return response_logprobs(self._policy, micro, distribution=self.sampling)
+                return self._logprobs(self._policy, micro)
         finally:
             self.model.train()
 
@@ -353,7 +393,7 @@ class GRPOTrainer:
         """
         cfg = self.config
         proximal = self.proximal_logprobs(micro)
-        new = response_logprobs(self._policy, micro, distribution=self.sampling)
+        new = self._logprobs(self._policy, micro)
         ref = self.reference_logprobs(micro) if self._with_kl else None
         out = grpo_loss(
             new,
@@ -385,17 +425,22 @@ class GRPOTrainer:
         """
         if step.rows.numel() and not step.computed.numel():  # every row skipped: step on a zero gradient
             for p in self.module.parameters():
-                if p.requires_grad:
+                if p.requires_grad and p.grad is None:  # sharded, idle passes left this rank's share of the others'
                     p.grad = torch.zeros_like(p)
-        if self.dist is not None:
-            self.dist.allreduce_grads_(self.module)  # every rank joins, even with no rows of its own
-        has_grads = any(p.grad is not None for p in self.module.parameters())
-        grad_norm = (
-            float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.config.max_grad_norm))
-            if has_grads
-            else 0.0
-        )
-        return has_grads, grad_norm
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if self.sharded:  # FSDP2 reduce-scattered them; the norm is a collective: every rank decides alike
+            has_grads = self.dist.allreduce_max(float(any(p.grad is not None for p in params))) > 0
+            for p in params if has_grads else ():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+        else:
+            if self.dist is not None:
+                self.dist.allreduce_grads_(self.module)  # every rank joins, even with no rows of its own
+            has_grads = any(p.grad is not None for p in params)
+        if not has_grads:
+            return False, 0.0
+        norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm)
+        return True, float(unshard_tensor(norm))
 
     def _set_learning_rate(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

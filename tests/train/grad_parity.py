@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from agentic_rl.train.distributed import DistContext
+from agentic_rl.train.sharding import unshard_tensor
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
 from agentic_rl.types import RunRecorder, Step, StepTrajectory
 
@@ -23,6 +24,9 @@ PAD = 2
 # no row but its tokens still count in the normalizers.
 CASES = [(mode, kl, rewards) for mode in ("token-mean", "sequence-mean")
          for kl, rewards in ((0.0, (1.0, 0.0)), (0.1, (1.0, 0.0)), (0.0, (1.0, 1.0)))]  # fmt: skip
+# A case whose gradient norm is clipped to `CLIP_NORM` (below its norm): the sharded clip scales by the global norm.
+CLIPPED = ("token-mean", 0.1, (1.0, 0.0))
+CLIP_NORM = 1e-3
 
 
 def tiny_model() -> torch.nn.Module:
@@ -74,12 +78,13 @@ def reference_of(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def step_gradients(model: torch.nn.Module, trajectories: Sequence[StepTrajectory], case: tuple, *,
-                   micro_batch_size: int, dist: DistContext | None = None) -> tuple[list[torch.Tensor], dict[str, Any]]:  # fmt: skip
-    """The gradients (one per parameter, after the all-reduce, unclipped) one `train_step` of a copy of `model`
-    steps on, and its metrics."""
+                   micro_batch_size: int, dist: DistContext | None = None, sharding: str = "replicate",
+                   max_grad_norm: float = 1e9) -> tuple[list[torch.Tensor], dict[str, Any]]:  # fmt: skip
+    """The gradients (one per parameter, whole, after the all-reduce or reduce-scatter, and clipping) one
+    `train_step` of a copy of `model` steps on, and its metrics."""
     mode, kl_coef, _ = case
     config = GRPOConfig(lr=1e-3, micro_batch_size=micro_batch_size, loss_agg_mode=mode, kl_coef=kl_coef,
-                        max_grad_norm=1e9)  # fmt: skip
+                        max_grad_norm=max_grad_norm, sharding=sharding)  # fmt: skip
     policy = copy.deepcopy(model)
     reference = reference_of(model) if kl_coef else None
     trainer = GRPOTrainer(policy, pad_token_id=PAD, config=config, reference=reference, dist=dist)
@@ -87,7 +92,7 @@ def step_gradients(model: torch.nn.Module, trajectories: Sequence[StepTrajectory
     step = trainer.optimizer.step
 
     def record(*args: Any, **kwargs: Any) -> Any:
-        seen.append([p.grad.clone() for p in trainer.module.parameters()])
+        seen.append([unshard_tensor(p.grad).clone() for p in trainer.module.parameters()])
         return step(*args, **kwargs)
 
     trainer.optimizer.step = record
@@ -102,19 +107,25 @@ def relative_difference(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor
     return float(diff.norm() / torch.cat([w.flatten() for w in want]).norm())
 
 
-def main(out: str) -> None:
-    """Join the gloo group from the environment and save this rank's gradients and metrics of every case to `out`."""
+def main(out: str, sharding: str = "replicate") -> None:
+    """Join the gloo group from the environment and save this rank's gradients and metrics of every case to `out`,
+    the model held as `sharding` says; one more case, sharded only, clips the gradient (`CLIPPED`)."""
     from agentic_rl.train.distributed import init_from_env
 
     ctx = init_from_env("cpu", timeout_s=120)
     model = tiny_model()
     results = []
     for case in CASES:
-        grads, stats = step_gradients(model, rank_rows(ctx.rank, case[2]), case, micro_batch_size=2, dist=ctx)
+        grads, stats = step_gradients(model, rank_rows(ctx.rank, case[2]), case, micro_batch_size=2, dist=ctx,
+                                      sharding=sharding)  # fmt: skip
+        results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
+    if sharding == "fsdp":
+        grads, stats = step_gradients(model, rank_rows(ctx.rank, CLIPPED[2]), CLIPPED, micro_batch_size=2, dist=ctx,
+                                      sharding=sharding, max_grad_norm=CLIP_NORM)  # fmt: skip
         results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
     torch.save(results, out)
     ctx.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from grad_parity import CASES, rank_rows, relative_difference, step_gradients, tiny_model
+from grad_parity import CASES, CLIP_NORM, CLIPPED, rank_rows, relative_difference, step_gradients, tiny_model
 from support.launch import free_port_pair
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,3 +71,21 @@ def test_two_ranks_with_uneven_rows_step_on_the_single_process_gradient(tmp_path
         if case[2] == (1.0, 0.0):
             _, alone = step_gradients(model, rank_rows(1, case[2]), case, micro_batch_size=64)
             assert ranks[1][i]["loss"] == pytest.approx(alone["loss"], rel=1e-5, abs=1e-7), case
+
+
+def test_two_sharded_ranks_with_uneven_rows_step_on_the_single_process_gradient(tmp_path):
+    """FSDP2 over the gloo group (`optimizer.sharding: fsdp`): the same uneven rows, so rank 1 pads its micro-batches
+    with idle passes (5 against rank 0's 5 real ones, or 4 and 1), and the gathered gradient is still one process's,
+    in both loss modes, with and without KL, and clipped by the global norm."""
+    script = [str(Path(__file__).with_name("grad_parity.py")), str(tmp_path / "rank{rank}.pt"), "fsdp"]
+    _run_ranks(script, timeout_s=600)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    model = tiny_model()
+    for i, case in enumerate([*CASES, CLIPPED]):
+        rows = [*rank_rows(0, case[2]), *rank_rows(1, case[2])]
+        clip = CLIP_NORM if i == len(CASES) else 1e9
+        want, stats = step_gradients(model, rows, case, micro_batch_size=64, max_grad_norm=clip)
+        for rank in ranks:
+            assert relative_difference(rank[i]["grads"], want) <= 1e-5, case
+            assert rank[i]["grad_norm"] == pytest.approx(stats["grad_norm"], rel=1e-5), case
+    assert stats["grad_norm"] > 10 * CLIP_NORM  # the last case was clipped
