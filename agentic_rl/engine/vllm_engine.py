@@ -432,7 +432,10 @@ class VLLMEngine:
 
         Args:
             named_tensors: `(name, tensor)` pairs in Hugging Face naming (e.g. a training model's
-                `named_parameters()`); a tied `lm_head.weight` is skipped, vLLM derives it from the embedding.
+                `named_parameters()`); a tied `lm_head.weight` is skipped, vLLM derives it from the embedding. They
+                are read one at a time on the engine thread, each loaded before the next is read, so a lazy source
+                (a sharded trainer's `named_weights`, gathering each parameter as it is read) adds no more than one
+                tensor at a time; it is read to its end even when loading fails (its reads may be collectives).
 
         Returns:
             Seconds spent loading.
@@ -447,12 +450,19 @@ class VLLMEngine:
                 "update_weights: this engine serves LoRA adapters on frozen base weights "
                 "(VLLMEngineConfig.max_lora_rank is set); sync with update_adapter(folder)"
             )
-        tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
+        source = iter(named_tensors)
 
         def load(llm: Any) -> tuple[float, str]:
+            try:
+                return load_from(llm)
+            finally:
+                for _ in source:  # a sharded trainer's tensors are gathered as they are read: read them all
+                    pass
+
+        def load_from(llm: Any) -> tuple[float, str]:
             t0 = time.perf_counter()
             tied = getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
-            weights = [(n, t) for n, t in tensors if not (tied and n.endswith("lm_head.weight"))]
+            weights = ((n, t.detach()) for n, t in source if not (tied and n.endswith("lm_head.weight")))
             why_not = "weight_sync is 'reload'" if self.config.weight_sync == "reload" else weight_copy.unavailable(llm)
             with counted_casts(f"weight sync to version {self._worker.weight_version + 1}"):
                 if why_not is None:

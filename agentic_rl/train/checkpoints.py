@@ -301,9 +301,16 @@ def restore_rng_state(state: dict[str, Any]) -> None:
 
 
 def weights_digest(model: Any) -> str:
-    """sha256 over every parameter's bytes, in name order (equal digests = identical weights)."""
+    """sha256 over every parameter's name and bytes, in name order (equal digests = identical weights). A sharded
+    model's parameters are gathered one at a time (`train.sharding.full_weights`: every rank must call it), so its
+    digest is that of the same weights held whole."""
+    from agentic_rl.train.sharding import full_weights
+
+    each = sorted(
+        (name, hashlib.sha256(p.cpu().contiguous().numpy().tobytes()).digest()) for name, p in full_weights(model)
+    )
     digest = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
+    for name, bytes_digest in each:
         digest.update(name.encode())
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+        digest.update(bytes_digest)
     return digest.hexdigest()
