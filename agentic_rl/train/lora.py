@@ -112,9 +112,14 @@ def _require_lora(model: Any, what: str) -> None:
         )
 
 
-def save_adapter(model: Any, folder: str | os.PathLike[str]) -> Path:
+def save_adapter(
+    model: Any, folder: str | os.PathLike[str], *, state_dict: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Write `model`'s adapter into `folder` as peft's `save_pretrained` does: `adapter_model.safetensors` (the A and
     B tensors, in the model's dtype) and `adapter_config.json` (rank, alpha, target modules, base model path).
+
+    `state_dict`: the whole adapter tensors under `model.state_dict()`'s names, for a model whose own are shards
+    (`GRPOTrainer.save_adapter` gathers them); None: the model's own.
 
     Returns:
         `folder` as a `Path`.
@@ -125,7 +130,7 @@ def save_adapter(model: Any, folder: str | os.PathLike[str]) -> Path:
     """
     _require_lora(model, "save_adapter")
     folder = Path(folder)
-    model.save_pretrained(str(folder))
+    model.save_pretrained(str(folder), state_dict=state_dict)
     return folder
 
 

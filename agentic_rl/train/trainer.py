@@ -168,7 +168,8 @@ class GRPOTrainer:
 
     def save_adapter(self, folder: str | Path) -> Path:
         """Write the LoRA adapter into `folder` as peft's `save_pretrained` does (`adapter_model.safetensors` with
-        the fp32 A and B tensors, `adapter_config.json`): what `VLLMEngine.update_adapter(folder)` loads.
+        the fp32 A and B tensors, `adapter_config.json`): what `VLLMEngine.update_adapter(folder)` loads. Sharded,
+        every rank must call it (the adapter's tensors are gathered).
 
         Returns:
             `folder` as a `Path`.
@@ -177,7 +178,10 @@ class GRPOTrainer:
             TrainingError: without `config.lora`.
             OSError: from the file system.
         """
-        return save_adapter(self.module, folder)
+        whole = None
+        if self.sharded:  # gathered tensor by tensor, in the same order on every rank
+            whole = {name: unshard_tensor(t) for name, t in self.module.state_dict().items() if "lora_" in name}
+        return save_adapter(self.module, folder, state_dict=whole)
 
     def train_step(
         self,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from agentic_rl.train.distributed import DistContext
+from agentic_rl.train.lora import LoRAConfig
 from agentic_rl.train.sharding import unshard_tensor
 from agentic_rl.train.trainer import GRPOConfig, GRPOTrainer
 from agentic_rl.types import RunRecorder, Step, StepTrajectory
@@ -79,20 +80,22 @@ def reference_of(model: torch.nn.Module) -> torch.nn.Module:
 
 def step_gradients(model: torch.nn.Module, trajectories: Sequence[StepTrajectory], case: tuple, *,
                    micro_batch_size: int, dist: DistContext | None = None, sharding: str = "replicate",
-                   max_grad_norm: float = 1e9) -> tuple[list[torch.Tensor], dict[str, Any]]:  # fmt: skip
+                   max_grad_norm: float = 1e9, lora: bool = False) -> tuple[list[torch.Tensor], dict[str, Any]]:  # fmt: skip
     """The gradients (one per parameter, whole, after the all-reduce or reduce-scatter, and clipping) one
     `train_step` of a copy of `model` steps on, and its metrics."""
     mode, kl_coef, _ = case
     config = GRPOConfig(lr=1e-3, micro_batch_size=micro_batch_size, loss_agg_mode=mode, kl_coef=kl_coef,
-                        max_grad_norm=max_grad_norm, sharding=sharding)  # fmt: skip
+                        max_grad_norm=max_grad_norm, sharding=sharding,
+                        lora=LoRAConfig(rank=4, alpha=8.0) if lora else None)  # fmt: skip
     policy = copy.deepcopy(model)
+    torch.manual_seed(0)  # the adapter's A: one process's, and rank 0's (which every rank gets)
     reference = reference_of(model) if kl_coef else None
     trainer = GRPOTrainer(policy, pad_token_id=PAD, config=config, reference=reference, dist=dist)
     seen: list[list[torch.Tensor]] = []
     step = trainer.optimizer.step
 
     def record(*args: Any, **kwargs: Any) -> Any:
-        seen.append([unshard_tensor(p.grad).clone() for p in trainer.module.parameters()])
+        seen.append([unshard_tensor(p.grad).clone() for p in trainer.module.parameters() if p.requires_grad])
         return step(*args, **kwargs)
 
     trainer.optimizer.step = record
@@ -122,6 +125,9 @@ def main(out: str, sharding: str = "replicate") -> None:
     if sharding == "fsdp":
         grads, stats = step_gradients(model, rank_rows(ctx.rank, CLIPPED[2]), CLIPPED, micro_batch_size=2, dist=ctx,
                                       sharding=sharding, max_grad_norm=CLIP_NORM)  # fmt: skip
+        results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
+        grads, stats = step_gradients(model, rank_rows(ctx.rank, CLIPPED[2]), CLIPPED, micro_batch_size=2, dist=ctx,
+                                      sharding=sharding, lora=True)  # fmt: skip
         results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
     torch.save(results, out)
     ctx.close()

@@ -13,6 +13,8 @@ import torch
 from grad_parity import CASES, CLIP_NORM, CLIPPED, rank_rows, relative_difference, step_gradients, tiny_model
 from support.launch import free_port_pair
 
+from agentic_rl.train.lora import LoRAConfig, wrap_model
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Each rank joins from the environment a launcher sets, averages its rank's value, checks a shard of 0..5 and leaves.
@@ -76,16 +78,20 @@ def test_two_ranks_with_uneven_rows_step_on_the_single_process_gradient(tmp_path
 def test_two_sharded_ranks_with_uneven_rows_step_on_the_single_process_gradient(tmp_path):
     """FSDP2 over the gloo group (`optimizer.sharding: fsdp`): the same uneven rows, so rank 1 pads its micro-batches
     with idle passes (5 against rank 0's 5 real ones, or 4 and 1), and the gathered gradient is still one process's,
-    in both loss modes, with and without KL, and clipped by the global norm."""
+    in both loss modes, with and without KL, clipped by the global norm, and for a LoRA adapter on the sharded frozen
+    base (its KL reference the base itself)."""
     script = [str(Path(__file__).with_name("grad_parity.py")), str(tmp_path / "rank{rank}.pt"), "fsdp"]
     _run_ranks(script, timeout_s=600)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     model = tiny_model()
-    for i, case in enumerate([*CASES, CLIPPED]):
+    for i, case in enumerate([*CASES, CLIPPED, CLIPPED]):
         rows = [*rank_rows(0, case[2]), *rank_rows(1, case[2])]
         clip = CLIP_NORM if i == len(CASES) else 1e9
-        want, stats = step_gradients(model, rows, case, micro_batch_size=64, max_grad_norm=clip)
+        want, stats = step_gradients(model, rows, case, micro_batch_size=64, max_grad_norm=clip, lora=i > len(CASES))
         for rank in ranks:
             assert relative_difference(rank[i]["grads"], want) <= 1e-5, case
             assert rank[i]["grad_norm"] == pytest.approx(stats["grad_norm"], rel=1e-5), case
-    assert stats["grad_norm"] > 10 * CLIP_NORM  # the last case was clipped
+        if i == len(CASES):
+            assert stats["grad_norm"] > 10 * CLIP_NORM  # this case was clipped
+    adapter = [p for p in wrap_model(tiny_model(), LoRAConfig(rank=4, alpha=8.0)).parameters() if p.requires_grad]
+    assert len(ranks[0][-1]["grads"]) == len(adapter)  # the LoRA case trained its adapter only
