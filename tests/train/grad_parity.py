@@ -27,6 +27,8 @@ CASES = [(mode, kl, rewards) for mode in ("token-mean", "sequence-mean")
          for kl, rewards in ((0.0, (1.0, 0.0)), (0.1, (1.0, 0.0)), (0.0, (1.0, 1.0)))]  # fmt: skip
 # A case whose gradient norm is clipped to `CLIP_NORM` (below its norm): the sharded clip scales by the global norm.
 CLIPPED = ("token-mean", 0.1, (1.0, 0.0))
+# Step-level advantages (a row per turn), sharded only.
+STEP_OPTIONS = {"advantage": "step", "gamma": 0.9}
 CLIP_NORM = 1e-3
 
 
@@ -54,7 +56,8 @@ def trajectory(idx: int, reward: float, task_id: str, runs: Sequence[Sequence[in
             if i:
                 recorder.insert(ids(2))
             run, span = recorder.sample(ids(n), (-torch.rand(n, generator=g) * 3).tolist(), 0)
-            steps.append(Step(run=run, span=span))
+            steps.append(Step(run=run, span=span, reward=0.25 * ((idx + i) % 3)))  # step mode learns from these
+    steps[-1].reward = reward
     return StepTrajectory.from_runs(recorder.runs, idx=idx, trajectory_reward=reward, steps=steps,
                                     task={"id": task_id}, failed=False)  # fmt: skip
 
@@ -80,13 +83,14 @@ def reference_of(model: torch.nn.Module) -> torch.nn.Module:
 
 def step_gradients(model: torch.nn.Module, trajectories: Sequence[StepTrajectory], case: tuple, *,
                    micro_batch_size: int, dist: DistContext | None = None, sharding: str = "replicate",
-                   max_grad_norm: float = 1e9, lora: bool = False) -> tuple[list[torch.Tensor], dict[str, Any]]:  # fmt: skip
+                   max_grad_norm: float = 1e9, lora: bool = False,
+                   **options: Any) -> tuple[list[torch.Tensor], dict[str, Any]]:  # fmt: skip
     """The gradients (one per parameter, whole, after the all-reduce or reduce-scatter, and clipping) one
     `train_step` of a copy of `model` steps on, and its metrics."""
     mode, kl_coef, _ = case
     config = GRPOConfig(lr=1e-3, micro_batch_size=micro_batch_size, loss_agg_mode=mode, kl_coef=kl_coef,
                         max_grad_norm=max_grad_norm, sharding=sharding,
-                        lora=LoRAConfig(rank=4, alpha=8.0) if lora else None)  # fmt: skip
+                        lora=LoRAConfig(rank=4, alpha=8.0) if lora else None, **options)  # fmt: skip
     policy = copy.deepcopy(model)
     torch.manual_seed(0)  # the adapter's A: one process's, and rank 0's (which every rank gets)
     reference = reference_of(model) if kl_coef else None
@@ -112,7 +116,8 @@ def relative_difference(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor
 
 def main(out: str, sharding: str = "replicate") -> None:
     """Join the gloo group from the environment and save this rank's gradients and metrics of every case to `out`,
-    the model held as `sharding` says; one more case, sharded only, clips the gradient (`CLIPPED`)."""
+    the model held as `sharding` says; sharded, three more cases: a clipped gradient (`CLIPPED`), a LoRA adapter
+    and step-level advantages (`STEP_OPTIONS`)."""
     from agentic_rl.train.distributed import init_from_env
 
     ctx = init_from_env("cpu", timeout_s=120)
@@ -128,6 +133,9 @@ def main(out: str, sharding: str = "replicate") -> None:
         results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
         grads, stats = step_gradients(model, rank_rows(ctx.rank, CLIPPED[2]), CLIPPED, micro_batch_size=2, dist=ctx,
                                       sharding=sharding, lora=True)  # fmt: skip
+        results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
+        grads, stats = step_gradients(model, rank_rows(ctx.rank, CASES[0][2]), CASES[0], micro_batch_size=2, dist=ctx,
+                                      sharding=sharding, **STEP_OPTIONS)  # fmt: skip
         results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
     torch.save(results, out)
     ctx.close()

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from grad_parity import CASES, CLIP_NORM, CLIPPED, rank_rows, relative_difference, step_gradients, tiny_model
+from grad_parity import (
+    CASES,
+    CLIP_NORM,
+    CLIPPED,
+    STEP_OPTIONS,
+    rank_rows,
+    relative_difference,
+    step_gradients,
+    tiny_model,
+)
 from support.launch import free_port_pair
 
 from agentic_rl.train.lora import LoRAConfig, wrap_model
@@ -79,19 +88,21 @@ def test_two_sharded_ranks_with_uneven_rows_step_on_the_single_process_gradient(
     """FSDP2 over the gloo group (`optimizer.sharding: fsdp`): the same uneven rows, so rank 1 pads its micro-batches
     with idle passes (5 against rank 0's 5 real ones, or 4 and 1), and the gathered gradient is still one process's,
     in both loss modes, with and without KL, clipped by the global norm, and for a LoRA adapter on the sharded frozen
-    base (its KL reference the base itself)."""
+    base (its KL reference the base itself), and for step-level advantages."""
     script = [str(Path(__file__).with_name("grad_parity.py")), str(tmp_path / "rank{rank}.pt"), "fsdp"]
     _run_ranks(script, timeout_s=600)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     model = tiny_model()
-    for i, case in enumerate([*CASES, CLIPPED, CLIPPED]):
+    n = len(CASES)
+    for i, case in enumerate([*CASES, CLIPPED, CLIPPED, CASES[0]]):
         rows = [*rank_rows(0, case[2]), *rank_rows(1, case[2])]
-        clip = CLIP_NORM if i == len(CASES) else 1e9
-        want, stats = step_gradients(model, rows, case, micro_batch_size=64, max_grad_norm=clip, lora=i > len(CASES))
+        clip = CLIP_NORM if i == n else 1e9
+        want, stats = step_gradients(model, rows, case, micro_batch_size=64, max_grad_norm=clip, lora=i == n + 1,
+                                     **(STEP_OPTIONS if i == n + 2 else {}))  # fmt: skip
         for rank in ranks:
             assert relative_difference(rank[i]["grads"], want) <= 1e-5, case
             assert rank[i]["grad_norm"] == pytest.approx(stats["grad_norm"], rel=1e-5), case
-        if i == len(CASES):
+        if i == n:
             assert stats["grad_norm"] > 10 * CLIP_NORM  # this case was clipped
     adapter = [p for p in wrap_model(tiny_model(), LoRAConfig(rank=4, alpha=8.0)).parameters() if p.requires_grad]
-    assert len(ranks[0][-1]["grads"]) == len(adapter)  # the LoRA case trained its adapter only
+    assert len(ranks[0][n + 1]["grads"]) == len(adapter)  # the LoRA case trained its adapter only
