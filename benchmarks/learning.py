@@ -9,7 +9,10 @@ error rate at least halved, at an evaluation within `--max-wall-s` seconds of th
 
     .venv/bin/python benchmarks/learning.py [--config examples/train_arithmetic.yaml] [--seeds 0 1]
         [--set KEY=VALUE ...] [--metric heldout_accuracy] [--min-gain 0.25] [--max-wall-s 1800] [--name learning]
-        [--out FILE] [--read-only]
+        [--out FILE] [--read-only] [--nproc N]
+
+`--nproc N` launches each run under torchrun with N ranks on this machine (e.g. `--nproc 2 --set
+optimizer.sharding=fsdp --set rollout.tasks_per_step=4`: the same 8 tasks a step as one process, sharded).
 
 `--name` names the run folders (`runs/NAME-seedS`), the plots and the results file (`benchmarks/results/NAME.json`),
 so that another config's runs (e.g. `--config examples/train_gsm8k.yaml --name learning_gsm8k`) keep the arithmetic
@@ -38,18 +41,38 @@ def run_dir(runs_dir: Path, name: str, seed: int) -> Path:
 
 
 def run_seed(
-    config: str, seed: int, overrides: list[str], runs_dir: Path, name: str, metric: str = "heldout_accuracy"
+    config: str, seed: int, overrides: list[str], runs_dir: Path, name: str, metric: str = "heldout_accuracy",
+    nproc: int = 1,
 ) -> dict[str, Any]:
-    """Train with `seed`, then `read_run`."""
+    """Train with `seed` (under torchrun with `nproc` ranks when above 1), then `read_run`."""
     out = run_dir(runs_dir, name, seed)
     if out.exists():
         shutil.rmtree(out)
-    command = [sys.executable, "-m", "agentic_rl.cli", "train", "--config", config, "--set", f"seed={seed}",
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}"]
+    command = [*launcher, "-m", "agentic_rl.cli", "train", "--config", config, "--set", f"seed={seed}",
                "--set", f"output_dir={out}", *[a for o in overrides for a in ("--set", o)]]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)
     wall = time.perf_counter() - t0
     return read_run(out, seed, name, wall, metric)
+
+
+def _free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, and the one above it (a launcher may serve a store there)."""
+    import socket
+
+    while True:
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
 
 
 def read_run(
@@ -170,11 +193,13 @@ def main() -> None:
     parser.add_argument("--name", default="learning", help="run folders, plots and results file are named after it")
     parser.add_argument("--out", default=None)
     parser.add_argument("--read-only", action="store_true", help="summarize the runs already in --runs-dir")
+    parser.add_argument("--nproc", type=int, default=1, help="torchrun ranks per run (1: one process, no torchrun)")
     args = parser.parse_args()
     runs_dir = Path(args.runs_dir)
     before, after = f"{args.metric}_before", f"{args.metric}_after"
     runs = [read_run(run_dir(runs_dir, args.name, seed), seed, args.name, metric=args.metric) if args.read_only
-            else run_seed(args.config, seed, args.set, runs_dir, args.name, args.metric) for seed in args.seeds]  # fmt: skip
+            else run_seed(args.config, seed, args.set, runs_dir, args.name, args.metric, args.nproc)
+            for seed in args.seeds]  # fmt: skip
     for r in runs:
         gains = [
             c["elapsed_s"] for c in r["curve"] if improved(r[before], c[args.metric], args.min_gain) >= args.min_gain
