@@ -39,10 +39,12 @@ __all__ = [
     "latest_checkpoint",
     "load_state",
     "prune_checkpoints",
+    "publish_folder",
     "restore_rng_state",
     "save_checkpoint",
     "weights_digest",
     "write_atomically",
+    "write_state",
 ]
 
 logger = logging.getLogger(__name__)
@@ -88,19 +90,31 @@ def write_atomically(folder: str | os.PathLike[str], write: Callable[[Path], Non
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
     try:
         write(tmp)
-        _permissions_as_umask_allows(tmp)
-        for root, _dirs, files in os.walk(tmp):
-            for name in files:
-                _fsync(Path(root) / name)
-        _fsync(tmp)
-        if folder.exists():  # no atomic swap of two folders: move the old one aside, then drop it
-            _remove(folder)
-        os.replace(tmp, folder)
-        _fsync(folder.parent)
+        publish_folder(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return folder
+
+
+def publish_folder(tmp: Path, folder: Path) -> None:
+    """Put the filled temporary folder `tmp` (beside `folder`, named `.tmp-*`) in place as `folder`: its modes as the
+    umask allows, every file and then the folder fsynced, an existing `folder` removed (`prune_checkpoints`' way:
+    renamed aside first), `tmp` renamed to `folder` and the parent fsynced. A kill at any point leaves either the
+    old `folder` or the new one, and at most a `.tmp-*` / `.trash-*` folder (`discard_partial`).
+
+    Raises:
+        OSError: from the file system (`tmp` is left for the caller to remove).
+    """
+    _permissions_as_umask_allows(tmp)
+    for root, _dirs, files in os.walk(tmp):
+        for name in files:
+            _fsync(Path(root) / name)
+    _fsync(tmp)
+    if folder.exists():  # no atomic swap of two folders: move the old one aside, then drop it
+        _remove(folder)
+    os.replace(tmp, folder)
+    _fsync(folder.parent)
 
 
 def _permissions_as_umask_allows(tmp: Path) -> None:
@@ -157,8 +171,7 @@ def save_checkpoint(folder: str | os.PathLike[str], model: Any, tokenizer: Any, 
     def write(tmp: Path) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        torch.save(state, tmp / STATE_FILE)
-        _load_back(tmp / STATE_FILE)
+        write_state(tmp, state)
 
     path = write_atomically(folder, write)
     logger.info("checkpoint written to %s", path)
@@ -193,6 +206,16 @@ def check_loadable(state: Any, where: str = "state") -> None:
     else:
         for i, value in enumerate(state):
             check_loadable(value, f"{where}[{i}]")
+
+
+def write_state(folder: Path, state: dict[str, Any]) -> None:
+    """`torch.save(state)` into `folder / STATE_FILE`, then read it back as a resumed run will.
+
+    Raises:
+        CheckpointError: when the file written cannot be read back with `torch.load(weights_only=True)`.
+    """
+    torch.save(state, folder / STATE_FILE)
+    _load_back(folder / STATE_FILE)
 
 
 def _load_back(path: Path) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_TARGET_MODULES",
     "LoRAConfig",
     "adapter_model",
+    "config_dtype",
     "is_lora",
     "load_adapter",
     "merge_adapter",
@@ -208,7 +209,7 @@ def merge_adapter(
     if not base:
         raise ConfigError(f"{adapter / ADAPTER_CONFIG} names no base model: pass --base")
     base_dir = resolve_model(base)
-    saved_dtype = _base_dtype(AutoConfig.from_pretrained(str(base_dir))) if dtype == "auto" else getattr(torch, dtype)
+    saved_dtype = config_dtype(AutoConfig.from_pretrained(str(base_dir))) if dtype == "auto" else getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
     merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().to(saved_dtype)
     out.mkdir(parents=True, exist_ok=True)
@@ -219,7 +220,7 @@ def merge_adapter(
     return out
 
 
-def _base_dtype(config: Any) -> torch.dtype:
+def config_dtype(config: Any) -> torch.dtype:
     """The dtype a model's `config.json` asks for (float32 when it names none)."""
     wanted = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(wanted, str):

@@ -26,7 +26,15 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["Sharding", "decoder_layers", "full_weights", "is_sharded", "shard_model", "unshard_tensor"]
+__all__ = [
+    "Sharding",
+    "decoder_layers",
+    "full_adapter",
+    "full_weights",
+    "is_sharded",
+    "shard_model",
+    "unshard_tensor",
+]
 
 Sharding = Literal["replicate", "fsdp"]
 """How the ranks of a torchrun job hold the trained model: `replicate` (a whole copy on each, gradients
@@ -90,3 +98,9 @@ def full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     one whole parameter exists besides the shards. Every rank must consume it whole, in the same order."""
     for name, param in model.named_parameters():
         yield name, unshard_tensor(param)
+
+
+def full_adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole LoRA tensors of a peft model (`lora_` in their `state_dict` names), gathered one at a time when
+    sharded (`unshard_tensor`: every rank must call it): what `train.lora.save_adapter` takes as `state_dict`."""
+    return {name: unshard_tensor(t) for name, t in model.state_dict().items() if "lora_" in name}

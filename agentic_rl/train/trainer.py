@@ -23,7 +23,7 @@ from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
 from agentic_rl.train.off_policy import lag_sums
 from agentic_rl.train.optim import adamw, learning_rates, load_optimizer_state
 from agentic_rl.train.packing import PackedBatch, pack_trajectories
-from agentic_rl.train.sharding import full_weights, is_sharded, shard_model, unshard_tensor
+from agentic_rl.train.sharding import full_adapter, full_weights, is_sharded, shard_model, unshard_tensor
 from agentic_rl.train.step_rows import StepRows, micro_batches
 from agentic_rl.train.step_stats import LossSums, StepStats
 from agentic_rl.train.turn_rows import step_units
@@ -131,21 +131,25 @@ class GRPOTrainer:
         return getattr(self.model, "module", self.model)
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resumed run needs besides the weights: the optimizer's state and the step counters."""
+        """What a resumed run needs besides the weights: the optimizer's state and the step counters. Sharded, the
+        optimizer's state is None here: its tensors are shards, which a sharded checkpoint holds with the weights'
+        (`train.sharded_checkpoints`)."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": None if self.sharded else self.optimizer.state_dict(),
             "steps_done": self.steps_done,
             "skipped_steps": self.skipped_steps,
             "consecutive_skips": self.consecutive_skips,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what `state_dict` returned (the model's weights are loaded separately).
+        """Restore what `state_dict` returned (the model's weights, and a sharded trainer's optimizer state, are
+        loaded separately, before it: it sets the next step's learning rate).
 
         Raises:
             ValueError: from the optimizer, if its saved parameter groups do not fit this model's.
         """
-        load_optimizer_state(self.optimizer, state["optimizer"])
+        if state["optimizer"] is not None:
+            load_optimizer_state(self.optimizer, state["optimizer"])
         self.steps_done = int(state["steps_done"])
         self.skipped_steps = int(state["skipped_steps"])
         self.consecutive_skips = int(state["consecutive_skips"])
@@ -178,9 +182,7 @@ class GRPOTrainer:
             TrainingError: without `config.lora`.
             OSError: from the file system.
         """
-        whole = None
-        if self.sharded:  # gathered tensor by tensor, in the same order on every rank
-            whole = {name: unshard_tensor(t) for name, t in self.module.state_dict().items() if "lora_" in name}
+        whole = full_adapter(self.module) if self.sharded else None  # gathered in the same order on every rank
         return save_adapter(self.module, folder, state_dict=whole)
 
     def train_step(
