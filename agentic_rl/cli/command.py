@@ -230,23 +230,32 @@ def _merge_parser(sub: Any) -> None:
     """The `merge` subcommand's options."""
     m = sub.add_parser(
         "merge",
-        help="fold a LoRA adapter into its base model: a plain model folder",
+        help="write a plain model folder: a LoRA adapter folded into its base, or a training checkpoint's model",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    m.add_argument(
+    source = m.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--adapter",
-        required=True,
         metavar="DIR",
         help="adapter folder (adapter_config.json + adapter_model.safetensors): a LoRA training "
         "checkpoint, an SFT run's adapter/, or a trainer's save_adapter",
     )
+    source.add_argument(
+        "--checkpoint",
+        metavar="DIR",
+        help="a training checkpoint (RUN/checkpoints/step_K or final): sharded (optimizer.sharding fsdp), "
+        "replicated, or LoRA (its adapter folded into the base)",
+    )
     m.add_argument("--out", required=True, metavar="DIR", help="the model folder to write")
-    m.add_argument("--base", default=None, help="base model (default: the adapter's base_model_name_or_path)")
+    m.add_argument(
+        "--base", default=None, help="with --adapter: base model (default: the adapter's base_model_name_or_path)"
+    )
     m.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="saved weights' dtype (auto: the base model's)",
+        help="saved weights' dtype (auto: the base model's for an adapter, the checkpoint's own (float32) for a "
+        "whole model)",
     )
     m.add_argument("-v", "--verbose", action="store_true")
 
@@ -390,6 +399,22 @@ def _held_out_text(manifest: dict[str, Any]) -> str:
     )
 
 
+def _run_merge(args: argparse.Namespace) -> int:
+    from agentic_rl.errors import ConfigError
+
+    if args.checkpoint is not None:
+        if args.base is not None:
+            raise ConfigError("--base goes with --adapter: a checkpoint names its own model")
+        from agentic_rl.train.sharded_checkpoints import merge_checkpoint
+
+        print(f"merged model written to {merge_checkpoint(args.checkpoint, args.out, dtype=args.dtype)}")
+        return 0
+    from agentic_rl.train.lora import merge_adapter
+
+    print(f"merged model written to {merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)}")
+    return 0
+
+
 def _serve_defaults(pairs: list[str]) -> dict[str, Any]:
     """`--default KEY=VALUE` options as a dict: VALUE read as JSON, else kept as a string.
 
@@ -483,10 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sft":
             return _run_sft(args)
         if args.command == "merge":
-            from agentic_rl.train.lora import merge_adapter
-
-            print(f"merged model written to {merge_adapter(args.adapter, args.out, base=args.base, dtype=args.dtype)}")
-            return 0
+            return _run_merge(args)
         if args.command == "view":
             from agentic_rl.viewer import build_view
 

@@ -39,6 +39,7 @@ from agentic_rl.records import write_trajectories
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import weights_digest
 from agentic_rl.train.groups import TrajectoryGroup, flatten_groups
+from agentic_rl.train.sharded_checkpoints import save_sharded_checkpoint
 from agentic_rl.train.step_stats import StepStats
 
 __all__ = [
@@ -256,33 +257,34 @@ async def _train_and_sync(run: RunState, groups: list[TrajectoryGroup]) -> tuple
 
 async def _record_step(run: RunState, step: int, row: dict[str, Any], figures: StepFigures) -> None:
     """After step `step` (0-based): evaluate when due (every `eval_every` steps and after the last; into `row`), keep
-    the row, and (rank 0) log it, write the step's trajectories and, every `checkpoint_every` steps, a checkpoint."""
+    the row, and (rank 0) log it, write the step's trajectories and, every `checkpoint_every` steps, a checkpoint
+    (sharded: written by every rank, `_save_checkpoint`)."""
     config, done = run.config, step + 1
     if run.eval_tasks and (done == config.steps or (config.eval_every and done % config.eval_every == 0)):
         row.update(await _evaluate(run, run.out / "rollouts" / f"eval_step_{done}.jsonl"))
     run.history.append(row)
-    if not run.dist.is_main:
-        return
-    _log(run, row, step=done)
-    write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", figures.trajectories, figures.task_ids)
-    left_out = run.out / "rollouts" / f"step_{done}_left_out.jsonl"
-    if figures.left_out:  # what dynamic sampling left out: sampled, never trained
-        write_trajectories(left_out, figures.left_out, figures.left_out_task_ids)
-    else:  # a step redone after a resume may leave out what the first try did not
-        left_out.unlink(missing_ok=True)
+    if run.dist.is_main:
+        _log(run, row, step=done)
+        write_trajectories(run.out / "rollouts" / f"step_{done}.jsonl", figures.trajectories, figures.task_ids)
+        left_out = run.out / "rollouts" / f"step_{done}_left_out.jsonl"
+        if figures.left_out:  # what dynamic sampling left out: sampled, never trained
+            write_trajectories(left_out, figures.left_out, figures.left_out_task_ids)
+        else:  # a step redone after a resume may leave out what the first try did not
+            left_out.unlink(missing_ok=True)
     if config.checkpoint_every and done % config.checkpoint_every == 0:
-        _save_checkpoint(run, f"step_{done}", done)
-        checkpoints.prune_checkpoints(run.out / "checkpoints", config.keep_checkpoints)
+        _save_checkpoint(run, f"step_{done}", done)  # rank 0, or every rank of a sharded trainer
+        if run.dist.is_main:
+            checkpoints.prune_checkpoints(run.out / "checkpoints", config.keep_checkpoints)
 
 
 def _finish(run: RunState) -> None:
-    """After the last step: (rank 0) the final checkpoint, unless the run resumed from it, and the plots; then this
-    rank's weights digest."""
+    """After the last step: (rank 0; sharded, every rank) the final checkpoint, unless the run resumed from it, and
+    (rank 0) the plots; then this rank's weights digest."""
     from agentic_rl.train.plots import write_run_plots
 
+    if run.start is None or run.start.path.name != checkpoints.FINAL:
+        _save_checkpoint(run, checkpoints.FINAL, run.config.steps)
     if run.dist.is_main:
-        if run.start is None or run.start.path.name != checkpoints.FINAL:
-            _save_checkpoint(run, checkpoints.FINAL, run.config.steps)
         write_run_plots(run.out)
     (run.out / f"weights_rank{run.dist.rank}.sha256").write_text(weights_digest(run.trainer.module) + "\n")
 
@@ -325,9 +327,14 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float]:
 
 def _save_checkpoint(run: RunState, name: str, step: int) -> None:
     """Save `checkpoints/<name>/` after `step` steps: the model (or its LoRA adapter: peft's `save_pretrained` of the
-    trainer's module), the tokenizer and the training state (`RunState.training_state`)."""
-    state = run.training_state(step)
-    checkpoints.save_checkpoint(run.out / "checkpoints" / name, run.trainer.module, run.tokenizer, state)
+    trainer's module), the tokenizer and the training state (`RunState.training_state`), by rank 0 (the other ranks
+    do nothing). A sharded trainer's checkpoint is written by every rank, each its own shards
+    (`train.sharded_checkpoints`): every rank calls this."""
+    folder = run.out / "checkpoints" / name
+    if run.trainer.sharded:
+        save_sharded_checkpoint(folder, run.trainer, run.tokenizer, run.training_state(step))
+    elif run.dist.is_main:
+        checkpoints.save_checkpoint(folder, run.trainer.module, run.tokenizer, run.training_state(step))
 
 
 def _task_id(task: Any) -> Any:

@@ -32,6 +32,7 @@ from agentic_rl.loop.weight_sync import WeightSync, restore_weights
 from agentic_rl.rollout.bounded import close_quietly
 from agentic_rl.train import checkpoints
 from agentic_rl.train.checkpoints import Checkpoint
+from agentic_rl.train.sharded_checkpoints import is_sharded_checkpoint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -90,7 +91,9 @@ def starting_point(
     state = checkpoints.load_state(start)
     if state["world_size"] != dist.world_size:
         raise ConfigError(
-            f"{start.path} was written by {state['world_size']} rank(s); resume it with as many, not {dist.world_size}"
+            f"{start.path} was written by {state['world_size']} rank(s); resume it with as many, not "
+            f"{dist.world_size}, or start a new run from its model: 'agentic-rl merge --checkpoint {start.path} "
+            f"--out DIR' writes it as a plain model folder (the run's model: DIR)"
         )
     logger.info("resuming %s after step %d from %s", out, state["step"], start.path)
     return start, state
@@ -319,16 +322,20 @@ def _prepare_output(config: TrainConfig, dist: DistContext, first_redone: int, *
     return task_ids
 
 
-def _engine_options(plan: RunPlan, model_dir: Path, *, resumed: bool) -> dict[str, Any]:
+def _engine_options(plan: RunPlan, model_dir: Path, start: Checkpoint | None) -> dict[str, Any]:
     """The colocated engine's options (`RunPlan.engine_options`); a resumed run with `engine.dtype: auto` starts its
     engine from the checkpoint's fp32 weights, so it asks for the dtype the model's own folder asks for, as in the
-    first process."""
-    if not resumed or plan.config.engine.dtype != "auto":
-        return plan.engine_options
+    first process. Resumed from a sharded checkpoint (no whole model in it), the engine starts from the model's own
+    folder one weight version before the checkpoint's, which `WeightSync.at_start` then pushes (as with LoRA)."""
+    options = plan.engine_options
+    if start is not None and plan.config.optimizer.lora is None and is_sharded_checkpoint(start.path):
+        options = {**options, "weight_version": options["weight_version"] - 1}
+    if start is None or plan.config.engine.dtype != "auto":
+        return options
     from transformers import AutoConfig
 
     wanted = getattr(AutoConfig.from_pretrained(str(model_dir)), "dtype", None)
-    return {**plan.engine_options, "dtype": str(wanted).removeprefix("torch.") if wanted else "auto"}
+    return {**options, "dtype": str(wanted).removeprefix("torch.") if wanted else "auto"}
 
 
 async def _start_rollouts(
@@ -339,8 +346,8 @@ async def _start_rollouts(
     started: AsyncExitStack,
 ) -> tuple[TrainingRollout, TrainableEngine]:
     """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
-    (`_engine_options`, the checkpoint's weights when resuming) and the `TrainingRollout` over it
-    (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes
+    (`_engine_options`; resuming, the checkpoint's weights when it holds a whole model) and the `TrainingRollout` over
+    it (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes
     `plan_run` loaded before the engine starts). Both go onto `started` (closed in reverse: the engine before the
     rollout); once the run is set up, `loop.run.train` closes them.
 
@@ -357,8 +364,9 @@ async def _start_rollouts(
     config = plan.config
     r = config.rollout
     renderer = ChatRenderer(tokenizer)
-    weights = start.path if start is not None and config.optimizer.lora is None else model_dir  # LoRA: the base
-    options = _engine_options(plan, model_dir, resumed=start is not None)
+    from_checkpoint = start is not None and config.optimizer.lora is None and not is_sharded_checkpoint(start.path)
+    weights = start.path if from_checkpoint else model_dir  # LoRA or shards: the base, the weights pushed at start
+    options = _engine_options(plan, model_dir, start)
     engine = start_engine(
         weights,
         options,

@@ -61,13 +61,32 @@ def _alive(pid: int) -> bool:
 
 
 def restore_weights(trainer: GRPOTrainer, folder: Path, state: dict[str, Any]) -> None:
-    """Load a checkpoint's weights (the whole model, or with LoRA the adapter) and training state into `trainer`."""
+    """Load a checkpoint's weights (the whole model, or with LoRA the adapter) and training state into `trainer`. A
+    sharded trainer reads a sharded checkpoint (every rank its own chunks, the optimizer state with them:
+    `train.sharded_checkpoints`), and only such a one.
+
+    Raises:
+        ConfigError: for a sharded checkpoint and a trainer that is not sharded, or the other way round.
+        CheckpointError: for shards that do not fit the trainer's model.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     from agentic_rl.train.lora import load_adapter
+    from agentic_rl.train.sharded_checkpoints import is_sharded_checkpoint, load_sharded_checkpoint
 
-    if trainer.config.lora is not None:
+    if is_sharded_checkpoint(folder) != trainer.sharded:
+        from agentic_rl.errors import ConfigError
+
+        kind = "sharded" if trainer.sharded else "replicated"
+        raise ConfigError(
+            f"{folder} is {'not ' if trainer.sharded else ''}a sharded checkpoint, and this run's trainer is {kind} "
+            f"(optimizer.sharding, ranks): resume it as it was written, or start a new run from its model "
+            f"('agentic-rl merge --checkpoint {folder} --out DIR')"
+        )
+    if trainer.sharded:
+        load_sharded_checkpoint(folder, trainer)
+    elif trainer.config.lora is not None:
         load_adapter(trainer.module, folder)
     else:
         saved = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
@@ -128,9 +147,12 @@ class WeightSync:
 
     async def at_start(self, *, resumed: bool, world_size: int) -> None:
         """Before the first step: a resumed LoRA run loads its checkpoint's adapter (restored into the trainer) into
-        the engine, which starts from the base model; a new run on several ranks gives every engine rank 0's
-        weights (with LoRA there is nothing to give: every engine serves the same base, the adapter's B is 0)."""
-        if (self.lora and resumed) or (not self.lora and not resumed and world_size > 1):
+        the engine, which starts from the base model, and so does a resumed sharded run with the checkpoint's
+        weights (restored into the trainer's shards: the checkpoint holds no whole model for the engine to start
+        from); a new run on several ranks gives every engine rank 0's weights (with LoRA there is nothing to give:
+        every engine serves the same base, the adapter's B is 0)."""
+        from_checkpoint = resumed and (self.lora or self.trainer.sharded)
+        if from_checkpoint or (not self.lora and not resumed and world_size > 1):
             try:
                 await self.push()
             except BaseException:
