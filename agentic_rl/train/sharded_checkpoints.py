@@ -368,6 +368,7 @@ def _model_from_shards(checkpoint: Path, config: Any) -> torch.nn.Module:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gives tied weights storages of their own: tie them again, as `config` says
     reader = dcp.FileSystemReader(checkpoint / SHARDS)
     saved = {path[1] for path in _saved_paths(reader.read_metadata()) if path[0] == _MODEL}
     weights = model.state_dict()

@@ -150,6 +150,9 @@ def test_merge_writes_a_plain_model_folder_from_a_sharded_checkpoint(uninterrupt
     assert not (out / SHARDS).exists() and not (out / STATE_FILE).exists()
     model = AutoModelForCausalLM.from_pretrained(str(out))
     assert model.dtype == torch.float32  # auto: as trained
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied as the model's config says
+    saved = (out / "model.safetensors").stat().st_size
+    assert saved < 1.1 * sum(p.numel() * 4 for p in model.parameters())  # the tied head not saved twice
     assert weights_digest(model) == torch.load(folder.parents[1] / "gathered_step_1.pt")["digest"]
     assert AutoTokenizer.from_pretrained(str(out)).encode("12 * 7") == AutoTokenizer.from_pretrained(str(folder)).encode("12 * 7")
     assert main(["merge", "--checkpoint", str(folder), "--out", str(out)]) == 2  # holds a model already
