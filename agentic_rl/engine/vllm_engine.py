@@ -195,13 +195,6 @@ def _set_paused(worker: EngineThread, paused: bool) -> Callable[[Any], None]:
     return set_paused
 
 
-def _refresh_tied_lm_head(model: Any) -> None:
-    head = getattr(model, "lm_head", None)
-    method = getattr(head, "quant_method", None)
-    if method is not None and hasattr(method, "process_weights_after_loading"):
-        method.process_weights_after_loading(head)
-
-
 def _drop_old_kv(llm: Any) -> bool:
     """Reset the prefix cache after a weight update; True when no KV computed with the old weights is left.
 
@@ -451,28 +444,12 @@ class VLLMEngine:
                 "(VLLMEngineConfig.max_lora_rank is set); sync with update_adapter(folder)"
             )
         source = iter(named_tensors)
+        reload = self.config.weight_sync == "reload"
 
         def load(llm: Any) -> tuple[float, str]:
-            try:
-                return load_from(llm)
-            finally:
-                for _ in source:  # a sharded trainer's tensors are gathered as they are read: read them all
-                    pass
-
-        def load_from(llm: Any) -> tuple[float, str]:
             t0 = time.perf_counter()
-            tied = getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
-            weights = ((n, t.detach()) for n, t in source if not (tied and n.endswith("lm_head.weight")))
-            why_not = "weight_sync is 'reload'" if self.config.weight_sync == "reload" else weight_copy.unavailable(llm)
             with counted_casts(f"weight sync to version {self._worker.weight_version + 1}"):
-                if why_not is None:
-                    stats = weight_copy.copy_weights(llm, weights, self._worker.scratch)
-                    path = f"in-place copy of {stats.tensors} tensors, {stats.repacked} layers re-packed"
-                else:
-                    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
-                    if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
-                        llm.apply_model(_refresh_tied_lm_head)
-                    path = f"vLLM reload_weights (in-place copy not used: {why_not})"
+                path = weight_copy.load_weights(llm, source, self._worker.scratch, reload=reload)
             # Both set on the engine thread before its next step and before it takes any further request.
             self._worker.weight_version += 1
             self._worker.stale_cache = not _drop_old_kv(llm)

@@ -18,16 +18,17 @@ serves it, and only the layers whose serving layout is not that parameter are re
   copy is all.
 
 Where any of that does not hold (not the CPU backend, more than one worker, LoRA, quantized or otherwise processed
-layers, no recorded layout) `unavailable` names the reason and the caller uses `reload_weights`.
+layers, no recorded layout) `unavailable` names the reason and `load_weights`, the engine's entry point, uses
+`reload_weights` instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CopyStats", "ScratchPool", "copy_weights", "unavailable"]
+__all__ = ["CopyStats", "ScratchPool", "copy_weights", "load_weights", "unavailable"]
 
 ScratchPool = dict[tuple[tuple[int, ...], Any], list[Any]]
 """Free scratch tensors by (shape, dtype); owned by the engine thread."""
@@ -224,3 +225,40 @@ def copy_weights(llm: Any, weights: Iterable[tuple[str, Any]], pool: ScratchPool
         if hasattr(runner, reset):
             getattr(runner, reset)()
     return CopyStats(tensors=counted, repacked=repacked)
+
+
+def load_weights(llm: Any, source: Iterator[tuple[str, Any]], pool: ScratchPool, *, reload: bool) -> str:
+    """Load the `(name, tensor)` pairs of `source` into the running model, each before the next is read: by the
+    in-place copy (`copy_weights`) where it is available and `reload` is False, else by vLLM's `reload_weights`. A
+    tied `lm_head.weight` is skipped (vLLM derives it from the embedding). `source` is read to its end even when
+    loading fails: a sharded trainer gathers each tensor as it is read, a collective of every rank.
+
+    Call on the thread that steps the engine.
+
+    Returns:
+        Which path loaded the weights, for the log.
+
+    Raises:
+        RuntimeError / ValueError: from the load (see `copy_weights`; vLLM's own errors).
+    """
+    try:
+        tied = getattr(llm.llm_engine.model_config.hf_config, "tie_word_embeddings", False)
+        weights = ((n, t.detach()) for n, t in source if not (tied and n.endswith("lm_head.weight")))
+        why_not = "weight_sync is 'reload'" if reload else unavailable(llm)
+        if why_not is None:
+            stats = copy_weights(llm, weights, pool)
+            return f"in-place copy of {stats.tensors} tensors, {stats.repacked} layers re-packed"
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if tied:  # vLLM leaves a tied lm_head stale after reload_weights; redo its post-load processing
+            llm.apply_model(_refresh_tied_lm_head)
+        return f"vLLM reload_weights (in-place copy not used: {why_not})"
+    finally:
+        for _ in source:
+            pass
+
+
+def _refresh_tied_lm_head(model: Any) -> None:
+    head = getattr(model, "lm_head", None)
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
