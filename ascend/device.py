@@ -63,6 +63,13 @@ class Platform:
         if self.is_accelerator:
             self._module().set_device(local_rank)
 
+    def empty_cache(self) -> None:
+        """Hand the caching allocator's free blocks back to the device (no-op on the CPU), so that what a process
+        freed (a model's whole copy, once sharded) counts as free for an engine started after it, which sizes its
+        KV cache by the device's free memory."""
+        if self.is_accelerator:
+            self._module().empty_cache()
+
     def memory_info(self, local_rank: int = 0) -> dict[str, int]:
         """`{"free_bytes", "total_bytes", "allocated_bytes"}` of the device (the trainer logs them)."""
         if not self.is_accelerator:

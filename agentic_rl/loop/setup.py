@@ -401,16 +401,23 @@ def _make_trainer(
     plan: RunPlan, dist: DistContext, tokenizer: PreTrainedTokenizerBase, model_dir: Path, device: Any
 ) -> GRPOTrainer:
     """A `GRPOTrainer` of the fp32 model on `device` (the trainer copies it as its KL reference), with the plan's
-    optimizer settings, its logprobs under the distribution the rollout samples from."""
+    optimizer settings, its logprobs under the distribution the rollout samples from. With `optimizer.sharding:
+    fsdp` each rank holds the whole model (and reference) on its device until the trainer shards them; the freed
+    memory is then handed back to the device before the engine, which sizes its KV cache by what is free, starts."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from agentic_rl.train.trainer import GRPOTrainer
+    from ascend.device import Platform
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
-    return GRPOTrainer(
+    trainer = GRPOTrainer(
         model, pad_token_id=tokenizer.pad_token_id, config=plan.optimizer, dist=dist, sampling=plan.distribution
     )
+    kind = str(device).split(":")[0]
+    if kind in ("cuda", "npu"):
+        Platform(kind).empty_cache()
+    return trainer
 
 
 def _feed(

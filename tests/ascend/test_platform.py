@@ -20,6 +20,7 @@ def fake_npu(monkeypatch):
     npu = types.SimpleNamespace(
         is_available=lambda: True, device_count=lambda: 2, set_device=lambda i: calls.append(("set_device", i)),
         mem_get_info=lambda i: (3 << 30, 32 << 30), memory_allocated=lambda i: 1 << 30,
+        empty_cache=lambda: calls.append(("empty_cache",)),
     )  # fmt: skip
     module = types.ModuleType("torch_npu")
     module.__spec__ = types.SimpleNamespace(name="torch_npu", loader=None, parent="", submodule_search_locations=None)
@@ -46,7 +47,8 @@ def test_npu_is_selected_when_torch_npu_reports_devices(fake_npu):
     assert platform.device(1) == "npu:1" and platform.distributed_backend == "hccl"
     assert platform.visible_devices_env == "ASCEND_RT_VISIBLE_DEVICES"
     platform.set_device(1)
-    assert fake_npu == [("set_device", 1)]
+    platform.empty_cache()  # what a sharded trainer freed counts as free for the engine started next
+    assert fake_npu == [("set_device", 1), ("empty_cache",)]
     assert platform.memory_info(0) == {"free_bytes": 3 << 30, "total_bytes": 32 << 30, "allocated_bytes": 1 << 30}
     assert platform.engine_kwargs() == {"enforce_eager": True}
     with pytest.raises(ValueError, match="local rank 2"):
