@@ -93,7 +93,7 @@ def starting_point(
         raise ConfigError(
             f"{start.path} was written by {state['world_size']} rank(s); resume it with as many, not "
             f"{dist.world_size}, or start a new run from its model: 'agentic-rl merge --checkpoint {start.path} "
-            f"--out DIR' writes it as a plain model folder (the run's model: DIR)"
+            f"--out DIR' writes it as a plain model folder; then start a new run with 'model: DIR'"
         )
     logger.info("resuming %s after step %d from %s", out, state["step"], start.path)
     return start, state

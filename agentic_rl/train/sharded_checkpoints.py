@@ -72,8 +72,37 @@ _MODEL, _OPTIMIZER = "model", "optimizer"
 
 
 def is_sharded_checkpoint(folder: str | os.PathLike[str]) -> bool:
-    """Whether `folder` is a sharded checkpoint (its merged `shards/.metadata` exists)."""
-    return (Path(folder) / SHARDS / METADATA).is_file()
+    """Whether `folder` is a sharded checkpoint (its merged `shards/.metadata` exists).
+
+    Raises:
+        CheckpointError: for a `shards/` folder without its merged metadata (a copy that left the hidden file out).
+    """
+    shards = Path(folder) / SHARDS
+    if shards.is_dir() and not (shards / METADATA).is_file():
+        raise CheckpointError(
+            f"{shards} holds no {METADATA}: an incomplete sharded checkpoint (copy the whole folder, hidden files "
+            "included)"
+        )
+    return (shards / METADATA).is_file()
+
+
+def _read_shards(folder: Path, load: Callable[[], None]) -> None:
+    """Run `load` (a `dcp.load` from `folder`'s shards) in this process's own DCP world.
+
+    Raises:
+        CheckpointError: naming the folder, for a shard file that is missing or damaged, or tensors that do not fit.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _single_process_dcp():
+            load()
+    except (Exception, CheckpointException) as exc:  # DCP wraps a rank's errors in its own BaseException
+        cause = str(exc).strip().splitlines()
+        raise CheckpointError(
+            f"the shards in {folder} cannot be read into this model (a missing or damaged shard file, or another "
+            f"model's checkpoint): {cause[-1] if cause else type(exc).__name__}"
+        ) from exc
 
 
 def save_sharded_checkpoint(
@@ -194,11 +223,7 @@ def load_sharded_checkpoint(folder: str | os.PathLike[str], trainer: GRPOTrainer
     state = {_MODEL: get_model_state_dict(trainer.module, options=_state_options())}
     if _OPTIMIZER in saved:  # an optimizer that never stepped saved none: this one stays as fresh
         state[_OPTIMIZER] = get_optimizer_state_dict(trainer.module, trainer.optimizer, options=_state_options())
-    try:
-        with _single_process_dcp():
-            dcp.load(state, storage_reader=reader, no_dist=True)
-    except Exception as exc:  # DCP wraps the rank's errors in its own type
-        raise CheckpointError(f"the shards in {folder} do not fit this trainer's model: {exc}") from exc
+    _read_shards(Path(folder), lambda: dcp.load(state, storage_reader=reader, no_dist=True))
     set_model_state_dict(trainer.module, state[_MODEL], options=_state_options(strict=False))  # frozen left out
     if _OPTIMIZER in state:
         set_optimizer_state_dict(trainer.module, trainer.optimizer, state[_OPTIMIZER], options=_state_options())
@@ -335,12 +360,21 @@ def merge_checkpoint(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     checkpoint, out = Path(checkpoint), Path(out)
+    if not checkpoint.is_dir():
+        raise ConfigError(f"--checkpoint {checkpoint} does not exist (give RUN/checkpoints/final or step_K)")
     if not (checkpoint / STATE_FILE).is_file():
-        raise ConfigError(f"--checkpoint {checkpoint} holds no {STATE_FILE}: not a training checkpoint")
+        raise ConfigError(
+            f"--checkpoint {checkpoint} holds no {STATE_FILE}: not a training checkpoint (give "
+            "RUN/checkpoints/final or RUN/checkpoints/step_K)"
+        )
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file: give a folder")
     if (out / "config.json").exists():
         raise ConfigError(f"--out {out} already holds a model (config.json): choose another folder")
     if (checkpoint / ADAPTER_CONFIG).is_file():
         return merge_adapter(checkpoint, out, dtype=dtype)
+    if not (checkpoint / "config.json").is_file():
+        raise CheckpointError(f"{checkpoint} holds no config.json: an incomplete checkpoint")
     config = AutoConfig.from_pretrained(str(checkpoint))
     if is_sharded_checkpoint(checkpoint):
         model = _model_from_shards(checkpoint, config)
@@ -376,7 +410,6 @@ def _model_from_shards(checkpoint: Path, config: Any) -> torch.nn.Module:
     if missing:
         raise CheckpointError(f"the shards in {checkpoint} lack {missing[:3]} ({len(missing)} weights of the model)")
     state = {_MODEL: weights}
-    with _single_process_dcp():
-        dcp.load(state, storage_reader=reader, no_dist=True)
+    _read_shards(checkpoint, lambda: dcp.load(state, storage_reader=reader, no_dist=True))
     model.load_state_dict(state[_MODEL])
     return model

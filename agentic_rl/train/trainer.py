@@ -105,6 +105,8 @@ class GRPOTrainer:
         self.sampling = sampling
         self.dist = dist
         self.sharded = cfg.sharding == "fsdp" and dist is not None and dist.world_size > 1
+        if cfg.sharding == "fsdp" and not self.sharded:
+            logger.info("optimizer.sharding 'fsdp' on one rank: nothing to shard, the model trains whole")
         if dist is not None:
             dist.broadcast_params_(model)  # identical start on every rank
         self.pad_token_id = pad_token_id

@@ -186,3 +186,25 @@ def test_another_rank_count_is_refused_with_the_way_out(uninterrupted, tmp_path,
     one = GRPOTrainer(tiny, pad_token_id=2, config=GRPOConfig(sharding="fsdp"))  # one process: not sharded
     with pytest.raises(ConfigError, match="is a sharded checkpoint, and this run's trainer is replicated"):
         restore_weights(one, folder, load_state(folder))
+
+
+def test_a_damaged_sharded_checkpoint_is_named_not_a_traceback(uninterrupted, tmp_path, capsys):
+    """What an incomplete copy leaves: a rank's shard folder gone, a shard file cut short, the hidden merged
+    metadata left out; and paths that are not a checkpoint at all."""
+    source = uninterrupted / "full" / "checkpoints" / "step_1"
+    damaged = {}
+    for kind in ("no_rank", "cut", "no_metadata"):
+        damaged[kind] = tmp_path / kind
+        shutil.copytree(source, damaged[kind])
+    shutil.rmtree(damaged["no_rank"] / SHARDS / "rank_1")
+    (shard,) = (damaged["cut"] / SHARDS / "rank_0").glob("*.distcp")
+    shard.write_bytes(shard.read_bytes()[:1000])
+    (damaged["no_metadata"] / SHARDS / ".metadata").unlink()
+    for kind, why in (("no_rank", "missing or damaged shard"), ("cut", "missing or damaged shard"),
+                      ("no_metadata", "incomplete sharded checkpoint")):  # fmt: skip
+        assert main(["merge", "--checkpoint", str(damaged[kind]), "--out", str(tmp_path / f"out_{kind}")]) == 1, kind
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err, err
+    for path, why in ((tmp_path / "nope", "does not exist"), (uninterrupted / "full", "RUN/checkpoints/final")):
+        assert main(["merge", "--checkpoint", str(path), "--out", str(tmp_path / "out")]) == 2
+        assert why in capsys.readouterr().err
