@@ -117,6 +117,7 @@ async def train(
     start, state = starting_point(config, dist, resume=resume)
     if finished(Path(config.output_dir), start, dist.world_size):  # nothing to redo: no engine to start
         logger.info("%s finished all %d steps already (%s)", config.output_dir, config.steps, start.path)
+        dist.close()
         return list(state["history"])
     plan = plan_run(config, dist.rank, dist.world_size, state)  # what the config says, before any folder or engine
     run = await set_up(plan, dist, start, state, resume=resume)

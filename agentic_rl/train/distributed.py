@@ -166,9 +166,12 @@ class DistContext:
         if self.group is None:
             return
         import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
 
-        self.group.barrier().wait()
         group, self.group, self._mesh = self.group, None, None
+        if group not in c10d._world.pg_map:  # gone already: vLLM's shutdown destroys every registered group
+            return
+        group.barrier().wait()
         dist.destroy_process_group(group)  # unregistered: nothing holds it when the interpreter shuts down
 
     def gather_floats(self, values: Sequence[float]) -> list[list[float]]:

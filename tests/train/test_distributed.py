@@ -60,6 +60,26 @@ def _run_ranks(script: list[str], *, timeout_s: float) -> list[str]:
     return [out for out, _ in outputs]
 
 
+# An in-process engine's shutdown (vLLM's `destroy_process_group()`, no argument) destroys every registered group,
+# the training group too: leaving it afterwards is then a no-op, not an error.
+_ENGINE_CLOSED_FIRST = """
+import datetime
+import torch.distributed as dist
+from agentic_rl.train.distributed import init_from_env
+ctx = init_from_env("cpu", timeout_s=60)
+store = dist.HashStore()
+dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=60))
+dist.destroy_process_group()
+ctx.close()
+print("closed", ctx.group)
+"""
+
+
+def test_leaving_the_group_after_the_engine_destroyed_every_group_is_quiet():
+    outputs = _run_ranks(["-c", _ENGINE_CLOSED_FIRST], timeout_s=120)
+    assert [out.strip() for out in outputs] == ["closed None", "closed None"]
+
+
 def test_ranks_started_without_torchrun_join_one_gloo_group():
     outputs = _run_ranks(["-c", _RANK], timeout_s=120)
     assert [out.strip() for out in outputs] == ["0 2 gloo 0.5 [0, 2, 4]", "1 2 gloo 0.5 [1, 3, 5]"]
