@@ -148,7 +148,14 @@ class EngineSection(Config):
     """Engine settings; fp32 by default so the engine's logprobs match the fp32 trainer's."""
 
     dtype: EngineDtype = "float32"
-    kv_cache_gib: float = Field(default=0.5, gt=0)
+    kv_cache_gib: float = Field(default=0.5, gt=0, description="the KV cache on the CPU (accelerators: see below)")
+    gpu_memory_utilization: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="on a GPU or NPU, the share of the card's memory the engine takes (its weights, activations and "
+        "KV cache); the trainer has the rest (all of it while the engine sleeps: sleep_while_training)",
+    )
     max_model_len: int | None = Field(
         default=None,
         ge=16,

@@ -130,6 +130,7 @@ def _engine_options(
     options: dict[str, Any] = {
         "dtype": engine.dtype,
         "kv_cache_gib": engine.kv_cache_gib,
+        "gpu_memory_utilization": engine.gpu_memory_utilization,
         "seed": config.seed + rank,
         "enable_sleep_mode": engine.sleep_while_training,
     }

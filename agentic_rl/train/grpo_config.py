@@ -64,6 +64,16 @@ class GRPOConfig(Config):
         sharding: how the ranks of a torchrun job hold the model: `replicate` (default: a whole copy each, gradients
             all-reduced) or `fsdp` (FSDP2: each rank holds 1/W of every parameter, gradient and optimizer moment, and
             of the frozen KL reference; `train.sharding`). One process trains alike either way.
+        precision: `fp32` (default) or `bf16`: mixed precision, bf16 compute with fp32 master weights, gradients and
+            AdamW state (FSDP2's `MixedPrecisionPolicy` when sharded, `torch.autocast` otherwise); the frozen KL
+            reference is then kept in bf16 (`train.levers`).
+        reduce_dtype: the dtype gradients are averaged across ranks in, `fp32` (default) or `bf16` (half the
+            bytes on the wire, less exact); one process has nothing to reduce.
+        activation_checkpointing: keep only each decoder layer's input during the forward and recompute the layer in
+            the backward (about a third more compute, activations of one layer instead of all); the shared-prefix
+            cache is then off, rows run whole (`train.levers`).
+        cpu_offload: keep the parameter, gradient and optimizer shards in host memory, the optimizer stepping there
+            (FSDP2's `CPUOffloadPolicy`); needs `sharding: fsdp` under torchrun (one rank works too).
         lora: train a LoRA adapter on the frozen model instead of every weight (`train.lora.LoRAConfig`); the KL
             reference is then the same model with its adapter disabled. None (default): full fine-tuning.
     """
@@ -91,6 +101,10 @@ class GRPOConfig(Config):
     advantage: Literal["trajectory", "step"] = "trajectory"
     gamma: float = Field(default=1.0, ge=0, le=1)
     sharding: Sharding = "replicate"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
     lora: LoRAConfig | None = None
 
     @model_validator(mode="after")
@@ -111,5 +125,14 @@ class GRPOConfig(Config):
             raise ValueError(
                 f"lr_warmup_steps={self.lr_warmup_steps} must be below lr_decay_steps="
                 f"{self.lr_decay_steps}: the cosine decays after the warmup"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _offload_is_sharded(self) -> GRPOConfig:
+        if self.cpu_offload and self.sharding != "fsdp":
+            raise ValueError(
+                "cpu_offload keeps FSDP2 shards in host memory: set sharding: fsdp (under torchrun; one rank works "
+                "too), or remove cpu_offload"
             )
         return self
