@@ -82,10 +82,10 @@ class DistContext:
         would otherwise read it, is the colocated engine's own single-rank group.
 
         Raises:
-            RuntimeError: on a single-rank context (there is no group to shard over).
+            RuntimeError: on a context without a group (`solo` makes one for a single rank).
         """
         if self.group is None:
-            raise RuntimeError("a DeviceMesh needs a training group of several ranks (launch with torchrun)")
+            raise RuntimeError("a DeviceMesh needs a training group (launch with torchrun, or DistContext.solo())")
         if self._mesh is None:
             from torch.distributed.device_mesh import DeviceMesh
 
@@ -101,6 +101,27 @@ class DistContext:
             self._mesh = mesh
         return self._mesh
 
+    @classmethod
+    def solo(cls, device: str = "cpu") -> DistContext:
+        """A one-rank training group of this process alone (a `HashStore`, nothing to connect to), for FSDP2 on one
+        rank: the CPU offload and mixed precision of `fully_shard` need a mesh even with nothing to shard."""
+        import torch.distributed as dist
+
+        backend = backend_for(device)
+        store = dist.PrefixStore(TRAIN_GROUP, dist.HashStore())
+        if backend == "gloo":
+            collectives = dist.ProcessGroupGloo(store, 0, 1)
+        elif backend == "nccl":
+            collectives = dist.ProcessGroupNCCL(store, 0, 1)
+        else:
+            from ascend.platform import hccl_process_group
+
+            collectives = hccl_process_group(store, 0, 1)
+        kind = device.split(":")[0]
+        host = None if backend == "gloo" else dist.ProcessGroupGloo(dist.PrefixStore("host", store), 0, 1)
+        group = registered_group(collectives, store, 0, 1, backend=backend, device_type=kind, host=host)
+        return cls(rank=0, world_size=1, group=group, backend=backend, device_type=kind)
+
     def allreduce_max(self, value: float) -> float:
         """The largest of every rank's `value` (every rank must call it)."""
         local = torch.tensor([value], dtype=torch.float64)
@@ -112,11 +133,12 @@ class DistContext:
             self.group.allreduce([local], opts).wait()
         return float(local.item())
 
-    def allreduce_mean_(self, tensors: Sequence[torch.Tensor]) -> None:
-        """Average `tensors` across ranks in place, with one all-reduce of a flat buffer."""
+    def allreduce_mean_(self, tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> None:
+        """Average `tensors` across ranks in place, with one all-reduce of a flat buffer (in `dtype`, default
+        theirs: bf16 halves the bytes sent, its sums rounded to bf16)."""
         if self.group is None or not tensors:
             return
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        flat = torch.cat([t.reshape(-1).to(dtype or t.dtype) for t in tensors])
         self.group.allreduce([flat]).wait()
         flat /= self.world_size
         offset = 0
@@ -134,8 +156,9 @@ class DistContext:
             self.group.allreduce([local]).wait()
         return local.tolist()
 
-    def allreduce_grads_(self, model: torch.nn.Module) -> None:
-        """Average the gradients of `model` across ranks (missing gradients count as zero).
+    def allreduce_grads_(self, model: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+        """Average the gradients of `model` across ranks (missing gradients count as zero), reduced in `dtype`
+        (default: the gradients' own).
 
         The average is the gradient of the step's loss only when each rank's loss is the sum over its own tokens
         (or sequences) times W / N, N the count over all ranks (module docstring).
@@ -146,7 +169,7 @@ class DistContext:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        self.allreduce_mean_([p.grad for p in params])
+        self.allreduce_mean_([p.grad for p in params], dtype)
 
     def broadcast_params_(self, model: torch.nn.Module) -> None:
         """Copy rank 0's parameters to every rank."""
@@ -224,12 +247,15 @@ def init_from_env(device: str = "cpu", *, timeout_s: float = 600.0) -> DistConte
 
         collectives = hccl_process_group(store, rank, world)
     device_type = device.split(":")[0]
-    group = registered_group(collectives, store, rank, world, backend=backend, device_type=device_type)
+    host = None if backend == "gloo" else dist.ProcessGroupGloo(dist.PrefixStore("host", store), rank, world, timeout)
+    group = registered_group(collectives, store, rank, world, backend=backend, device_type=device_type, host=host)
     logger.info("rank %d of %d joined the training group (%s)", rank, world, backend)
     return DistContext(rank=rank, world_size=world, group=group, backend=backend, device_type=device_type)
 
 
-def registered_group(collectives: Any, store: Any, rank: int, world: int, *, backend: str, device_type: str) -> Any:
+def registered_group(
+    collectives: Any, store: Any, rank: int, world: int, *, backend: str, device_type: str, host: Any = None
+) -> Any:
     """A `torch.distributed.ProcessGroup` named `TRAIN_GROUP` over the backend object `collectives` (gloo, NCCL or
     HCCL), registered with `torch.distributed` as `new_group` registers a group, but beside the default group
     rather than inside it: functional collectives (DTensor's, FSDP2's) find it by name, `get_group_rank` by the
@@ -241,6 +267,8 @@ def registered_group(collectives: Any, store: Any, rank: int, world: int, *, bac
         rank / world: this process's rank and the group's size.
         backend: `gloo`, `nccl` or `hccl`.
         device_type: the device type its tensors live on (`cpu`, `cuda`, `npu`).
+        host: a gloo backend for the group's host tensors beside an accelerator's (the step's counts and maxima,
+            FSDP2 shards offloaded to host memory); None on the CPU, where `collectives` is gloo already.
     """
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -252,6 +280,8 @@ def registered_group(collectives: Any, store: Any, rank: int, world: int, *, bac
     if hasattr(collectives, "_set_sequence_number_for_group"):
         collectives._set_sequence_number_for_group()
     group._register_backend(torch.device(device_type), kind, collectives)
+    if host is not None:
+        group._register_backend(torch.device("cpu"), kinds.GLOO, host)
     group._set_group_name(TRAIN_GROUP)
     group._set_group_desc("agentic_rl training group")
     ranks = {r: r for r in range(world)}

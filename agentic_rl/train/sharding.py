@@ -61,18 +61,19 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(max(lists, key=len))
 
 
-def shard_model(model: torch.nn.Module, root: torch.nn.Module, mesh: Any) -> None:
+def shard_model(model: torch.nn.Module, root: torch.nn.Module, mesh: Any, **policies: Any) -> None:
     """Shard `model` in place over `mesh` (FSDP2): each decoder layer one unit, then `root`, the module whose
     forward the trainer calls (the model itself, or with LoRA the `transformers` model inside peft's wrapper), the
     rest. Parameters become `DTensor`s holding this rank's shard (dim 0, padded on the last ranks).
 
-    Frozen parameters (a LoRA base, a KL reference) are sharded too and get no gradient.
+    Frozen parameters (a LoRA base, a KL reference) are sharded too and get no gradient. `policies` go to every
+    `fully_shard` call (`mp_policy`, `offload_policy`: `train.levers.fsdp_policies`).
     """
     from torch.distributed.fsdp import fully_shard
 
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(root, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **policies)
+    fully_shard(root, mesh=mesh, **policies)
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -84,10 +85,13 @@ def is_sharded(model: torch.nn.Module) -> bool:
 
 def unshard_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a `DTensor` shard (an all-gather: every rank must call it, in the same order), or
-    `tensor` itself; detached."""
+    `tensor` itself; detached. A shard offloaded to host memory is gathered on the mesh's device."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(tensor, DTensor):
+        device_type = tensor.device_mesh.device_type
+        if tensor.device.type != device_type:
+            tensor = tensor.detach().to(device_type)
         return tensor.detach().full_tensor()
     return tensor.detach()
 

@@ -17,6 +17,7 @@ from agentic_rl.train.advantages import batch_advantages
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.groups import TrajectoryGroup, flatten_groups
 from agentic_rl.train.grpo_config import GRPOConfig
+from agentic_rl.train.levers import autocast, compute_dtype, enable_activation_checkpointing, fsdp_policies
 from agentic_rl.train.logprobs import SamplingDistribution
 from agentic_rl.train.lora import adapter_model, save_adapter, wrap_model
 from agentic_rl.train.loss import LossOutput, grpo_loss, response_logprobs
@@ -103,29 +104,48 @@ class GRPOTrainer:
             model = wrap_model(model, self.config.lora)
         self.model = model
         self.sampling = sampling
+        self.device = next(self.module.parameters()).device  # where batches go (offloaded shards live on the host)
+        if cfg.sharding == "fsdp" and cfg.cpu_offload and (dist is None or dist.group is None):
+            from agentic_rl.train.distributed import DistContext
+
+            dist = DistContext.solo(self.device.type)  # FSDP2 on one rank: its offload needs a mesh
         self.dist = dist
-        self.sharded = cfg.sharding == "fsdp" and dist is not None and dist.world_size > 1
+        self.sharded = cfg.sharding == "fsdp" and dist is not None and dist.group is not None
         if cfg.sharding == "fsdp" and not self.sharded:
             logger.info("optimizer.sharding 'fsdp' on one rank: nothing to shard, the model trains whole")
         if dist is not None:
             dist.broadcast_params_(model)  # identical start on every rank
         self.pad_token_id = pad_token_id
+        if cfg.activation_checkpointing:
+            enable_activation_checkpointing(self.module)
         if self.config.kl_coef > 0 and reference is None and self.config.lora is None:
             import copy
 
             reference = copy.deepcopy(self.module).eval().requires_grad_(False)
+            reference.to(compute_dtype(cfg.precision))  # frozen: no master weights to keep in fp32
         self.reference = reference
         if self.sharded:
-            if hasattr(model, "no_sync"):
-                raise ConfigError("optimizer.sharding: fsdp shards the model itself: give it unwrapped, not in DDP")
-            shard_model(self.module, self._policy, dist.mesh())
-            if reference is not None and not is_sharded(reference):
-                shard_model(reference, reference, dist.mesh())  # frozen: 1/W of a model per rank, no gradients
+            self._shard(reference)
         self.optimizer = adamw(model.parameters(), lr=self.learning_rate(0), weight_decay=self.config.weight_decay)
         self.stochastic = has_dropout(self.module)
         self.steps_done = 0
         self.skipped_steps = 0
         self.consecutive_skips = 0
+
+    def _shard(self, reference: torch.nn.Module | None) -> None:
+        """Shard the policy (and an unsharded KL reference, frozen: 1/W of a model per rank, no gradients) over the
+        training group, with the levers' mixed-precision and offload policies (`train.levers.fsdp_policies`).
+
+        Raises:
+            ConfigError: for a DDP wrapper.
+        """
+        cfg = self.config
+        if hasattr(self.model, "no_sync"):
+            raise ConfigError("optimizer.sharding: fsdp shards the model itself: give it unwrapped, not in DDP")
+        policies = fsdp_policies(cfg.precision, cfg.reduce_dtype, cfg.cpu_offload)
+        shard_model(self.module, self._policy, self.dist.mesh(), **policies)
+        if reference is not None and not is_sharded(reference):
+            shard_model(reference, reference, self.dist.mesh(), **policies)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -263,10 +283,14 @@ class GRPOTrainer:
         return adapter_model(self.model) if self.config.lora is not None else self.model
 
     def _logprobs(self, model: torch.nn.Module, micro: PackedBatch) -> torch.Tensor:
-        """`response_logprobs` of `micro` under the engine's distribution; sharded, in exactly one forward (no shared
-        prefix, no length buckets: every rank must run as many forwards as the others, `train.sharding`)."""
+        """`response_logprobs` of `micro` under the engine's distribution, in the configured precision (sharded,
+        FSDP2 casts; whole, `autocast`); sharded, in exactly one forward (no shared prefix, no length buckets: every
+        rank must run as many forwards as the others, `train.sharding`); with activation checkpointing, without the
+        shared prefix (a checkpointed layer takes no key/value cache, `train.levers`)."""
         whole = not self.sharded
-        return response_logprobs(model, micro, distribution=self.sampling, share_prefix=whole, bucket=whole)
+        share = whole and not self.config.activation_checkpointing
+        with nullcontext() if self.sharded else autocast(self.config.precision, self.device):
+            return response_logprobs(model, micro, distribution=self.sampling, share_prefix=share, bucket=whole)
 
     def reference_logprobs(self, micro: PackedBatch) -> torch.Tensor:
         """The KL reference's (b, r) float32 response logprobs of `micro`, without gradient: the frozen reference
@@ -284,7 +308,7 @@ class GRPOTrainer:
         run of each trajectory, or per step in `step` mode. In `step` mode also the valid trajectories' rewards and
         sampled-token counts ((V,) float32 each) for the metrics; None in trajectory mode (the batch has them)."""
         cfg = self.config
-        device = next(self.module.parameters()).device
+        device = self.device
         widths = {
             "max_prompt_length": cfg.max_prompt_length,
             "max_response_length": cfg.max_response_length,
@@ -352,8 +376,7 @@ class GRPOTrainer:
         """The collectives of one micro-batch without its rows (sharded only): the forwards a micro-batch runs
         (`_micro_loss`: the proximal one with dropout, the policy's, the reference's with KL) and a backward, on one
         pad token, the loss times 0: a zero gradient, reduce-scattered like a real one."""
-        device = next(self.module.parameters()).device
-        ids = torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=device)
+        ids = torch.full((1, 1), self.pad_token_id, dtype=torch.long, device=self.device)
         if self.stochastic:
             self.model.eval()
             with torch.no_grad():
@@ -442,8 +465,8 @@ class GRPOTrainer:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
         else:
-            if self.dist is not None:
-                self.dist.allreduce_grads_(self.module)  # every rank joins, even with no rows of its own
+            if self.dist is not None:  # every rank joins, even with no rows of its own
+                self.dist.allreduce_grads_(self.module, dtype=compute_dtype(self.config.reduce_dtype))
             has_grads = any(p.grad is not None for p in params)
         if not has_grads:
             return False, 0.0

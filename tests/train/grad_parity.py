@@ -114,14 +114,39 @@ def relative_difference(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor
     return float(diff.norm() / torch.cat([w.flatten() for w in want]).norm())
 
 
+# The memory levers across two ranks: (sharding, case, options, LoRA). Each is held against one process's fp32
+# gradient of the case: exactly (<= 1e-5) for activation checkpointing and CPU offload, within `BF16_TOLERANCE` for
+# bf16 compute or a bf16 reduce.
+LEVER_CASES = [
+    ("fsdp", CASES[4], {"activation_checkpointing": True}, False),
+    ("fsdp", CASES[1], {"cpu_offload": True}, False),
+    ("fsdp", CASES[1], {"precision": "bf16"}, False),
+    ("fsdp", CASES[4], {"precision": "bf16", "reduce_dtype": "bf16", "activation_checkpointing": True}, False),
+    ("fsdp", CLIPPED, {"precision": "bf16", "activation_checkpointing": True, "cpu_offload": True}, True),
+    ("replicate", CASES[1], {"precision": "bf16", "reduce_dtype": "bf16", "activation_checkpointing": True}, False),
+]
+BF16_TOLERANCE = 3e-2
+
+
+def lever_tolerance(options: dict[str, Any]) -> float:
+    """How far a lever's gradient may be from fp32's (relative): bf16 rounds, checkpointing and offload do not."""
+    return BF16_TOLERANCE if "bf16" in options.values() else 1e-5
+
+
 def main(out: str, sharding: str = "replicate") -> None:
     """Join the gloo group from the environment and save this rank's gradients and metrics of every case to `out`,
     the model held as `sharding` says; sharded, three more cases: a clipped gradient (`CLIPPED`), a LoRA adapter
     and step-level advantages (`STEP_OPTIONS`)."""
     from agentic_rl.train.distributed import init_from_env
 
+    if sharding == "solo":  # one process, no torchrun: cpu_offload shards over a group of its own
+        solo(out)
+        return
     ctx = init_from_env("cpu", timeout_s=120)
     model = tiny_model()
+    if sharding == "levers":
+        levers(out, ctx, model)
+        return
     results = []
     for case in CASES:
         grads, stats = step_gradients(model, rank_rows(ctx.rank, case[2]), case, micro_batch_size=2, dist=ctx,
@@ -139,6 +164,38 @@ def main(out: str, sharding: str = "replicate") -> None:
         results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
     torch.save(results, out)
     ctx.close()
+
+
+def levers(out: str, ctx: DistContext, model: torch.nn.Module) -> None:
+    """Each of `LEVER_CASES` on this rank's rows; the gradients, losses and norms saved to `out`."""
+    results = []
+    for sharding, case, options, lora in LEVER_CASES:
+        grads, stats = step_gradients(model, rank_rows(ctx.rank, case[2]), case, micro_batch_size=2, dist=ctx,
+                                      sharding=sharding, lora=lora, **options)  # fmt: skip
+        results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
+    torch.save(results, out)
+    ctx.close()
+
+
+def solo(out: str) -> None:
+    """One process with `sharding: fsdp` and `cpu_offload` over all rows of `CASES[1]`: its gradients, and whether
+    the trainer made a group of its own (closed here)."""
+    case = CASES[1]
+    rows = [*rank_rows(0, case[2]), *rank_rows(1, case[2])]
+    config = GRPOConfig(lr=1e-3, micro_batch_size=4, loss_agg_mode=case[0], kl_coef=case[1], sharding="fsdp",
+                        cpu_offload=True, max_grad_norm=1e9)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model(), pad_token_id=PAD, config=config, reference=reference_of(tiny_model()))
+    seen = []
+    step = trainer.optimizer.step
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        seen.append([unshard_tensor(p.grad).clone() for p in trainer.module.parameters() if p.requires_grad])
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = record
+    trainer.train_step(rows)
+    torch.save({"grads": seen[0], "sharded": trainer.sharded, "world_size": trainer.dist.world_size}, out)
+    trainer.dist.close()
 
 
 if __name__ == "__main__":

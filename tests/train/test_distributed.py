@@ -3,9 +3,6 @@ one port above MASTER_PORT), and a GRPO step over rows split unevenly across the
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +17,9 @@ from grad_parity import (
     step_gradients,
     tiny_model,
 )
-from support.launch import free_port_pair
+from support.launch import run_gloo_ranks
 
 from agentic_rl.train.lora import LoRAConfig, wrap_model
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Each rank joins from the environment a launcher sets, averages its rank's value, checks a shard of 0..5 and leaves.
 _RANK = """
@@ -36,28 +31,6 @@ ctx.allreduce_mean_([values])
 print(ctx.rank, ctx.world_size, ctx.backend, values.item(), shard(list(range(6)), ctx))
 ctx.close()
 """
-
-
-def _run_ranks(script: list[str], *, timeout_s: float) -> list[str]:
-    """Run `python *script` ("{rank}" in it replaced) as ranks 0 and 1 of a gloo group on 127.0.0.1, launched
-    without torchrun; their stdout, or a failure with a rank's stderr."""
-    port = free_port_pair()
-    procs = []
-    try:
-        for rank in (0, 1):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}  # fmt: skip
-            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-            args = [a.replace("{rank}", str(rank)) for a in script]
-            procs.append(subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))  # fmt: skip
-        outputs = [p.communicate(timeout=timeout_s) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-    for p, (_, err) in zip(procs, outputs, strict=True):
-        assert p.returncode == 0, err[-3000:]
-    return [out for out, _ in outputs]
 
 
 # An in-process engine's shutdown (vLLM's `destroy_process_group()`, no argument) destroys every registered group,
@@ -76,12 +49,12 @@ print("closed", ctx.group)
 
 
 def test_leaving_the_group_after_the_engine_destroyed_every_group_is_quiet():
-    outputs = _run_ranks(["-c", _ENGINE_CLOSED_FIRST], timeout_s=120)
+    outputs = run_gloo_ranks(["-c", _ENGINE_CLOSED_FIRST], timeout_s=120)
     assert [out.strip() for out in outputs] == ["closed None", "closed None"]
 
 
 def test_ranks_started_without_torchrun_join_one_gloo_group():
-    outputs = _run_ranks(["-c", _RANK], timeout_s=120)
+    outputs = run_gloo_ranks(["-c", _RANK], timeout_s=120)
     assert [out.strip() for out in outputs] == ["0 2 gloo 0.5 [0, 2, 4]", "1 2 gloo 0.5 [1, 3, 5]"]
 
 
@@ -89,7 +62,7 @@ def test_two_ranks_with_uneven_rows_step_on_the_single_process_gradient(tmp_path
     """Rank 0 trains 60 tokens (5 sequences), rank 1 trains 6 (2): every token (`token-mean`) or sequence
     (`sequence-mean`) weighs 1 / its global count, so the averaged gradient is one process's over all rows, with and
     without a KL term, and when rank 1's rows are all skipped (advantage 0) but still counted."""
-    _run_ranks([str(Path(__file__).with_name("grad_parity.py")), str(tmp_path / "rank{rank}.pt")], timeout_s=600)
+    run_gloo_ranks([str(Path(__file__).with_name("grad_parity.py")), str(tmp_path / "rank{rank}.pt")], timeout_s=600)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     model = tiny_model()
     for i, case in enumerate(CASES):
@@ -110,7 +83,7 @@ def test_two_sharded_ranks_with_uneven_rows_step_on_the_single_process_gradient(
     in both loss modes, with and without KL, clipped by the global norm, and for a LoRA adapter on the sharded frozen
     base (its KL reference the base itself), and for step-level advantages."""
     script = [str(Path(__file__).with_name("grad_parity.py")), str(tmp_path / "rank{rank}.pt"), "fsdp"]
-    _run_ranks(script, timeout_s=600)
+    run_gloo_ranks(script, timeout_s=600)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
     model = tiny_model()
     n = len(CASES)
