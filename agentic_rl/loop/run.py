@@ -157,6 +157,7 @@ async def _tear_down(run: RunState) -> None:
                 logger.exception("closing the metric sink %s failed", type(sink).__name__)
         await close_rollout(run.rollout)
         await close_engine(run.engine)
+        run.trainer.close()
         try:
             run.sync.close()
         except Exception:

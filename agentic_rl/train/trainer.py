@@ -91,6 +91,7 @@ class GRPOTrainer:
         sampling: SamplingDistribution | None = None,
     ) -> None:
         self.config = config or GRPOConfig()
+        self._own_group: DistContext | None = None
         cfg = self.config  # the schedule is checked before the model is touched
         self.learning_rate = learning_rates(
             cfg.lr, cfg.lr_schedule, warmup=cfg.lr_warmup_steps, decay=cfg.lr_decay_steps, floor=cfg.min_lr_ratio
@@ -108,7 +109,7 @@ class GRPOTrainer:
         if cfg.sharding == "fsdp" and cfg.cpu_offload and (dist is None or dist.group is None):
             from agentic_rl.train.distributed import DistContext
 
-            dist = DistContext.solo(self.device.type)  # FSDP2 on one rank: its offload needs a mesh
+            dist = self._own_group = DistContext.solo(self.device.type)  # FSDP2 on one rank: offload needs a mesh
         self.dist = dist
         self.sharded = cfg.sharding == "fsdp" and dist is not None and dist.group is not None
         if cfg.sharding == "fsdp" and not self.sharded:
@@ -146,6 +147,13 @@ class GRPOTrainer:
         shard_model(self.module, self._policy, self.dist.mesh(), **policies)
         if reference is not None and not is_sharded(reference):
             shard_model(reference, reference, self.dist.mesh(), **policies)
+
+    def close(self) -> None:
+        """Leave the one-rank training group the trainer made for `cpu_offload` on one process (nothing to do
+        otherwise, or when an engine's shutdown destroyed it already): a group still held when the interpreter
+        shuts down may abort the process."""
+        if self._own_group is not None:
+            self._own_group.close()
 
     @property
     def module(self) -> torch.nn.Module:

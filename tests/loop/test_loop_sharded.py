@@ -90,3 +90,23 @@ def test_two_sharded_ranks_train_resume_after_a_kill_and_merge_into_a_servable_m
     assert proc.returncode == 0, proc.stderr[-3000:]
     (record,) = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert not record["failed"] and record["response_ids"], record.get("error")
+
+
+def test_one_process_trains_with_every_memory_lever_on(tmp_path):
+    """FSDP2 on one process (a group of its own: `cpu_offload`), bf16 compute over fp32 master weights, activation
+    checkpointing: the run trains, syncs from its offloaded shards into the engine, and writes sharded checkpoints."""
+    from agentic_rl.train.sharded_checkpoints import is_sharded_checkpoint
+
+    levers = {**SHARDED, "cpu_offload": True, "precision": "bf16", "activation_checkpointing": True, "kl_coef": 0.05}
+    config = write_train_config(tmp_path, steps=2, checkpoint_every=1, keep_checkpoints=0, optimizer=levers)
+    proc = subprocess.run(cli_command("train", "--config", str(config), "--no-progress"), capture_output=True,
+                          text=True, timeout=900, env=cli_env(), cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_version"] for r in rows] == [1, 2]  # one process: the engine starts on the model itself
+    assert all(0 < r["grad_norm"] < float("inf") for r in rows)
+    # step 2 sampled from weights synced out of the offloaded shards: the fp32 engine's logprobs are the bf16
+    # trainer's up to bf16 rounding (a failed sync would leave the engine on other weights)
+    assert rows[1]["logprob_diff"] < 0.05, rows[1]["logprob_diff"]
+    assert all(is_sharded_checkpoint(run / "checkpoints" / name) for name in ("step_1", "step_2", "final"))

@@ -195,7 +195,7 @@ def solo(out: str) -> None:
     trainer.optimizer.step = record
     trainer.train_step(rows)
     torch.save({"grads": seen[0], "sharded": trainer.sharded, "world_size": trainer.dist.world_size}, out)
-    trainer.dist.close()
+    trainer.close()
 
 
 if __name__ == "__main__":
