@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmark scripts: a table printer, JSON results, goal verdicts, process memory readings."""
+"""Shared helpers of the benchmark scripts: a table printer, JSON results, goal verdicts, process memory readings
+(current, peak, sampled), free loopback ports."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import operator
 import os
 import platform
 import resource
+import socket
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -94,3 +97,41 @@ def peak_rss_bytes() -> int:
 def open_fds() -> int:
     """Number of open file descriptors of this process."""
     return len(os.listdir("/proc/self/fd"))
+
+
+class PeakSampler:
+    """Highest RSS a thread reads every `interval` seconds while the `with` block runs (and at both of its ends)."""
+
+    def __init__(self, interval: float = 0.01) -> None:
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakSampler:
+        self.peak = rss_bytes()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+
+def free_port_pair() -> int:
+    """A free loopback port P whose P + 1 is free too (a launcher's store, and a store one port up)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+        try:
+            with socket.socket() as b:
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair")

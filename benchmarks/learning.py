@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, Goal, save, table, verdict
+from common import RESULTS, Goal, free_port_pair, save, table, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,29 +50,13 @@ def run_seed(
         shutil.rmtree(out)
     launcher = [sys.executable]
     if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={_free_port()}"]
+        launcher += ["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port_pair()}"]
     command = [*launcher, "-m", "agentic_rl.cli", "train", "--config", config, "--set", f"seed={seed}",
                "--set", f"output_dir={out}", *[a for o in overrides for a in ("--set", o)]]  # fmt: skip
     t0 = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)
     wall = time.perf_counter() - t0
     return read_run(out, seed, name, wall, metric)
-
-
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, and the one above it (a launcher may serve a store there)."""
-    import socket
-
-    while True:
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
 
 
 def read_run(

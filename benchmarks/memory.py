@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import threading
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import anyio
-from common import Goal, open_fds, rss_bytes, save, table, verdict
+from common import Goal, PeakSampler, open_fds, rss_bytes, save, table, verdict
 from engine_utilization import DATA, CalculatorEveryTurn
 
 from agentic_rl import ChatRenderer, HarnessConfig, run_tasks, run_trajectory
@@ -35,28 +34,6 @@ from agentic_rl.rollout.spec import RolloutSpec
 MB = 1 << 20
 FLAT_MB = 16.0  # "flat": the allocator's steps are ~10 MB; a 32 KB-per-trajectory leak over 500 trajectories is 16 MB
 ENGINE_KWARGS: dict = {}
-
-
-class PeakSampler:
-    """Highest RSS seen by a thread that reads it every `interval` seconds while the `with` block runs."""
-
-    def __init__(self, interval: float = 0.01) -> None:
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> PeakSampler:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
 
 
 async def rollout(

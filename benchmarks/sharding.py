@@ -31,17 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from common import Goal, peak_rss_bytes, rss_bytes, save, table, verdict
+from common import Goal, PeakSampler, free_port_pair, peak_rss_bytes, rss_bytes, save, table, verdict
 
 HERE = Path(__file__).resolve()
 MB = 1 << 20
@@ -52,29 +50,6 @@ PROMPTS = ["Write a sentence about the sea.", "What is 17 times 3?", "Name three
 
 
 # ------------------------------------------------------------------------------------------------------ the ranks
-
-
-class PeakSampler:
-    """Highest RSS a thread reads every `interval` seconds while the `with` block runs (and at both of its ends)."""
-
-    def __init__(self, interval: float) -> None:
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, rss_bytes())
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> PeakSampler:
-        self.peak = rss_bytes()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss_bytes())
 
 
 class Phases:
@@ -259,21 +234,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- the launcher
-
-
-def free_port_pair() -> int:
-    """A free loopback port P whose P + 1 is free too (rank 0 serves the group's store one port up)."""
-    for _ in range(50):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-        try:
-            with socket.socket() as b:
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair")
 
 
 def allocator_preload(name: str) -> str:
