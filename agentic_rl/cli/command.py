@@ -1,5 +1,5 @@
 """`agentic-rl`: the parser, logging, and the `train`, `sft`, `merge`, `serve` and `view` commands (the `rollout`
-command is in `agentic_rl.cli.rollout`)."""
+command is in `agentic_rl.cli.rollout`, `plan` in `agentic_rl.cli.plan`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from agentic_rl.cli.plan import add_plan_parser, run_plan
 from agentic_rl.cli.rollout import ROLLOUT_ARGS, dtype_option
 
 __all__ = ["main"]
@@ -301,6 +302,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         required=False,
     )
     _merge_parser(sub)
+    add_plan_parser(sub)
     _serve_parser(sub)
     _view_parser(sub)
     return parser
@@ -509,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_sft(args)
         if args.command == "merge":
             return _run_merge(args)
+        if args.command == "plan":
+            return run_plan(args)
         if args.command == "view":
             from agentic_rl.viewer import build_view
 

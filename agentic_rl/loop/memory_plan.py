@@ -1,0 +1,370 @@
+"""Will a model train here? A per-card memory plan computed from the model's `config.json` alone: `plan_memory`.
+
+Every figure is in GiB (2**30 bytes) per card (per rank) unless it says host. A colocated run holds on each card a
+trainer and a vLLM engine; `loop.memory_parts` computes each one's parts (its docstring gives the formulas and their
+sources); the plan sets them against the card, phase by phase, and tries every set of the trainer's levers
+(`LEVERS`: bf16 precision, activation checkpointing, FSDP, CPU offload, LoRA) to say which make it fit. Pure
+arithmetic: nothing here imports torch, so a 70B config is planned on a laptop in milliseconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agentic_rl.errors import ConfigError
+from agentic_rl.loop.memory_parts import (
+    DTYPE_BYTES,
+    GIB,
+    LEVERS,
+    PLATFORM_OVERHEAD_GIB,
+    EngineMemory,
+    Levers,
+    MicroBatch,
+    TrainerMemory,
+    engine_memory,
+    resolved_dtype,
+    trainer_memory,
+)
+from agentic_rl.loop.model_shape import ModelShape
+
+if TYPE_CHECKING:
+    from agentic_rl.loop.config import TrainConfig
+    from agentic_rl.train.grpo_config import GRPOConfig
+
+__all__ = ["LeverOption", "MemoryPlan", "ModelShape", "plan_for_config", "plan_memory"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeverOption:
+    """One set of levers and what it gives.
+
+    Attributes:
+        levers: the names of the levers on (`LEVERS`).
+        trainer_gib: the trainer's peak per card, GiB.
+        resident_gib: the trainer's resident part per card, GiB.
+        fits: whether the trainer fits its budget with them.
+    """
+
+    levers: tuple[str, ...]
+    trainer_gib: float
+    resident_gib: float
+    fits: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """A per-card memory plan (`plan_memory`); GiB per card unless named host.
+
+    Attributes:
+        model: where the shape was read from.
+        parameters: the model's parameters.
+        trained_parameters: parameters with gradients and AdamW state (the adapter's with LoRA).
+        platform: `cuda`, `npu` or `cpu`.
+        gpus: ranks (cards) the run spreads over.
+        gpu_memory_gib: memory of one card, GiB (on the CPU: the host memory one rank may use).
+        levers: the trainer's levers.
+        rows: rows per micro-batch.
+        tokens_per_row: prompt + response tokens of a row.
+        response_tokens: response tokens of a row (the columns reaching the output head).
+        trainer: the trainer's parts.
+        engine: the engine's parts.
+        trainer_budget_gib: what the train step may use: the card less what the engine holds during it.
+        resident_budget_gib: what the trainer may hold while the engine is awake: the card less the engine's share.
+        startup_gib: the trainer's start-up peak (the whole fp32 model, and its KL copy, before sharding).
+        options: every set of levers (`cpu_offload` only with `fsdp`) with its trainer peak and fit.
+    """
+
+    model: str
+    parameters: int
+    trained_parameters: int
+    platform: str
+    gpus: int
+    gpu_memory_gib: float
+    levers: Levers
+    rows: int
+    tokens_per_row: int
+    response_tokens: int
+    trainer: TrainerMemory
+    engine: EngineMemory
+    trainer_budget_gib: float
+    resident_budget_gib: float
+    startup_gib: float
+    options: tuple[LeverOption, ...] = field(default=())
+
+    @property
+    def trainer_fits(self) -> bool:
+        return (
+            self.trainer.peak_gib <= self.trainer_budget_gib and self.trainer.resident_gib <= self.resident_budget_gib
+        )
+
+    @property
+    def fits(self) -> bool:
+        """Whether the train step, the rollout and the engine's KV cache (one window at least) all fit."""
+        return self.trainer_fits and self.engine.holds_window
+
+    @property
+    def startup_fits(self) -> bool:
+        return self.startup_gib <= self.gpu_memory_gib
+
+    @property
+    def card_peak_gib(self) -> float:
+        """The card's peak: the train step beside the engine's residue, or the rollout beside the resident trainer."""
+        training = self.trainer.peak_gib + self.engine.asleep
+        return max(training, self.trainer.resident_gib + self.engine.share)
+
+    @property
+    def host_gib(self) -> float:
+        """Host memory per rank, GiB (offloaded shards, a sleeping engine's weights)."""
+        return self.trainer.host_gib + self.engine.host
+
+    @property
+    def adding(self) -> tuple[str, ...]:
+        """Each lever that, turned on beside the configured ones, makes the trainer fit."""
+        on = set(self.levers.on)
+        return tuple(
+            name
+            for name in LEVERS
+            if name not in on and any(o.fits and set(o.levers) == on | _implied(name) for o in self.options)
+        )
+
+    @property
+    def smallest_fitting(self) -> tuple[str, ...] | None:
+        """The fewest levers (from none) with which the trainer fits, preferring those early in `LEVERS`; None when
+        no set does."""
+        return next((o.levers for o in self.options if o.fits), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready values (GiB rounded to 1e-6)."""
+        trainer, engine = self.trainer, self.engine
+        return {
+            "model": self.model,
+            "parameters": self.parameters,
+            "trained_parameters": self.trained_parameters,
+            "platform": self.platform,
+            "gpus": self.gpus,
+            "gpu_memory_gib": self.gpu_memory_gib,
+            "levers": list(self.levers.on),
+            "micro_batch": {"rows": self.rows, "tokens_per_row": self.tokens_per_row, "response": self.response_tokens},
+            "trainer": {
+                **{
+                    name: _rounded(getattr(trainer, name))
+                    for name in ("resident", "step", "backward", "after_backward")
+                },
+                "host": _rounded(trainer.host),
+                "activations_full_gib": round(trainer.activations_full, 6),
+                "activations_checkpointed_gib": round(trainer.activations_checkpointed, 6),
+                "resident_gib": round(trainer.resident_gib, 6),
+                "peak_gib": round(trainer.peak_gib, 6),
+                "budget_gib": round(self.trainer_budget_gib, 6),
+                "resident_budget_gib": round(self.resident_budget_gib, 6),
+                "fits": self.trainer_fits,
+            },
+            "engine": {
+                **{k: round(getattr(engine, k), 6) for k in ("weights", "activations", "kv_cache", "share", "asleep")},
+                "dtype": engine.dtype,
+                "host": round(engine.host, 6),
+                "kv_bytes_per_token": engine.kv_bytes_per_token,
+                "kv_tokens": engine.kv_tokens,
+                "max_model_len": engine.max_model_len,
+                "agents_at_max_model_len": engine.agents_at_max_model_len,
+                "n_parallel_agents": engine.n_parallel_agents,
+                "holds_window": engine.holds_window,
+                "holds_agents": engine.holds_agents,
+            },
+            "card_peak_gib": round(self.card_peak_gib, 6),
+            "host_gib_per_rank": round(self.host_gib, 6),
+            "startup_gib": round(self.startup_gib, 6),
+            "startup_fits": self.startup_fits,
+            "fits": self.fits,
+            "adding": list(self.adding),
+            "smallest_fitting": None if self.smallest_fitting is None else list(self.smallest_fitting),
+            "options": [
+                {"levers": list(o.levers), "trainer_gib": round(o.trainer_gib, 6), "fits": o.fits} for o in self.options
+            ],
+        }
+
+    def summary(self) -> str:
+        """One line: the card's parts and the verdict (what a training run logs at its start)."""
+        t, e = self.trainer, self.engine
+        parts = {**t.resident, **t.step, **t.backward}
+        listed = ", ".join(f"{name} {gib:.1f}" for name, gib in parts.items() if gib >= 0.05)
+        verdict = "fits" if self.fits else "does NOT fit"
+        return (
+            f"memory plan per card of {self.gpu_memory_gib:g} GiB ({self.gpus} x {self.platform}, levers: "
+            f"{', '.join(self.levers.on) or 'none'}): trainer {t.peak_gib:.1f} GiB ({listed}) of "
+            f"{self.trainer_budget_gib:.1f}; engine {e.share:.1f} GiB (weights {e.weights:.1f}, KV {e.kv_cache:.1f}: "
+            f"{e.kv_tokens} tokens, {e.agents_at_max_model_len} agents at {e.max_model_len}); host "
+            f"{self.host_gib:.1f} GiB per rank; {verdict}"
+        )
+
+
+def plan_memory(
+    shape: ModelShape,
+    *,
+    gpus: int,
+    gpu_memory_gib: float,
+    optimizer: GRPOConfig | Levers,
+    max_prompt_length: int,
+    max_response_length: int,
+    n_parallel_agents: int,
+    max_model_len: int,
+    micro_batch_size: int | None = None,
+    kl_coef: float | None = None,
+    gpu_memory_utilization: float = 0.5,
+    sleep_while_training: bool = False,
+    engine_dtype: str = "bfloat16",
+    platform: str = "cuda",
+    kv_cache_gib: float = 1.0,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int = 256,
+) -> MemoryPlan:
+    """The per-card memory plan of training `shape` on `gpus` cards of `gpu_memory_gib` GiB (module docstring).
+
+    Args:
+        shape: the model (`ModelShape.load`).
+        gpus: ranks (cards); the sharded parts divide by it.
+        gpu_memory_gib: one card's memory in GiB; on the CPU, the host memory one rank may use.
+        optimizer: the trainer's settings (levers, `micro_batch_size`, `kl_coef`), or bare `Levers` (then give
+            `micro_batch_size` and `kl_coef`).
+        max_prompt_length / max_response_length: a training row's widths in tokens.
+        n_parallel_agents: trajectories in flight per rank.
+        max_model_len: the engine window in tokens.
+        micro_batch_size / kl_coef: override the optimizer's.
+        gpu_memory_utilization: the engine's share of an accelerator, in (0, 1].
+        sleep_while_training: the engine frees the card during the train step (accelerators).
+        engine_dtype: `bfloat16`, `float16`, `float32` or `auto` (the model's own dtype, else bfloat16).
+        platform: `cuda`, `npu` or `cpu` (the overhead constant; on the CPU the KV cache is `kv_cache_gib`).
+        kv_cache_gib: the engine's KV cache on the CPU, GiB.
+        max_num_batched_tokens: the engine's batch in tokens (None: vLLM's default for the `LLM` class, 16384 on
+            cards of 70 GiB or more, else 8192; on the CPU, where chunked prefill is off, max(window, 2048)).
+        max_num_seqs: sequences per engine step (the sampler's logits).
+
+    Raises:
+        ConfigError: for a count or size that is not positive, a utilization outside (0, 1], or an unknown platform
+            or dtype.
+    """
+    _check_inputs(gpus, gpu_memory_gib, max_prompt_length, max_response_length, n_parallel_agents, max_model_len)
+    _check_choices(platform, engine_dtype, gpu_memory_utilization, kv_cache_gib)
+    levers = optimizer if isinstance(optimizer, Levers) else Levers.of(optimizer)
+    rows = micro_batch_size if micro_batch_size is not None else getattr(optimizer, "micro_batch_size", 1)
+    kl = kl_coef if kl_coef is not None else getattr(optimizer, "kl_coef", 0.0)
+    if rows < 1 or kl < 0:
+        raise ConfigError(f"micro_batch_size={rows} must be >= 1 and kl_coef={kl} >= 0")
+    batch = MicroBatch(rows, max_prompt_length + max_response_length, max_response_length, kl > 0, platform)
+    engine = engine_memory(
+        shape,
+        resolved_dtype(engine_dtype, shape),
+        platform=platform,
+        card_gib=gpu_memory_gib,
+        utilization=gpu_memory_utilization,
+        sleep=sleep_while_training and platform != "cpu",
+        kv_cache_gib=kv_cache_gib,
+        max_model_len=max_model_len,
+        n_parallel_agents=n_parallel_agents,
+        batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+    )
+    trainer_budget = gpu_memory_gib - engine.asleep
+    resident_budget = gpu_memory_gib - engine.share
+    options = []
+    for names in _lever_sets():
+        candidate = trainer_memory(shape, levers.with_on(names, only=True), gpus, batch)
+        fits = candidate.peak_gib <= trainer_budget and candidate.resident_gib <= resident_budget
+        options.append(LeverOption(names, candidate.peak_gib, candidate.resident_gib, fits))
+    lora = shape.lora_parameters(levers.lora_rank, levers.lora_targets) if levers.lora_rank else 0
+    startup = 4 * (shape.parameters + lora) + (4 * shape.parameters if batch.kl and not lora else 0)
+    return MemoryPlan(
+        model=shape.name,
+        parameters=shape.parameters,
+        trained_parameters=lora or shape.parameters,
+        platform=platform,
+        gpus=gpus,
+        gpu_memory_gib=gpu_memory_gib,
+        levers=levers,
+        rows=rows,
+        tokens_per_row=batch.tokens,
+        response_tokens=batch.response,
+        trainer=trainer_memory(shape, levers, gpus, batch),
+        engine=engine,
+        trainer_budget_gib=trainer_budget,
+        resident_budget_gib=resident_budget,
+        startup_gib=startup / GIB + PLATFORM_OVERHEAD_GIB[platform],
+        options=tuple(options),
+    )
+
+
+def plan_for_config(
+    config: TrainConfig, shape: ModelShape, *, gpus: int, gpu_memory_gib: float, platform: str = "cuda"
+) -> MemoryPlan:
+    """`plan_memory` for a training config: the optimizer's levers, micro-batch and KL; the row widths (the
+    optimizer's packing widths, else the rollout's budgets); `rollout.n_parallel_agents`; the engine's window
+    (`engine.max_model_len`, else the rollout's budget), dtype, utilization, sleep and CPU KV cache.
+
+    Raises:
+        ConfigError: as `plan_memory`.
+    """
+    rollout, engine, optimizer = config.rollout, config.engine, config.optimizer
+    return plan_memory(
+        shape,
+        gpus=gpus,
+        gpu_memory_gib=gpu_memory_gib,
+        optimizer=optimizer,
+        max_prompt_length=optimizer.max_prompt_length or rollout.max_prompt_length,
+        max_response_length=optimizer.max_response_length or rollout.max_response_length,
+        n_parallel_agents=rollout.n_parallel_agents,
+        max_model_len=engine.max_model_len or rollout.max_prompt_length + rollout.max_response_length,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        sleep_while_training=engine.sleep_while_training,
+        engine_dtype=engine.dtype,
+        platform=platform,
+        kv_cache_gib=engine.kv_cache_gib,
+    )
+
+
+def _lever_sets() -> list[tuple[str, ...]]:
+    """Every set of levers (`cpu_offload` only with `fsdp`), fewest first, then earliest in `LEVERS`."""
+    sets = [
+        names
+        for size in range(len(LEVERS) + 1)
+        for names in itertools.combinations(LEVERS, size)
+        if "cpu_offload" not in names or "fsdp" in names
+    ]
+    return sorted(sets, key=lambda names: (len(names), [LEVERS.index(n) for n in names]))
+
+
+def _implied(name: str) -> set[str]:
+    """The levers turning `name` on turns on (`cpu_offload` brings `fsdp`)."""
+    return {name, "fsdp"} if name == "cpu_offload" else {name}
+
+
+def _check_inputs(gpus: int, card: float, prompt: int, response: int, agents: int, window: int) -> None:
+    """Raises ConfigError naming the first count or size that is not positive."""
+    named = {
+        "gpus": gpus,
+        "gpu_memory_gib": card,
+        "max_prompt_length": prompt,
+        "max_response_length": response,
+        "n_parallel_agents": agents,
+        "max_model_len": window,
+    }
+    for name, value in named.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or value != value:
+            raise ConfigError(f"{name}={value!r} must be a positive number")
+
+
+def _check_choices(platform: str, dtype: str, utilization: float, kv_cache_gib: float) -> None:
+    """Raises ConfigError for an unknown platform or dtype, a utilization outside (0, 1] or a KV cache <= 0."""
+    if platform not in PLATFORM_OVERHEAD_GIB:
+        raise ConfigError(f"platform={platform!r}: one of {', '.join(PLATFORM_OVERHEAD_GIB)}")
+    if dtype != "auto" and dtype not in DTYPE_BYTES:
+        raise ConfigError(f"engine dtype {dtype!r}: one of {', '.join(DTYPE_BYTES)} or auto")
+    if not 0 < utilization <= 1:
+        raise ConfigError(f"gpu_memory_utilization={utilization!r} must be in (0, 1]")
+    if not kv_cache_gib > 0:
+        raise ConfigError(f"kv_cache_gib={kv_cache_gib!r} must be positive")
+
+
+def _rounded(parts: dict[str, float]) -> dict[str, float]:
+    return {name: round(value, 6) for name, value in parts.items()}
