@@ -85,6 +85,18 @@ class Platform:
             "allocated_bytes": int(module.memory_allocated(local_rank)),
         }
 
+    def peak_memory_bytes(self, local_rank: int = 0) -> int:
+        """The most memory this process has held, in bytes: on an accelerator, the most the caching allocator had
+        allocated on `local_rank`'s device (`max_memory_allocated`: tensors only, not the runtime's context); on the
+        CPU, the process's peak resident set size (`resource.getrusage`, which counts everything)."""
+        if self.is_accelerator:
+            return int(self._module().max_memory_allocated(local_rank))
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)  # bytes on macOS, KiB on Linux
+
     @property
     def engine_dtype(self) -> str:
         """The engine's default dtype: `bfloat16` on accelerators and on CPUs that multiply bf16 natively

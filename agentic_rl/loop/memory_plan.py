@@ -10,6 +10,7 @@ arithmetic: nothing here imports torch, so a 70B config is planned on a laptop i
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,15 @@ if TYPE_CHECKING:
     from agentic_rl.loop.config import TrainConfig
     from agentic_rl.train.grpo_config import GRPOConfig
 
-__all__ = ["LeverOption", "MemoryPlan", "ModelShape", "plan_for_config", "plan_memory"]
+__all__ = [
+    "LeverOption",
+    "MemoryPlan",
+    "ModelShape",
+    "measured_line",
+    "plan_for_config",
+    "plan_memory",
+    "run_memory_plan",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +330,46 @@ def plan_for_config(
         platform=platform,
         kv_cache_gib=engine.kv_cache_gib,
     )
+
+
+def run_memory_plan(config: TrainConfig, model_dir: str | os.PathLike[str], world_size: int) -> MemoryPlan:
+    """The plan of a training run on this machine: `plan_for_config` for the model in `model_dir` on `world_size`
+    ranks of the run's device kind (`config.device`), each card as large as this rank's device
+    (`ascend.device.Platform.memory_info`); on the CPU, the host memory shared by the ranks of this machine
+    (`LOCAL_WORLD_SIZE`).
+
+    Raises:
+        ConfigError: for a `config.json` the plan cannot read (`ModelShape.from_config`).
+        FileNotFoundError: for a `model_dir` without one.
+    """
+    from ascend.device import Platform
+
+    kind = config.device.split(":")[0]
+    platform = kind if kind in ("cuda", "npu") else "cpu"
+    total = Platform(platform).memory_info(_local_rank())["total_bytes"] / GIB
+    if platform == "cpu":
+        total /= max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    shape = ModelShape.load(model_dir)
+    return plan_for_config(config, shape, gpus=world_size, gpu_memory_gib=total, platform=platform)
+
+
+def measured_line(plan: MemoryPlan) -> str:
+    """One line: what this process measured (`Platform.peak_memory_bytes`: peak RSS on the CPU, the allocator's
+    peak on an accelerator) beside the plan's card peak (the framework overhead apart on an accelerator, whose
+    allocator does not count it)."""
+    from ascend.device import Platform
+
+    measured = Platform(plan.platform).peak_memory_bytes(_local_rank()) / GIB
+    planned = plan.card_peak_gib - (0.0 if plan.platform == "cpu" else PLATFORM_OVERHEAD_GIB[plan.platform])
+    what = "peak RSS of the process" if plan.platform == "cpu" else "peak allocated by torch"
+    return (
+        f"memory after the first step: measured {measured:.2f} GiB ({what}), planned {planned:.2f} GiB (trainer "
+        f"{plan.trainer.peak_gib:.2f} with the engine's {plan.engine.share:.2f}; {measured / planned:.0%} of the plan)"
+    )
+
+
+def _local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def _lever_sets() -> list[tuple[str, ...]]:

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from agentic_rl.loop.config import EngineSection, RolloutSection, TrainConfig, load_run_config, load_train_config
+from agentic_rl.loop.memory_plan import measured_line
 from agentic_rl.loop.metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
 from agentic_rl.loop.plan import plan_run
 from agentic_rl.loop.rewards import reward_figures, reward_keys
@@ -171,6 +172,8 @@ async def _run_steps(run: RunState, on_step: Callable[[dict[str, Any]], None] | 
         mark = time.perf_counter()
         for step in range(run.done, run.config.steps):
             figures = await _train_step(run, step, mark)
+            if step == run.done and run.memory_plan is not None and run.dist.is_main:
+                logger.info(measured_line(run.memory_plan))  # what the first step took, beside the plan
             mark = time.perf_counter()
             row = metrics_row(
                 run.dist,

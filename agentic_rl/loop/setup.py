@@ -24,6 +24,7 @@ from agentic_rl.engine.base import PausableEngine, TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop.config import TrainConfig
+from agentic_rl.loop.memory_plan import MemoryPlan, run_memory_plan
 from agentic_rl.loop.plan import RunPlan
 from agentic_rl.loop.ranges import check_model_window
 from agentic_rl.loop.rewards import build_reward
@@ -152,6 +153,7 @@ class RunState:
         feed: the `ContinuousRollout` that hands the steps their task groups.
         sinks: rank 0's metric sinks (`build_loggers`), filled when the run starts.
         history: the metrics rows so far.
+        memory_plan: the run's per-card memory plan (`loop.memory_plan`; None where the model's config gives none).
     """
 
     config: TrainConfig
@@ -171,6 +173,7 @@ class RunState:
     feed: ContinuousRollout
     sinks: list[MetricsLogger] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
+    memory_plan: MemoryPlan | None = None
 
     def training_state(self, step: int) -> dict[str, Any]:
         """The training state saved with a checkpoint after `step` steps, as `training_state.pt`: the optimizer state
@@ -220,6 +223,7 @@ async def set_up(
     task_ids = _prepare_output(config, dist, first_redone(state), resume=resume)
     model_dir = await anyio.to_thread.run_sync(resolve_model, config.model)  # may build it: off the event loop
     check_model_window(config, model_dir)
+    memory = _memory_plan(config, model_dir, dist)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     task_order = TaskOrder(plan.tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)
     trainer = _make_trainer(plan, dist, tokenizer, model_dir, device)
@@ -248,6 +252,7 @@ async def set_up(
             feed=_feed(config, dist, rollout, task_order, done, state),
             eval_sampling=step_sampling(config, dist.rank, None),
             history=history,
+            memory_plan=memory,
         )
         started.pop_all()  # set up: from now on `train` closes them
     return run
@@ -288,6 +293,19 @@ async def close_engine(engine: TrainableEngine) -> None:
             await engine.close()
         except Exception:
             logger.exception("closing the engine failed")
+
+
+def _memory_plan(config: TrainConfig, model_dir: Path, dist: DistContext) -> MemoryPlan | None:
+    """The run's memory plan (`run_memory_plan`), its summary logged by rank 0; None, logged, where the model's
+    config.json gives no plan (a mixture of experts, say): the run goes on without one."""
+    try:
+        plan = run_memory_plan(config, model_dir, dist.world_size)
+    except (ConfigError, OSError, RuntimeError, ValueError) as exc:  # a plan informs; it never stops a run
+        logger.info("no memory plan for %s: %s", config.model, exc)
+        return None
+    if dist.is_main:
+        logger.info(plan.summary())
+    return plan
 
 
 def _local_device(device: str) -> Any:
