@@ -67,6 +67,7 @@ __all__ = [
     "TrainerMemory",
     "resolved_dtype",
     "engine_memory",
+    "layer_activation_bytes",
     "trainer_memory",
 ]
 
@@ -313,7 +314,7 @@ def trainer_memory(shape: ModelShape, levers: Levers, gpus: int, batch: MicroBat
     )
 
 
-def _layer_bytes_per_token(shape: ModelShape, levers: Levers, mode: str, tokens: int) -> float:
+def layer_activation_bytes(shape: ModelShape, levers: Levers, mode: str, tokens: int) -> float:
     """Bytes autograd keeps per token for one decoder layer's backward, in compute `mode` (`fp32`, `autocast`:
     fp32 residual stream with bf16 matmuls, `bf16`: bf16 parameters, as under FSDP2's mixed precision)."""
     h, q, i = shape.hidden_size, shape.q_width, shape.intermediate_size
@@ -334,7 +335,7 @@ def _layer_bytes_per_token(shape: ModelShape, levers: Levers, mode: str, tokens:
 def _activations(shape: ModelShape, levers: Levers, batch: MicroBatch, mode: str, checkpointed: bool) -> float:
     """Bytes of one micro-batch's activations (logits apart), with or without activation checkpointing."""
     tokens = batch.rows * batch.tokens
-    layer = _layer_bytes_per_token(shape, levers, mode, batch.tokens) * tokens
+    layer = layer_activation_bytes(shape, levers, mode, batch.tokens) * tokens
     c = 4 if mode == "fp32" else 2
     residual = 2 if mode == "bf16" else 4
     rest = (

@@ -130,7 +130,9 @@ class MemoryPlan:
 
     @property
     def adding(self) -> tuple[str, ...]:
-        """Each lever that, turned on beside the configured ones, makes the trainer fit."""
+        """Each lever that, turned on beside the configured ones, makes the trainer fit (none when it fits)."""
+        if self.trainer_fits:
+            return ()
         on = set(self.levers.on)
         return tuple(
             name
@@ -235,20 +237,17 @@ def plan_memory(
         shape: the model (`ModelShape.load`).
         gpus: ranks (cards); the sharded parts divide by it.
         gpu_memory_gib: one card's memory in GiB; on the CPU, the host memory one rank may use.
-        optimizer: the trainer's settings (levers, `micro_batch_size`, `kl_coef`), or bare `Levers` (then give
-            `micro_batch_size` and `kl_coef`).
+        optimizer: the trainer's settings (levers, `micro_batch_size`, `kl_coef`, which `micro_batch_size` and
+            `kl_coef` override), or bare `Levers`.
         max_prompt_length / max_response_length: a training row's widths in tokens.
-        n_parallel_agents: trajectories in flight per rank.
-        max_model_len: the engine window in tokens.
-        micro_batch_size / kl_coef: override the optimizer's.
-        gpu_memory_utilization: the engine's share of an accelerator, in (0, 1].
-        sleep_while_training: the engine frees the card during the train step (accelerators).
+        n_parallel_agents / max_model_len: trajectories in flight per rank; the engine window in tokens.
+        gpu_memory_utilization / sleep_while_training: the engine's share of an accelerator, in (0, 1]; whether it
+            frees the card during the train step (accelerators only).
         engine_dtype: `bfloat16`, `float16`, `float32` or `auto` (the model's own dtype, else bfloat16).
-        platform: `cuda`, `npu` or `cpu` (the overhead constant; on the CPU the KV cache is `kv_cache_gib`).
-        kv_cache_gib: the engine's KV cache on the CPU, GiB.
-        max_num_batched_tokens: the engine's batch in tokens (None: vLLM's default for the `LLM` class, 16384 on
-            cards of 70 GiB or more, else 8192; on the CPU, where chunked prefill is off, max(window, 2048)).
-        max_num_seqs: sequences per engine step (the sampler's logits).
+        platform / kv_cache_gib: `cuda`, `npu` or `cpu` (the overhead constant); the KV cache on the CPU, GiB.
+        max_num_batched_tokens / max_num_seqs: the engine's batch in tokens (None: vLLM's default for the `LLM`
+            class, 16384 on cards of 70 GiB or more, else 8192; on the CPU, where chunked prefill is off,
+            max(window, 2048)) and in sequences (the sampler's logits).
 
     Raises:
         ConfigError: for a count or size that is not positive, a utilization outside (0, 1], or an unknown platform
@@ -257,11 +256,7 @@ def plan_memory(
     _check_inputs(gpus, gpu_memory_gib, max_prompt_length, max_response_length, n_parallel_agents, max_model_len)
     _check_choices(platform, engine_dtype, gpu_memory_utilization, kv_cache_gib)
     levers = optimizer if isinstance(optimizer, Levers) else Levers.of(optimizer)
-    rows = micro_batch_size if micro_batch_size is not None else getattr(optimizer, "micro_batch_size", 1)
-    kl = kl_coef if kl_coef is not None else getattr(optimizer, "kl_coef", 0.0)
-    if rows < 1 or kl < 0:
-        raise ConfigError(f"micro_batch_size={rows} must be >= 1 and kl_coef={kl} >= 0")
-    batch = MicroBatch(rows, max_prompt_length + max_response_length, max_response_length, kl > 0, platform)
+    batch = _micro_batch(optimizer, micro_batch_size, kl_coef, max_prompt_length, max_response_length, platform)
     engine = engine_memory(
         shape,
         resolved_dtype(engine_dtype, shape),
@@ -275,15 +270,8 @@ def plan_memory(
         batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
     )
-    trainer_budget = gpu_memory_gib - engine.asleep
-    resident_budget = gpu_memory_gib - engine.share
-    options = []
-    for names in _lever_sets():
-        candidate = trainer_memory(shape, levers.with_on(names, only=True), gpus, batch)
-        fits = candidate.peak_gib <= trainer_budget and candidate.resident_gib <= resident_budget
-        options.append(LeverOption(names, candidate.peak_gib, candidate.resident_gib, fits))
+    trainer_budget, resident_budget = gpu_memory_gib - engine.asleep, gpu_memory_gib - engine.share
     lora = shape.lora_parameters(levers.lora_rank, levers.lora_targets) if levers.lora_rank else 0
-    startup = 4 * (shape.parameters + lora) + (4 * shape.parameters if batch.kl and not lora else 0)
     return MemoryPlan(
         model=shape.name,
         parameters=shape.parameters,
@@ -292,15 +280,15 @@ def plan_memory(
         gpus=gpus,
         gpu_memory_gib=gpu_memory_gib,
         levers=levers,
-        rows=rows,
+        rows=batch.rows,
         tokens_per_row=batch.tokens,
         response_tokens=batch.response,
         trainer=trainer_memory(shape, levers, gpus, batch),
         engine=engine,
         trainer_budget_gib=trainer_budget,
         resident_budget_gib=resident_budget,
-        startup_gib=startup / GIB + PLATFORM_OVERHEAD_GIB[platform],
-        options=tuple(options),
+        startup_gib=_startup_gib(shape, lora, batch),
+        options=_options(shape, levers, gpus, batch, trainer_budget, resident_budget),
     )
 
 
@@ -370,6 +358,40 @@ def measured_line(plan: MemoryPlan) -> str:
 
 def _local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _startup_gib(shape: ModelShape, lora: int, batch: MicroBatch) -> float:
+    """The trainer's start-up peak, GiB: the whole model in fp32 (with its adapter), and its fp32 copy as the KL
+    reference before that is cast and sharded, beside the framework overhead."""
+    copies = 2 if batch.kl and not lora else 1
+    return (4 * copies * shape.parameters + 4 * lora) / GIB + PLATFORM_OVERHEAD_GIB[batch.platform]
+
+
+def _micro_batch(
+    optimizer: Any, rows: int | None, kl: float | None, prompt: int, response: int, platform: str
+) -> MicroBatch:
+    """The micro-batch `plan_memory` plans for: `rows` and `kl` where given, else the optimizer's.
+
+    Raises:
+        ConfigError: for rows below 1 or a negative KL weight.
+    """
+    rows = rows if rows is not None else getattr(optimizer, "micro_batch_size", 1)
+    kl = kl if kl is not None else getattr(optimizer, "kl_coef", 0.0)
+    if rows < 1 or kl < 0:
+        raise ConfigError(f"micro_batch_size={rows} must be >= 1 and kl_coef={kl} >= 0")
+    return MicroBatch(rows, prompt + response, response, kl > 0, platform)
+
+
+def _options(
+    shape: ModelShape, levers: Levers, gpus: int, batch: MicroBatch, budget: float, resident_budget: float
+) -> tuple[LeverOption, ...]:
+    """Every set of levers (`_lever_sets`, the configured rank and targets for LoRA) with its trainer and fit."""
+    options = []
+    for names in _lever_sets():
+        candidate = trainer_memory(shape, levers.with_on(names, only=True), gpus, batch)
+        fits = candidate.peak_gib <= budget and candidate.resident_gib <= resident_budget
+        options.append(LeverOption(names, candidate.peak_gib, candidate.resident_gib, fits))
+    return tuple(options)
 
 
 def _lever_sets() -> list[tuple[str, ...]]:
