@@ -16,11 +16,13 @@ Trainer (P parameters, T of them trained: all, or the LoRA adapter's; W ranks, t
 - Activations: what autograd keeps for the backward of one micro-batch of `micro_batch_size` rows of
   (prompt + response) tokens, counted tensor by tensor per decoder layer in the manner of Korthikanti et al. 2022,
   "Reducing Activation Recomputation in Large Transformer Models" (section 4.1), for transformers' Llama/Qwen2
-  layers: RMSNorm inputs and outputs, the rotated queries, keys and values (expanded to the query heads), the
-  attention output, the gate/up/activation/product of the gated MLP, the attention's log-sum-exp and its mask
-  (one row of T columns per token: no T x T scores are kept by SDPA's fused kernels). The coefficients were
-  checked against `torch.autograd.graph.saved_tensors_hooks` (`tests/loop/test_memory_plan.py`). bf16 activations
-  are half of fp32 ones but for what stays fp32 (the norms' statistics and, under autocast, the residual stream).
+  layers: RMSNorm inputs and outputs, the rotated queries, keys and values (expanded to the query heads, as the
+  padded path keeps them), the attention output, the gate/up/activation/product of the gated MLP, the attention's
+  log-sum-exp and, for padded rows, its mask (T columns per token: PyTorch's CPU SDPA keeps one per layer; no T x T
+  scores are kept by SDPA's fused kernels). Counted with padding; rows of equal length keep ~10% less (no mask,
+  keys and values at their own heads). The coefficients were checked against
+  `torch.autograd.graph.saved_tensors_hooks` (`tests/loop/test_memory_plan.py`, within 2%). bf16 activations are
+  half of fp32 ones but for what stays fp32 (the norms' statistics and, under autocast, the residual stream).
   Plus one layer's worth for the backward's own gradients. With activation checkpointing each layer keeps only its
   input (h values per token) and one layer is recomputed at a time (section 5 of the same paper).
 - Logits: only the response columns reach the output head; per micro-batch rows x response tokens x V x
