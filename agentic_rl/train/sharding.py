@@ -15,8 +15,8 @@ trainer therefore runs one forward per micro-batch (no shared-prefix cache, no l
 micro-batch into a number of forwards that depends on its rows) and pads every rank to the same number of
 micro-batches with `idle_pass` (`GRPOTrainer._accumulate_gradients`).
 
-Weights leave the shards one parameter at a time (`full_weights`): a weight sync or a digest never holds more than
-one whole parameter besides the shards.
+Weights leave the shards one FSDP unit at a time (`full_weights`): a weight sync or a digest never holds more than
+one unit's whole parameters (a decoder layer, or the root's embeddings and head) besides the shards.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ __all__ = [
     "full_weights",
     "is_sharded",
     "shard_model",
+    "unit_weights",
     "unshard_tensor",
 ]
 
@@ -97,11 +98,72 @@ def unshard_tensor(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """`(name, whole tensor)` of each parameter of `model`, in `named_parameters` order, gathered one at a time
-    when sharded (`unshard_tensor`): the consumer should drop each before asking for the next, so that no more than
-    one whole parameter exists besides the shards. Every rank must consume it whole, in the same order."""
-    for name, param in model.named_parameters():
-        yield name, unshard_tensor(param)
+    """`(name, whole tensor)` of each parameter of `model`, in `named_parameters` order; every rank must consume it
+    whole, in the same order.
+
+    Sharded, the weights leave their shards one FSDP unit at a time (`unit_weights`: one all-gather per decoder
+    layer, not one per parameter), so that no more than one unit's whole parameters exist besides the shards; each
+    yielded tensor is a copy the consumer may keep. Under mixed precision a unit gathers in its compute dtype, so
+    there each parameter is gathered alone, in fp32 (`unshard_tensor`): an engine gets the master weights."""
+    if not is_sharded(model):
+        for name, param in model.named_parameters():
+            yield name, param.detach()
+        return
+    if any(_gathers_cast(unit) for unit in _units(model)):
+        for name, param in model.named_parameters():
+            yield name, unshard_tensor(param)
+        return
+    yield from unit_weights(model)
+
+
+def unit_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The whole parameters of a sharded `model` in `named_parameters` order, each FSDP unit unsharded once
+    (`FSDPModule.unshard`: one all-gather of the unit) while its parameters are copied out, then resharded; a unit
+    whose parameters are not contiguous in that order (the root: embeddings first, norm and head last) is
+    unsharded once per run of them."""
+    owner = _owners(model)
+    names = [name for name, _ in model.named_parameters()]
+    current = None
+    try:
+        for name in names:
+            unit = owner[name]
+            if unit is not current:
+                if current is not None:
+                    current.reshard()
+                current = None
+                unit.unshard()
+                current = unit
+            yield name, model.get_parameter(name).detach().clone()
+    finally:
+        if current is not None:
+            current.reshard()
+
+
+def _units(model: torch.nn.Module) -> list[Any]:
+    """The FSDP units (`FSDPModule`s) of `model`, outermost first."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def _owners(model: torch.nn.Module) -> dict[str, Any]:
+    """Each parameter name of `model` -> the innermost FSDP unit that manages it."""
+    prefixes = {id(m): name for name, m in model.named_modules()}
+    owner: dict[str, Any] = {}
+    for unit in _units(model):  # outermost first: an inner unit overwrites its parameters' owner
+        prefix = prefixes[id(unit)]
+        for name, _ in unit.named_parameters():
+            owner[f"{prefix}.{name}" if prefix else name] = unit
+    return owner
+
+
+def _gathers_cast(unit: Any) -> bool:
+    """Whether `unit` all-gathers its parameters in another dtype than they are kept in (mixed precision)."""
+    for group in unit._get_fsdp_state()._fsdp_param_groups:
+        dtype = group.mp_policy.param_dtype
+        if dtype is not None and any(dtype != p.sharded_param.dtype for p in group.fsdp_params):
+            return True
+    return False
 
 
 def full_adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:

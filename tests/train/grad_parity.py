@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from agentic_rl.train import sharding as fsdp_units
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.lora import LoRAConfig
 from agentic_rl.train.sharding import unshard_tensor
@@ -147,6 +148,9 @@ def main(out: str, sharding: str = "replicate") -> None:
     if sharding == "levers":
         levers(out, ctx, model)
         return
+    if sharding == "weights":
+        gathered_weights(out, ctx, model)
+        return
     results = []
     for case in CASES:
         grads, stats = step_gradients(model, rank_rows(ctx.rank, case[2]), case, micro_batch_size=2, dist=ctx,
@@ -173,6 +177,22 @@ def levers(out: str, ctx: DistContext, model: torch.nn.Module) -> None:
         grads, stats = step_gradients(model, rank_rows(ctx.rank, case[2]), case, micro_batch_size=2, dist=ctx,
                                       sharding=sharding, lora=lora, **options)  # fmt: skip
         results.append({"grads": grads, "loss": stats["loss"], "grad_norm": stats["grad_norm"]})
+    torch.save(results, out)
+    ctx.close()
+
+
+def gathered_weights(out: str, ctx: DistContext, model: torch.nn.Module) -> None:
+    """After one sharded step (fp32, then bf16 mixed precision): `named_weights()` collected whole into a list,
+    beside each parameter gathered alone, saved to `out`."""
+    results = []
+    for precision in ("fp32", "bf16"):
+        config = GRPOConfig(lr=1e-3, micro_batch_size=2, sharding="fsdp", precision=precision)
+        trainer = GRPOTrainer(copy.deepcopy(model), pad_token_id=PAD, config=config, dist=ctx)
+        trainer.train_step(rank_rows(ctx.rank, CASES[0][2]))
+        listed = list(trainer.named_weights())  # kept whole after the iteration: copies, not freed unit storage
+        alone = [(name, unshard_tensor(p)) for name, p in trainer.module.named_parameters()]
+        units = fsdp_units._units(trainer.module)
+        results.append({"listed": listed, "alone": alone, "by_unit": not any(map(fsdp_units._gathers_cast, units))})
     torch.save(results, out)
     ctx.close()
 

@@ -105,3 +105,17 @@ def test_a_given_reference_is_kept_as_given():
     trainer = GRPOTrainer(tiny_model(), pad_token_id=PAD, reference=reference,
                           config=GRPOConfig(precision="bf16", kl_coef=0.1))  # fmt: skip
     assert trainer.reference is reference and {p.dtype for p in reference.parameters()} == {torch.float32}
+
+
+def test_a_sync_from_shards_reads_the_master_weights_unit_by_unit(tmp_path):
+    """`named_weights()` of a sharded trainer gathers one FSDP unit at a time in fp32 (one parameter at a time under
+    bf16 mixed precision, whose units gather in bf16): the same names, order and fp32 values as gathering each
+    parameter alone, on both ranks, and tensors that stay valid after the iteration."""
+    run_gloo_ranks([SCRIPT, str(tmp_path / "rank{rank}.pt"), "weights"], timeout_s=600)
+    for rank in (0, 1):
+        cases = torch.load(tmp_path / f"rank{rank}.pt")
+        assert [case["by_unit"] for case in cases] == [True, False]  # fp32 by unit; bf16 gathers cast: alone
+        for case in cases:
+            assert [n for n, _ in case["listed"]] == [n for n, _ in case["alone"]]
+            for (_, got), (_, want) in zip(case["listed"], case["alone"], strict=True):
+                assert got.dtype == torch.float32 and torch.equal(got, want)
