@@ -204,7 +204,8 @@ class MemoryPlan:
         verdict = "fits" if self.fits else "does NOT fit"
         return (
             f"memory plan per card of {self.gpu_memory_gib:g} GiB ({self.gpus} x {self.platform}, levers: "
-            f"{', '.join(self.levers.on) or 'none'}): trainer {t.peak_gib:.1f} GiB ({listed}) of "
+            f"{', '.join(self.levers.on) or 'none'}): trainer {t.peak_gib:.1f} GiB at {self.rows} rows x "
+            f"{self.tokens_per_row} tokens ({listed}) of "
             f"{self.trainer_budget_gib:.1f}; engine {e.share:.1f} GiB (weights {e.weights:.1f}, KV {e.kv_cache:.1f}: "
             f"{e.kv_tokens} tokens, {e.agents_at_max_model_len} agents at {e.max_model_len}); host "
             f"{self.host_gib:.1f} GiB per rank; {verdict}"
@@ -352,7 +353,8 @@ def measured_line(plan: MemoryPlan) -> str:
     what = "peak RSS of the process" if plan.platform == "cpu" else "peak allocated by torch"
     return (
         f"memory after the first step: measured {measured:.2f} GiB ({what}), planned {planned:.2f} GiB (trainer "
-        f"{plan.trainer.peak_gib:.2f} with the engine's {plan.engine.share:.2f}; {measured / planned:.0%} of the plan)"
+        f"{plan.trainer.peak_gib:.2f} with the engine's {plan.engine.share:.2f}, for micro-batches of {plan.rows} rows "
+        f"x {plan.tokens_per_row} tokens: shorter rows take less; {measured / planned:.0%} of the plan)"
     )
 
 
