@@ -135,3 +135,19 @@ def free_port_pair() -> int:
         except OSError:
             continue
     raise RuntimeError("no free port pair")
+
+
+def one_turn_trajectory(idx: int, reward: float, prompt: int, response: int, vocab: int) -> Any:
+    """A one-turn `StepTrajectory` of `prompt` random prompt ids and `response` sampled ids in [100, vocab), with
+    random logprobs (seeded by `idx`), rewarded `reward`: synthetic rows for the trainer's benchmarks."""
+    import torch
+
+    from agentic_rl.types import RunRecorder, Step, StepTrajectory
+
+    g = torch.Generator().manual_seed(idx)
+    recorder = RunRecorder()
+    recorder.start(torch.randint(100, vocab, (prompt,), generator=g).tolist())
+    ids = torch.randint(100, vocab, (response,), generator=g).tolist()
+    run, span = recorder.sample(ids, (-torch.rand(response, generator=g) * 3).tolist(), 0)
+    return StepTrajectory.from_runs(recorder.runs, idx=idx, trajectory_reward=reward, task={"id": "t"}, failed=False,
+                                    steps=[Step(run=run, span=span, reward=reward)])  # fmt: skip

@@ -35,7 +35,7 @@ import tempfile
 import time
 from typing import Any
 
-from common import save, table, verdict
+from common import one_turn_trajectory, save, table, verdict
 
 GIB = 1 << 30
 PAD = 2
@@ -50,22 +50,6 @@ LEVER_SETS = {
     "bf16 + ckpt": {"activation_checkpointing": True},
     "bf16 + ckpt + offload": {"activation_checkpointing": True, "cpu_offload": True},
 }
-
-
-def trajectory(idx: int, prompt: int, response: int, vocab: int) -> Any:
-    """A one-turn trajectory of random prompt and sampled ids (seeded by `idx`), rewarded `idx % 2`."""
-    import torch
-
-    from agentic_rl.types import RunRecorder, Step, StepTrajectory
-
-    g = torch.Generator().manual_seed(idx)
-    recorder = RunRecorder()
-    recorder.start(torch.randint(100, vocab, (prompt,), generator=g).tolist())
-    ids = torch.randint(100, vocab, (response,), generator=g).tolist()
-    run, span = recorder.sample(ids, (-torch.rand(response, generator=g) * 3).tolist(), 0)
-    reward = float(idx % 2)
-    return StepTrajectory.from_runs(recorder.runs, idx=idx, trajectory_reward=reward, task={"id": "t"}, failed=False,
-                                    steps=[Step(run=run, span=span, reward=reward)])  # fmt: skip
 
 
 class Device:
@@ -221,7 +205,8 @@ def main() -> None:
         args.engine = False
     shape = TINY if args.tiny else SMOLLM2_17B
     dev = Device(args.device)
-    rows = [trajectory(i, args.prompt, args.response, shape["vocab_size"]) for i in range(args.rows)]
+    vocab = shape["vocab_size"]
+    rows = [one_turn_trajectory(i, float(i % 2), args.prompt, args.response, vocab) for i in range(args.rows)]
     plain = plain_seconds(shape, rows, dev, args.steps)
     results = [run_levers(name, levers, shape, rows, dev, args) for name, levers in LEVER_SETS.items()]
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import Goal, PeakSampler, peak_rss_bytes, rss_bytes, save, table, verdict
+from common import Goal, PeakSampler, one_turn_trajectory, peak_rss_bytes, rss_bytes, save, table, verdict
 
 HERE = Path(__file__).resolve()
 MB = 1 << 20
@@ -38,21 +38,6 @@ QWEN2_05B = {"model_type": "qwen2", "vocab_size": 151936, "hidden_size": 896, "i
              "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
              "max_position_embeddings": 32768, "rope_theta": 1e6, "rms_norm_eps": 1e-6, "tie_word_embeddings": True}  # fmt: skip
 LEVERS = [("fp32", False), ("fp32", True), ("bf16", False), ("bf16", True)]
-
-
-def trajectory(idx: int, reward: float, prompt: int, response: int, vocab: int) -> Any:
-    """A one-turn trajectory of `prompt` random prompt ids and `response` sampled ids (seeded by `idx`)."""
-    import torch
-
-    from agentic_rl.types import RunRecorder, Step, StepTrajectory
-
-    g = torch.Generator().manual_seed(idx)
-    recorder = RunRecorder()
-    recorder.start(torch.randint(100, vocab, (prompt,), generator=g).tolist())
-    ids = torch.randint(100, vocab, (response,), generator=g).tolist()
-    run, span = recorder.sample(ids, (-torch.rand(response, generator=g) * 3).tolist(), 0)
-    return StepTrajectory.from_runs(recorder.runs, idx=idx, trajectory_reward=reward, task={"id": "t"}, failed=False,
-                                    steps=[Step(run=run, span=span, reward=reward)])  # fmt: skip
 
 
 def activations_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -70,7 +55,7 @@ def activations_worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.checkpointing:
         enable_activation_checkpointing(model)
     params = sum(p.numel() for p in model.parameters())
-    batch = pack_trajectories([trajectory(0, 1.0, args.prompt, args.response, QWEN2_05B["vocab_size"])],
+    batch = pack_trajectories([one_turn_trajectory(0, 1.0, args.prompt, args.response, QWEN2_05B["vocab_size"])],
                               pad_token_id=PAD)  # fmt: skip
     before = rss_bytes()
     t0 = time.perf_counter()
@@ -98,7 +83,7 @@ def training_worker(args: argparse.Namespace) -> dict[str, Any]:
     config = GRPOConfig(lr=1e-6, micro_batch_size=4, precision=args.precision,
                         activation_checkpointing=args.checkpointing)  # fmt: skip
     trainer = GRPOTrainer(model, pad_token_id=PAD, config=config)
-    rows = [trajectory(i, float(i % 2), 256, 256, 49152) for i in range(8)]
+    rows = [one_turn_trajectory(i, float(i % 2), 256, 256, 49152) for i in range(8)]
     seconds, losses = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()

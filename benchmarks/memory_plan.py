@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import Goal, peak_rss_bytes, save, table, verdict
+from common import Goal, one_turn_trajectory, peak_rss_bytes, save, table, verdict
 
 HERE = Path(__file__).resolve()
 GIB = 1 << 30
@@ -41,21 +41,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }
 
 
-def trajectory(idx: int, reward: float, prompt: int, response: int, vocab: int) -> Any:
-    """A one-turn trajectory of `prompt` random prompt ids and `response` sampled ids (seeded by `idx`)."""
-    import torch
-
-    from agentic_rl.types import RunRecorder, Step, StepTrajectory
-
-    g = torch.Generator().manual_seed(idx)
-    recorder = RunRecorder()
-    recorder.start(torch.randint(100, vocab, (prompt,), generator=g).tolist())
-    ids = torch.randint(100, vocab, (response,), generator=g).tolist()
-    run, span = recorder.sample(ids, (-torch.rand(response, generator=g) * 3).tolist(), 0)
-    return StepTrajectory.from_runs(recorder.runs, idx=idx, trajectory_reward=reward, task={"id": "t"}, failed=False,
-                                    steps=[Step(run=run, span=span, reward=reward)])  # fmt: skip
-
-
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     """`--steps` GRPO steps of SmolLM2-135M under one setting; the process's peak RSS and the step seconds."""
     import torch
@@ -67,7 +52,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(str(resolve_model("smollm2-135m-instruct")), dtype=torch.float32)
     config = GRPOConfig(lr=1e-6, micro_batch_size=args.micro_batch, **SETTINGS[args.worker])
     trainer = GRPOTrainer(model, pad_token_id=PAD, config=config)
-    rows = [trajectory(i, float(i % 2), args.prompt, args.response, 49152) for i in range(args.rows)]
+    rows = [one_turn_trajectory(i, float(i % 2), args.prompt, args.response, 49152) for i in range(args.rows)]
     seconds = []
     for _ in range(args.steps):
         t0 = time.perf_counter()
