@@ -41,21 +41,30 @@ async def watch_loop_lag(
 
     Returns:
         The lag that was warned about (the watch ends after its one warning); None at once for an environment already
-        warned about; it runs until cancelled otherwise.
+        warned about; it runs until cancelled otherwise. Cancelled just after the loop was blocked (the last
+        trajectory ended right after the blocking call), it still warns before the cancellation goes on.
     """
     while environment_name not in _warned:
         start = time.monotonic()
-        await anyio.sleep(interval_s)
-        lag = time.monotonic() - start - interval_s
+        try:
+            await anyio.sleep(interval_s)
+        finally:  # cancelled too (the rollout's last trajectory ended right after a block): the block still counts
+            lag = time.monotonic() - start - interval_s
+            if lag > threshold_s:
+                _warn(environment_name, lag)
         if lag > threshold_s:
-            logger.warning(
-                "the event loop was blocked for %.1f s while a rollout of environment %s ran: code that blocks it "
-                "(time.sleep, blocking I/O or long computing inside an async def reset/step, a tool or a reward) "
-                "stalls every trajectory and no timeout can interrupt it; run blocking work in a worker thread: "
-                "`await anyio.to_thread.run_sync(...)`",
-                lag,
-                environment_name,
-            )
-            _warned.add(environment_name)
             return lag
     return None
+
+
+def _warn(environment_name: str, lag: float) -> None:
+    """Log the warning about `environment_name` blocking the loop for `lag` seconds, once per process."""
+    logger.warning(
+        "the event loop was blocked for %.1f s while a rollout of environment %s ran: code that blocks it "
+        "(time.sleep, blocking I/O or long computing inside an async def reset/step, a tool or a reward) "
+        "stalls every trajectory and no timeout can interrupt it; run blocking work in a worker thread: "
+        "`await anyio.to_thread.run_sync(...)`",
+        lag,
+        environment_name,
+    )
+    _warned.add(environment_name)

@@ -71,3 +71,19 @@ async def test_a_well_behaved_environment_gives_no_warning(engine, tokenizer, ca
     with caplog.at_level(logging.WARNING):
         await _run(engine, tokenizer, env)
     assert env.steps == 2 and not _lag_warnings(caplog)
+
+
+async def test_a_block_right_before_the_watch_is_cancelled_is_still_warned_about(caplog):
+    """The last trajectory may end just after a blocking call, so that the watch is cancelled before its sleep
+    returns: the lag it slept through is still measured and warned about."""
+    from agentic_rl.rollout.loop_lag import watch_loop_lag
+
+    with caplog.at_level(logging.WARNING):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: watch_loop_lag("BlockedThenCancelled", interval_s=0.05, threshold_s=0.2))
+            for _ in range(3):
+                await anyio.sleep(0)  # the watch has started its sleep
+            time.sleep(0.5)  # blocks the loop
+            tg.cancel_scope.cancel()  # before the loop runs again: the watch's sleep ends cancelled
+    (warning,) = _lag_warnings(caplog)
+    assert "BlockedThenCancelled" in warning.message
