@@ -78,6 +78,10 @@ class GRPOTrainer:
         consecutive_skips: skips since the last optimizer step that was taken.
         stochastic: whether the model's training forward has dropout (`has_dropout`); its proximal logprobs then
             come from a forward without it (`proximal_logprobs`).
+        device: where batches are packed: the model's device when given (with `cpu_offload` the shards then move
+            to host memory, the compute stays there).
+        sharded: whether FSDP2 holds the model (`sharding: fsdp` over a training group; one process makes a group
+            of its own for `cpu_offload`, left by `close`).
     """
 
     def __init__(
@@ -107,8 +111,6 @@ class GRPOTrainer:
         self.sampling = sampling
         self.device = next(self.module.parameters()).device  # where batches go (offloaded shards live on the host)
         if cfg.sharding == "fsdp" and cfg.cpu_offload and (dist is None or dist.group is None):
-            from agentic_rl.train.distributed import DistContext
-
             dist = self._own_group = DistContext.solo(self.device.type)  # FSDP2 on one rank: offload needs a mesh
         self.dist = dist
         self.sharded = cfg.sharding == "fsdp" and dist is not None and dist.group is not None
