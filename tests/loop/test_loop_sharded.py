@@ -1,10 +1,11 @@
 """`agentic-rl train` under torchrun with `optimizer.sharding: fsdp` on the tiny random model, end to end: two
 sharded ranks train, sync from their shards into both engines, checkpoint every step; a run killed after its first
-checkpoint resumes onto the uninterrupted run's weights; the final checkpoint merges into a plain folder that
+checkpoint (launcher and ranks) resumes onto the uninterrupted run's weights; the final checkpoint merges into a plain folder that
 `agentic-rl rollout` serves."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 from support.launch import free_port_pair
 from support.processes import cli_command, cli_env, wait_until
@@ -61,9 +63,14 @@ def test_two_sharded_ranks_train_resume_after_a_kill_and_merge_into_a_servable_m
     try:
         wait_until(launcher, lambda: (again / "checkpoints/step_1/training_state.pt").is_file(), what="step_1",
                    log=log, timeout_s=900)  # fmt: skip
-    finally:
+    finally:  # torchrun starts each rank in a session of its own: the ranks (and theirs) are killed one by one
+        ranks = psutil.Process(launcher.pid).children(recursive=True)
         os.killpg(launcher.pid, signal.SIGKILL)
+        for proc in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
         launcher.wait()
+        psutil.wait_procs(ranks, timeout=60)
     assert not (again / "checkpoints/final").exists()
     proc = subprocess.run(_torchrun("train", "--resume", str(again)), capture_output=True, text=True, timeout=900,
                           env=cli_env(), cwd=ROOT)  # fmt: skip
