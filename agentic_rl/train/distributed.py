@@ -109,16 +109,8 @@ class DistContext:
 
         backend = backend_for(device)
         store = dist.PrefixStore(TRAIN_GROUP, dist.HashStore())
-        if backend == "gloo":
-            collectives = dist.ProcessGroupGloo(store, 0, 1)
-        elif backend == "nccl":
-            collectives = dist.ProcessGroupNCCL(store, 0, 1)
-        else:
-            from ascend.platform import hccl_process_group
-
-            collectives = hccl_process_group(store, 0, 1)
+        collectives, host = _backends(backend, store, 0, 1, datetime.timedelta(seconds=600))
         kind = device.split(":")[0]
-        host = None if backend == "gloo" else dist.ProcessGroupGloo(dist.PrefixStore("host", store), 0, 1)
         group = registered_group(collectives, store, 0, 1, backend=backend, device_type=kind, host=host)
         return cls(rank=0, world_size=1, group=group, backend=backend, device_type=kind)
 
@@ -238,19 +230,27 @@ def init_from_env(device: str = "cpu", *, timeout_s: float = 600.0) -> DistConte
     else:  # another launcher: rank 0 serves a store one port up (MASTER_PORT may be the launcher's)
         base = dist.TCPStore(addr, port + 1, world, rank == 0, timeout=timeout)
     store = dist.PrefixStore(TRAIN_GROUP, base)
+    collectives, host = _backends(backend, store, rank, world, timeout)
+    device_type = device.split(":")[0]
+    group = registered_group(collectives, store, rank, world, backend=backend, device_type=device_type, host=host)
+    logger.info("rank %d of %d joined the training group (%s)", rank, world, backend)
+    return DistContext(rank=rank, world_size=world, group=group, backend=backend, device_type=device_type)
+
+
+def _backends(backend: str, store: Any, rank: int, world: int, timeout: datetime.timedelta) -> tuple[Any, Any]:
+    """The training group's backend objects over `store`: the device's collectives (gloo, NCCL, or torch_npu's
+    HCCL) and, beside an accelerator's, a gloo backend for host tensors (None on the CPU)."""
+    import torch.distributed as dist
+
     if backend == "gloo":
-        collectives = dist.ProcessGroupGloo(store, rank, world, timeout)
-    elif backend == "nccl":
+        return dist.ProcessGroupGloo(store, rank, world, timeout), None
+    if backend == "nccl":
         collectives = dist.ProcessGroupNCCL(store, rank, world)
     else:
         from ascend.platform import hccl_process_group
 
         collectives = hccl_process_group(store, rank, world)
-    device_type = device.split(":")[0]
-    host = None if backend == "gloo" else dist.ProcessGroupGloo(dist.PrefixStore("host", store), rank, world, timeout)
-    group = registered_group(collectives, store, rank, world, backend=backend, device_type=device_type, host=host)
-    logger.info("rank %d of %d joined the training group (%s)", rank, world, backend)
-    return DistContext(rank=rank, world_size=world, group=group, backend=backend, device_type=device_type)
+    return collectives, dist.ProcessGroupGloo(dist.PrefixStore("host", store), rank, world, timeout)
 
 
 def registered_group(
