@@ -30,7 +30,6 @@ from agentic_rl.loop.setup import (
     RunState,
     close_engine,
     close_rollout,
-    finished,
     first_redone,
     resume_point,
     set_up,
@@ -115,8 +114,8 @@ async def train(
 
     config = config.checked()
     dist = init_from_env(config.device)
-    start, state = starting_point(config, dist, resume=resume)
-    if finished(Path(config.output_dir), start, dist.world_size):  # nothing to redo: no engine to start
+    start, state, done = starting_point(config, dist, resume=resume)
+    if done:  # nothing to redo: no engine to start
         logger.info("%s finished all %d steps already (%s)", config.output_dir, config.steps, start.path)
         dist.close()
         return list(state["history"])

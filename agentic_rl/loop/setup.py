@@ -72,9 +72,13 @@ def resume_point(config: TrainConfig) -> Checkpoint | None:
 
 def starting_point(
     config: TrainConfig, dist: DistContext, *, resume: bool
-) -> tuple[Checkpoint | None, dict[str, Any] | None]:
-    """The checkpoint a `train` call continues from and its saved state; `(None, None)` for a new run or a resumed
-    one that has no complete checkpoint yet (it starts over).
+) -> tuple[Checkpoint | None, dict[str, Any] | None, bool]:
+    """The checkpoint a `train` call continues from, its saved state, and whether the run is `finished` already;
+    `(None, None, False)` for a new run or a resumed one that has no complete checkpoint yet (it starts over).
+
+    Rank 0 chooses (after it removes what a kill during a save left) and broadcasts its choice, so that every rank
+    resumes the same checkpoint and agrees on `finished`: ranks reading the folder each for themselves could see it
+    at different moments, and one that went on would wait forever for the others.
 
     Raises:
         ConfigError: for a new run over an earlier one (`_check_fresh`), or a checkpoint of another world size.
@@ -82,13 +86,20 @@ def starting_point(
     out = Path(config.output_dir)
     if not resume:
         _check_fresh(out)
-        return None, None
+        return None, None, False
+    decision = [-1.0, 0.0, 0.0]  # the step (-1: no checkpoint), final or step_K, finished
     if dist.is_main:
         checkpoints.discard_partial(out / "checkpoints")
-    start = resume_point(config)
-    if start is None:
+        chosen = resume_point(config)
+        if chosen is not None:
+            final = chosen.path.name == checkpoints.FINAL
+            decision = [float(chosen.step), float(final), float(finished(out, chosen, dist.world_size))]
+    step, final, done = dist.broadcast_floats(decision)
+    if step < 0:
         logger.info("resuming %s: no complete checkpoint yet, starting over", out)
-        return None, None
+        return None, None, False
+    name = checkpoints.FINAL if final else f"step_{int(step)}"
+    start = Checkpoint(out / "checkpoints" / name, int(step))
     state = checkpoints.load_state(start)
     if state["world_size"] != dist.world_size:
         raise ConfigError(
@@ -97,7 +108,7 @@ def starting_point(
             f"--out DIR' writes it as a plain model folder; then start a new run with 'model: DIR'"
         )
     logger.info("resuming %s after step %d from %s", out, state["step"], start.path)
-    return start, state
+    return start, state, bool(done)
 
 
 def _check_fresh(out: Path) -> None:
@@ -117,7 +128,8 @@ def _check_fresh(out: Path) -> None:
 def finished(out: Path, start: Checkpoint | None, world_size: int) -> bool:
     """Whether a resumed run wrote everything its end writes: the final checkpoint, then (rank 0) the plots, then
     every rank's weights digest. A run killed before that (say after `step_K` of its last step, before `final/`)
-    takes the usual path, which runs no step and writes what is missing. Every rank decides alike."""
+    takes the usual path, which runs no step and writes what is missing. Rank 0 answers for every rank
+    (`starting_point`)."""
     return (
         start is not None
         and start.path.name == checkpoints.FINAL

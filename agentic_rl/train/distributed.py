@@ -189,6 +189,17 @@ class DistContext:
         group.barrier().wait()
         dist.destroy_process_group(group)  # unregistered: nothing holds it when the interpreter shuts down
 
+    def broadcast_floats(self, values: Sequence[float]) -> list[float]:
+        """Rank 0's `values` on every rank (same length on all ranks; float64, exact for integers < 2**53).
+
+        Every rank must call it: a decision taken from files (which checkpoint to resume) is taken once, on rank 0,
+        so that no rank reads the folder at another moment and goes another way.
+        """
+        local = torch.tensor(list(values), dtype=torch.float64)
+        if self.group is not None and local.numel():
+            self.group.broadcast(local, 0).wait()
+        return local.tolist()
+
     def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
         """Every rank's `values` (same length on all ranks), in rank order."""
         local = torch.tensor(list(values), dtype=torch.float64)
