@@ -1,47 +1,14 @@
 """agentic_rl: an async, single-process agentic-RL rollout engine on colocated, in-process vLLM engines.
 
-The training entry points (`train`, `run_training`, `TrainConfig`, `GRPOConfig`, `run_sft`, `SFTConfig`, from
-`agentic_rl.loop`) are loaded on first use: they bring the trainer, which `import agentic_rl` does not load.
+Every name is loaded on first use (`from agentic_rl import Trajectory` loads `agentic_rl.types`): `import agentic_rl`
+loads neither torch nor vLLM.
 """
 
 import importlib
 import logging
 import sys
 
-from agentic_rl.chat import AlignmentReport, ChatRenderer, check_alignment
-from agentic_rl.config import Config
-from agentic_rl.engine.base import Engine, Generation, PausableEngine, TrainableEngine
-from agentic_rl.engine.sampling import SamplingConfig
-from agentic_rl.environments.base import Environment, Sample, StepResult
-from agentic_rl.environments.tool_env import ToolEnvironment
-from agentic_rl.errors import (
-    AgenticRLError,
-    ConfigError,
-    EngineAbortedError,
-    EngineError,
-    EngineRejectedError,
-    EngineTimeoutError,
-    EnvStepError,
-    ModelError,
-    RequestError,
-    RewardError,
-    TemplateError,
-    ToolError,
-    TrainingError,
-    TrajectoryError,
-)
-from agentic_rl.models import DEFAULT_MODEL, resolve_model
-from agentic_rl.parser import ToolCall, ToolCallError, parse_tool_calls
-from agentic_rl.rewards.answers import final_answer_text
-from agentic_rl.rewards.math import gsm8k_reward
-from agentic_rl.rollout.harness import TrajectoryCheckpoint, run_trajectory
-from agentic_rl.rollout.runner import run_tasks
-from agentic_rl.rollout.session import Rollout, RolloutResult, SuspendedRollout
-from agentic_rl.rollout.spec import HarnessConfig, RolloutSpec
-from agentic_rl.rollout.wrapper import BaseEngineWrapper, ToolAgentEngineWrapper
-from agentic_rl.tools.base import StatefulTool, Tool
-from agentic_rl.tools.calculator import CalculatorTool
-from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun, Trajectory
+from agentic_rl.lazy import lazy_exports as _lazy_exports
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -105,20 +72,61 @@ __all__ = [
     "train",
 ]
 
-# name -> the module it is loaded from on first use
-_LAZY = {name: "agentic_rl.loop" for name in ("GRPOConfig", "SFTConfig", "TrainConfig", "run_sft", "run_training")}
+# name -> the module it is loaded from on first use: `import agentic_rl` loads no torch, so that commands that
+# need none (`agentic-rl plan`) start at once
+_LAZY = {
+    **dict.fromkeys(("AlignmentReport", "ChatRenderer", "check_alignment"), "agentic_rl.chat"),
+    **dict.fromkeys(("Config",), "agentic_rl.config"),
+    **dict.fromkeys(("Engine", "Generation", "PausableEngine", "TrainableEngine"), "agentic_rl.engine.base"),
+    **dict.fromkeys(("SamplingConfig",), "agentic_rl.engine.sampling"),
+    **dict.fromkeys(("Environment", "Sample", "StepResult"), "agentic_rl.environments.base"),
+    **dict.fromkeys(("ToolEnvironment",), "agentic_rl.environments.tool_env"),
+    **dict.fromkeys(
+        (
+            "AgenticRLError",
+            "ConfigError",
+            "EngineAbortedError",
+            "EngineError",
+            "EngineRejectedError",
+            "EngineTimeoutError",
+            "EnvStepError",
+            "ModelError",
+            "RequestError",
+            "RewardError",
+            "TemplateError",
+            "ToolError",
+            "TrainingError",
+            "TrajectoryError",
+        ),
+        "agentic_rl.errors",
+    ),
+    **dict.fromkeys(("DEFAULT_MODEL", "resolve_model"), "agentic_rl.models"),
+    **dict.fromkeys(("ToolCall", "ToolCallError", "parse_tool_calls"), "agentic_rl.parser"),
+    **dict.fromkeys(("final_answer_text",), "agentic_rl.rewards.answers"),
+    **dict.fromkeys(("gsm8k_reward",), "agentic_rl.rewards.math"),
+    **dict.fromkeys(("TrajectoryCheckpoint", "run_trajectory"), "agentic_rl.rollout.harness"),
+    **dict.fromkeys(("run_tasks",), "agentic_rl.rollout.runner"),
+    **dict.fromkeys(("Rollout", "RolloutResult", "SuspendedRollout"), "agentic_rl.rollout.session"),
+    **dict.fromkeys(("HarnessConfig", "RolloutSpec"), "agentic_rl.rollout.spec"),
+    **dict.fromkeys(("BaseEngineWrapper", "ToolAgentEngineWrapper"), "agentic_rl.rollout.wrapper"),
+    **dict.fromkeys(("StatefulTool", "Tool"), "agentic_rl.tools.base"),
+    **dict.fromkeys(("CalculatorTool",), "agentic_rl.tools.calculator"),
+    **dict.fromkeys(
+        ("RunRecorder", "Step", "StepTrajectory", "TerminationReason", "TokenRun", "Trajectory"), "agentic_rl.types"
+    ),
+    **dict.fromkeys(("GRPOConfig", "SFTConfig", "TrainConfig", "run_sft", "run_training"), "agentic_rl.loop"),
+}
+
+
+_module_getattr, _module_dir = _lazy_exports(__name__, _LAZY)
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _module_getattr(name)
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, "train"})
+    return sorted({*_module_dir(), "train"})
 
 
 class _TrainEntry:

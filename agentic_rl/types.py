@@ -24,11 +24,12 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from agentic_rl.errors import TrajectoryError
+
+if TYPE_CHECKING:  # torch loads with the first trajectory: a config is read and checked without it
+    import torch
 
 __all__ = [
     "INSERTED_VERSION",
@@ -274,6 +275,8 @@ def default_metrics() -> dict[str, Any]:
 
 
 def _as_1d_tensor(name: str, value: Any, dtype: torch.dtype) -> torch.Tensor:
+    import torch
+
     if not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(value, dtype=torch.float64 if dtype.is_floating_point else None)
@@ -347,6 +350,8 @@ class Trajectory:
     runs: list[TokenRun] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
+        import torch
+
         self.prompt_tokens = _as_1d_tensor("prompt_tokens", self.prompt_tokens, torch.long)
         self.response_tokens = _as_1d_tensor("response_tokens", self.response_tokens, torch.long)
         self.response_masks = _as_1d_tensor("response_masks", self.response_masks, torch.long)
@@ -415,6 +420,8 @@ class Trajectory:
 
 def _comparable(run: TokenRun) -> TokenRun:
     """`run` with its logprobs as float32 values and no weight versions: what the tensor fields can hold."""
+    import torch
+
     logprobs = (
         None if run.response_logprobs is None else torch.tensor(run.response_logprobs, dtype=torch.float32).tolist()
     )

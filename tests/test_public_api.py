@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import agentic_rl
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_all_names_exist_and_public_attributes_are_listed():
@@ -48,6 +52,36 @@ def _run(code: str) -> str:
 def test_importing_the_package_loads_neither_the_loop_nor_the_trainer():
     code = "import sys, agentic_rl; print(sorted(m for m in sys.modules if m.startswith(('agentic_rl.loop', 'agentic_rl.train'))))"
     assert _run(code) == "[]"
+
+
+def test_reading_and_checking_a_training_config_and_its_memory_plan_load_no_torch():
+    code = (
+        "import sys\n"
+        "from agentic_rl.cli.command import main\n"
+        "main(['plan', '--model', 'examples/model_shapes/qwen2.5-7b.json', '--gpus', '8', '--gpu-memory-gib', '80', '--config',\n"
+        "      'examples/train_arithmetic.yaml', '--json'])\n"
+        "print('torch' in sys.modules, 'vllm' in sys.modules, 'transformers' in sys.modules, file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert json.loads(out.stdout)["fits"] in (True, False), out.stdout[:500]
+    assert out.stderr.strip().splitlines()[-1] == "False False False"
+
+
+def test_a_name_of_a_lazy_subpackage_is_the_defining_modules_own():
+    import agentic_rl.engine
+    import agentic_rl.train
+    from agentic_rl.engine.ledger import RecordingEngine
+    from agentic_rl.train.packing import pack_trajectories
+
+    assert agentic_rl.engine.RecordingEngine is RecordingEngine
+    assert sys.modules["agentic_rl.train"].pack_trajectories is pack_trajectories
+    assert "RecordingEngine" in dir(agentic_rl.engine)
+    try:
+        agentic_rl.engine.NoSuchName  # noqa: B018
+    except AttributeError as exc:
+        assert "agentic_rl.engine" in str(exc) and "NoSuchName" in str(exc)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
 
 
 def test_train_stays_the_entry_point_once_the_trainer_subpackage_is_loaded():

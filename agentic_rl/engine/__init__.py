@@ -1,6 +1,13 @@
 """Inference engines: the `Engine` protocol and the in-process vLLM engine (imported lazily: it pulls in vLLM)."""
 
-from agentic_rl.engine.base import Engine, Generation, PausableEngine, TrainableEngine
-from agentic_rl.engine.ledger import RecordingEngine, RunCheck, SampleLedger
+from agentic_rl.lazy import lazy_exports
 
 __all__ = ["Engine", "Generation", "PausableEngine", "RecordingEngine", "RunCheck", "SampleLedger", "TrainableEngine"]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(("Engine", "Generation", "PausableEngine", "TrainableEngine"), "agentic_rl.engine.base"),
+        **dict.fromkeys(("RecordingEngine", "RunCheck", "SampleLedger"), "agentic_rl.engine.ledger"),
+    },
+)

@@ -5,17 +5,8 @@ bounded-staleness scheduler, `sources` what the run rolls out with, `weight_sync
 `metrics` the per-step row, `rewards` the run's reward assembly and `sft` the cold-start supervised recipe.
 """
 
-from agentic_rl.loop.config import (
-    EngineSection,
-    JudgeSection,
-    RolloutSection,
-    TrainConfig,
-    load_run_config,
-    load_train_config,
-)
-from agentic_rl.loop.run import resume_point, run_training, train, weights_digest
-from agentic_rl.loop.sft import SFTConfig, run_sft
-from agentic_rl.train.trainer import GRPOConfig
+import agentic_rl.loop.sft  # noqa: F401  (registers the derived models smollm2-135m-tools and -research)
+from agentic_rl.lazy import lazy_exports
 
 __all__ = [
     "EngineSection",
@@ -32,3 +23,16 @@ __all__ = [
     "train",
     "weights_digest",
 ]
+
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        **dict.fromkeys(
+            ("EngineSection", "JudgeSection", "RolloutSection", "TrainConfig", "load_run_config", "load_train_config"),
+            "agentic_rl.loop.config",
+        ),
+        **dict.fromkeys(("resume_point", "run_training", "train", "weights_digest"), "agentic_rl.loop.run"),
+        **dict.fromkeys(("SFTConfig", "run_sft"), "agentic_rl.loop.sft"),
+        "GRPOConfig": "agentic_rl.train.grpo_config",
+    },
+)

@@ -21,8 +21,8 @@ from agentic_rl.errors import ConfigError, EnvStepError
 from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents
 from agentic_rl.loop.ranges import check_ranges
 from agentic_rl.plugins import PluginRef
+from agentic_rl.train.grpo_config import GRPOConfig
 from agentic_rl.train.loggers import LoggerName
-from agentic_rl.train.trainer import GRPOConfig
 
 if TYPE_CHECKING:
     from agentic_rl.rollout.spec import HarnessConfig
@@ -366,7 +366,7 @@ class TrainConfig(Config):
 def _check_trainable_sampling(sampling: SamplingConfig) -> None:
     """The trainer's logprobs follow the rollout's temperature, top-k and top-p (`SamplingDistribution`): refuse,
     with the config key, sampling it cannot follow (temperature 0, min_p, penalties, logit bias)."""
-    from agentic_rl.train.logprobs import SamplingDistribution
+    from agentic_rl.train.sampling_distribution import SamplingDistribution
 
     try:
         SamplingDistribution.of(sampling)

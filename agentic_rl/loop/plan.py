@@ -18,7 +18,7 @@ from agentic_rl.loop.rewards import RewardPlan, check_reward
 
 if TYPE_CHECKING:
     from agentic_rl.rollout.spec import HarnessConfig
-    from agentic_rl.train.logprobs import SamplingDistribution
+    from agentic_rl.train.sampling_distribution import SamplingDistribution
     from agentic_rl.train.trainer import GRPOConfig
 
 __all__ = ["RunPlan", "lora_engine_options", "plan_run"]
@@ -114,7 +114,7 @@ def _distribution(config: TrainConfig) -> SamplingDistribution | None:
     Raises:
         ConfigError: for sampling options the trainer cannot follow (temperature 0, min_p, penalties, logit bias).
     """
-    from agentic_rl.train.logprobs import SamplingDistribution
+    from agentic_rl.train.sampling_distribution import SamplingDistribution
 
     distribution = SamplingDistribution.of(config.rollout.sampling)
     return None if distribution.is_plain else distribution

@@ -32,7 +32,7 @@ from agentic_rl.config import Config, Weight
 from agentic_rl.data import SHARED_DATA, iter_jsonl
 from agentic_rl.errors import ConfigError
 from agentic_rl.models import DEFAULT_MODEL, file_sha256, register_model
-from agentic_rl.train.lora import LoRAConfig
+from agentic_rl.train.grpo_config import LoRAConfig
 
 __all__ = [
     "RESEARCH_MODEL",

@@ -1,4 +1,6 @@
-"""The GRPO trainer's optimizer and loss settings (`GRPOConfig`): the `optimizer` section of a training config."""
+"""The GRPO trainer's optimizer and loss settings (`GRPOConfig`): the `optimizer` section of a training config, with
+its `lora` (`LoRAConfig`), `off_policy` (`OffPolicyConfig`) and `sharding` (`Sharding`) settings. It imports no
+torch, so that a config is read and checked (`agentic-rl plan`) without loading the trainer."""
 
 from __future__ import annotations
 
@@ -7,11 +9,57 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from agentic_rl.config import Config
-from agentic_rl.train.lora import LoRAConfig
-from agentic_rl.train.off_policy import OffPolicyConfig
-from agentic_rl.train.sharding import Sharding
 
-__all__ = ["GRPOConfig"]
+__all__ = ["DEFAULT_TARGET_MODULES", "GRPOConfig", "LoRAConfig", "OffPolicyConfig", "Sharding"]
+
+#: The attention and MLP projections of Llama, Qwen2/3, Mistral and Gemma decoder layers (not the embedding or head).
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+Sharding = Literal["replicate", "fsdp"]
+"""How the ranks of a torchrun job hold the trained model: `replicate` (a whole copy on each, gradients
+all-reduced) or `fsdp` (FSDP2 shards, `shard_model`)."""
+
+
+class LoRAConfig(Config):
+    """LoRA adapter settings (`optimizer.lora` of a training config, `lora` of an SFT config).
+
+    Attributes:
+        rank: r, the inner dimension of each adapter (A: r x in, B: out x r).
+        alpha: the adapter's output is scaled by `alpha / rank`.
+        dropout: dropout on the adapter's input during training (0: the adapter is deterministic).
+        target_modules: names of the linear layers that get an adapter (a module whose name ends with one of them),
+            or `all-linear` (every linear layer but the output head). The default covers attention and MLP.
+    """
+
+    rank: int = Field(default=16, ge=1)
+    alpha: float = Field(default=32.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: list(DEFAULT_TARGET_MODULES), min_length=1
+    )
+
+
+class OffPolicyConfig(Config):
+    """How the policy loss corrects for tokens sampled by another policy than the trainer's (see the module).
+
+    Raises:
+        ConfigError: for `tis_cap` < 1, `mask_low` outside (0, 1) or `mask_high` <= 1.
+    """
+
+    correction: Literal["tis", "mask", "none"] = Field(
+        default="tis",
+        description="tis: truncate w = pi_prox / pi_behav at tis_cap; mask: weight 0 where w (token) "
+        "or the sequence's geometric-mean w is outside [mask_low, mask_high]; none: plain PPO ratio pi_theta / "
+        "pi_behav (no decoupling)",
+    )
+    tis_cap: float = Field(default=2.0, ge=1, description="upper bound of the importance weight under `tis`")
+    mask_level: Literal["token", "sequence"] = Field(
+        default="token",
+        description="under `mask`: mask single tokens, or every token of a sequence whose "
+        "geometric-mean weight is out of bounds",
+    )
+    mask_low: float = Field(default=0.5, gt=0, lt=1, description="lowest importance weight kept under `mask`")
+    mask_high: float = Field(default=2.0, gt=1, description="highest importance weight kept under `mask`")
 
 
 class GRPOConfig(Config):

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
 
-from agentic_rl.config import Config
 from agentic_rl.errors import ConfigError, TrainingError
+from agentic_rl.train.grpo_config import DEFAULT_TARGET_MODULES, LoRAConfig
 
 __all__ = [
     "ADAPTER_CONFIG",
@@ -40,28 +39,6 @@ logger = logging.getLogger(__name__)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
-
-#: The attention and MLP projections of Llama, Qwen2/3, Mistral and Gemma decoder layers (not the embedding or head).
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-class LoRAConfig(Config):
-    """LoRA adapter settings (`optimizer.lora` of a training config, `lora` of an SFT config).
-
-    Attributes:
-        rank: r, the inner dimension of each adapter (A: r x in, B: out x r).
-        alpha: the adapter's output is scaled by `alpha / rank`.
-        dropout: dropout on the adapter's input during training (0: the adapter is deterministic).
-        target_modules: names of the linear layers that get an adapter (a module whose name ends with one of them),
-            or `all-linear` (every linear layer but the output head). The default covers attention and MLP.
-    """
-
-    rank: int = Field(default=16, ge=1)
-    alpha: float = Field(default=32.0, gt=0)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        default_factory=lambda: list(DEFAULT_TARGET_MODULES), min_length=1
-    )
 
 
 def wrap_model(model: torch.nn.Module, config: LoRAConfig) -> Any:

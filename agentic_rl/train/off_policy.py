@@ -28,41 +28,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
-from pydantic import Field
 
-from agentic_rl.config import Config
+from agentic_rl.train.grpo_config import OffPolicyConfig
 
 __all__ = ["LOG_RATIO_MAX", "ImportanceWeights", "OffPolicyConfig", "importance_weights", "lag_sums", "sequence_sums"]
 
 LOG_RATIO_MAX = 20.0
 """Upper bound (nats) on a log-ratio before `exp`: in the policy ratio and the k3 KL (see `loss.grpo_loss`) and in the
 importance weight (`importance_weights`)."""
-
-
-class OffPolicyConfig(Config):
-    """How the policy loss corrects for tokens sampled by another policy than the trainer's (see the module).
-
-    Raises:
-        ConfigError: for `tis_cap` < 1, `mask_low` outside (0, 1) or `mask_high` <= 1.
-    """
-
-    correction: Literal["tis", "mask", "none"] = Field(
-        default="tis",
-        description="tis: truncate w = pi_prox / pi_behav at tis_cap; mask: weight 0 where w (token) "
-        "or the sequence's geometric-mean w is outside [mask_low, mask_high]; none: plain PPO ratio pi_theta / "
-        "pi_behav (no decoupling)",
-    )
-    tis_cap: float = Field(default=2.0, ge=1, description="upper bound of the importance weight under `tis`")
-    mask_level: Literal["token", "sequence"] = Field(
-        default="token",
-        description="under `mask`: mask single tokens, or every token of a sequence whose "
-        "geometric-mean weight is out of bounds",
-    )
-    mask_low: float = Field(default=0.5, gt=0, lt=1, description="lowest importance weight kept under `mask`")
-    mask_high: float = Field(default=2.0, gt=1, description="highest importance weight kept under `mask`")
 
 
 @dataclass(frozen=True, slots=True)

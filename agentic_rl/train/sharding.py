@@ -22,9 +22,11 @@ one unit's whole parameters (a decoder layer, or the root's embeddings and head)
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
 import torch
+
+from agentic_rl.train.grpo_config import Sharding
 
 __all__ = [
     "Sharding",
@@ -36,10 +38,6 @@ __all__ = [
     "unit_weights",
     "unshard_tensor",
 ]
-
-Sharding = Literal["replicate", "fsdp"]
-"""How the ranks of a torchrun job hold the trained model: `replicate` (a whole copy on each, gradients
-all-reduced) or `fsdp` (FSDP2 shards, `shard_model`)."""
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
