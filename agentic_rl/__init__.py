@@ -118,15 +118,11 @@ _LAZY = {
 }
 
 
-_module_getattr, _module_dir = _lazy_exports(__name__, _LAZY)
-
-
-def __getattr__(name: str) -> object:
-    return _module_getattr(name)
+__getattr__, _lazy_dir = _lazy_exports(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:
-    return sorted({*_module_dir(), "train"})
+    return sorted({*_lazy_dir(), "train"})
 
 
 class _TrainEntry:
