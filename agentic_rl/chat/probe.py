@@ -10,11 +10,12 @@ generation prompt that it leaves out of the history).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from agentic_rl.errors import TemplateError
 
-__all__ = ["PROBE_TOOLS", "probe_problem"]
+__all__ = ["PROBE_TOOLS", "TemplateProblem", "probe_problem"]
 
 _PROBE_SYSTEM = "You are a helpful assistant."
 _PROBE_USER = "What is (2 + 3) * 4?"
@@ -40,6 +41,26 @@ _PROBE_TURNS = (
 _PROBE_THINK = "<think>\nThe calculator gives exact results.\n</think>\n\n"
 _PROBE_RESULTS = {"tool": (("5",), ("20", "calculator: 1 call left")), "user": (("5",), ("20",))}
 
+
+@dataclass(frozen=True, slots=True)
+class TemplateProblem:
+    """Why a chat template cannot be followed turn by turn.
+
+    Attributes:
+        message: what the template does instead (for the error).
+        rewrites_history: True when the template renders every message but writes earlier turns differently once
+            later ones follow (drops `<think>` blocks, opens `<think>` in the generation prompt, re-spaces a turn):
+            a trajectory then follows it as several exact runs, each prompted with the template's render of the
+            whole conversation. False when it leaves messages out or fails to render them: nothing follows it.
+        render_failed: the template raised while rendering the loop (e.g. a tool-use template given no tool
+            schemas).
+    """
+
+    message: str
+    rewrites_history: bool
+    render_failed: bool = False
+
+
 # `render(messages, tools, add_generation_prompt=...)` -> the template's text
 Render = Callable[..., str]
 # `glue(observation, tools)` -> the template's text after a closed assistant turn, with `observation` added
@@ -48,9 +69,13 @@ Glue = Callable[[Sequence[dict[str, Any]], Sequence[dict[str, Any]] | None], str
 
 def probe_problem(
     render: Render, glue: Glue, end_of_turn_text: str, role: str, tools: list[dict[str, Any]] | None, *, think: bool
-) -> str | None:
+) -> TemplateProblem | None:
     """Run the scripted tool loop with observations of `role`: None if the prompt built for every turn equals
-    the template's render of the conversation so far, else what the template does instead."""
+    the template's render of the conversation so far, else what the template does instead.
+
+    After a turn whose prompt differs, the loop goes on from the template's own render (as a new exact run
+    would), so that a template that rewrites history and also drops a later message is still told apart from one
+    that only rewrites it."""
     where = f"a multi-turn loop with {role} messages" + (" and tool schemas" if tools else "")
     head = f"the chat template cannot be followed token-exactly through {where}: "
     messages: list[dict[str, Any]] = [
@@ -58,6 +83,7 @@ def probe_problem(
         {"role": "user", "content": _PROBE_USER},
     ]
     results = _PROBE_RESULTS.get(role, _PROBE_RESULTS["user"])
+    rewrite: TemplateProblem | None = None
     try:
         record = render(messages, tools, add_generation_prompt=True)
         regions = [(0, "system"), (_common_prefix(render(messages, tools), record), "generation")]
@@ -67,22 +93,25 @@ def probe_problem(
             messages.append({"role": "assistant", "content": content})
             record += content + end_of_turn_text
             if turn == len(_PROBE_TURNS) - 1:
-                return None
+                return rewrite
             observation = [{"role": role, "content": result} for result in results[turn]]
             observed = glue(observation, tools)
             missing = [m["content"] for m in observation if m["content"] not in observed]
             if missing:
-                return head + f"it leaves {role} messages out of the render (no {missing[0]!r} in {observed!r})"
+                what = f"it leaves {role} messages out of the render (no {missing[0]!r} in {observed!r})"
+                return TemplateProblem(head + what, rewrites_history=False)
             regions.append((len(record), "observation"))
             record += observed
             messages.extend(observation)
             expected = render(messages, tools, add_generation_prompt=True)
             if expected != record:
-                return head + _explain(record, expected, regions, role, think)
+                explained = _explain(record, expected, regions, role, think)
+                rewrite = rewrite or TemplateProblem(head + explained, rewrites_history=True)
+                record, regions = expected, [(0, "system")]  # a new run: the template's render from here on
             regions.append((_common_prefix(render(messages, tools), expected), "generation"))
     except TemplateError as exc:
-        return head + str(exc)
-    return None
+        return TemplateProblem(head + str(exc), rewrites_history=False, render_failed=True)
+    return rewrite
 
 
 def _common_prefix(a: str, b: str) -> int:

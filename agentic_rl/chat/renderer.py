@@ -9,11 +9,12 @@ length of the history. Whether a template can be followed this way is decided on
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentic_rl.chat.probe import PROBE_TOOLS, probe_problem
+from agentic_rl.chat.probe import PROBE_TOOLS, TemplateProblem, probe_problem
 from agentic_rl.chat.special_text import Rendered, SpecialText
 from agentic_rl.errors import TemplateError
 
@@ -50,16 +51,27 @@ class ChatRenderer:
         strict: raise when the tool loop cannot be followed token-exactly. With False (a server, which renders
             each request's prompt whole) the reason is kept in `tool_loop_problem` and `append_problem` refuses
             tool messages; the renderer still renders prompts.
+        history_rewrites: accept (with `strict`) a template that renders every message but rewrites earlier turns
+            once later ones follow: the caller then starts a new exact run where `append_problem` refuses an
+            observation (`rerender_problem` says whether that works). A template that drops tool messages or fails
+            to render them is still refused.
 
     Raises:
         TemplateError: if the tokenizer has no chat template or no single end-of-turn token, or (when `strict`) the
             template cannot be followed token-exactly through a tool loop: it fails to render one, drops tool
-            messages, rewrites earlier turns once later ones follow (e.g. strips the `<think>` blocks of earlier
-            assistant turns, as the QwQ and DeepSeek-R1 distill templates do, or as Qwen3's does with
-            `enable_thinking=False`). The message names the reason.
+            messages, or (without `history_rewrites`) rewrites earlier turns once later ones follow (e.g. strips
+            the `<think>` blocks of earlier assistant turns, as the QwQ and DeepSeek-R1 distill templates do, or as
+            Qwen3's does with `enable_thinking=False`). The message names the reason.
     """
 
-    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None, *, strict: bool = True) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        template_kwargs: dict[str, Any] | None = None,
+        *,
+        strict: bool = True,
+        history_rewrites: bool = False,
+    ) -> None:
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
@@ -73,17 +85,18 @@ class ChatRenderer:
         self.supports_tools = "tools" in template
         self.end_of_turn_text, self.after_end_of_turn = self._find_end_of_turn()
         self.end_of_turn_id = self._single_token_id(self.end_of_turn_text)
-        self._role_problems: dict[str, str | None] = {}
+        self._role_problems: dict[str, TemplateProblem | None] = {}
         problem = self._role_problem("tool")
-        if problem is not None and strict:
-            raise TemplateError(problem)
+        if problem is not None and strict and not (history_rewrites and problem.rewrites_history):
+            raise TemplateError(problem.message)
         self._role_problem("user")
 
     @property
     def tool_loop_problem(self) -> str | None:
         """Why the template cannot be followed token-exactly through a tool loop (only a renderer built with
         `strict=False` has one), or None."""
-        return self._role_problems["tool"]
+        problem = self._role_problems["tool"]
+        return problem.message if problem is not None else None
 
     # ---- rendering -----------------------------------------------------------------------------------------
 
@@ -167,7 +180,17 @@ class ChatRenderer:
         for role in dict.fromkeys(str(m.get("role")) for m in observation):
             problem = self._role_problem(role)
             if problem is not None:
-                return problem
+                return problem.message
+        return None
+
+    def rerender_problem(self, observation: Sequence[dict[str, Any]]) -> str | None:
+        """Why even a new run, prompted with the template's render of the whole conversation, cannot show
+        `observation` to the model (the template leaves messages of its roles out, or fails to render them); None
+        when it can (the template only rewrites earlier turns, or appends exactly)."""
+        for role in dict.fromkeys(str(m.get("role")) for m in observation):
+            problem = self._role_problem(role)
+            if problem is not None and not problem.rewrites_history:
+                return problem.message
         return None
 
     def closing_ids(self) -> list[int]:
@@ -229,16 +252,18 @@ class ChatRenderer:
     def _glue_text(self, observation: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> str:
         return self._glue(observation, tools).text
 
-    def _role_problem(self, role: str) -> str | None:
+    def _role_problem(self, role: str) -> TemplateProblem | None:
         if role not in self._role_problems:
-            problem = None
+            found: list[TemplateProblem] = []
             tool_sets = [list(PROBE_TOOLS), None] if self.supports_tools else [None]
-            for tools in tool_sets:
-                for think in (False, True):
-                    problem = problem or probe_problem(
-                        self.render, self._glue_text, self.end_of_turn_text, role, tools, think=think
-                    )
-            self._role_problems[role] = problem
+            for tools, think in itertools.product(tool_sets, (False, True)):
+                if found and not found[0].rewrites_history:
+                    break  # nothing follows it: no need to look further
+                problem = probe_problem(self.render, self._glue_text, self.end_of_turn_text, role, tools, think=think)
+                if problem is None or (problem.render_failed and tools is None and self.supports_tools):
+                    continue  # a tool-use template that needs tool schemas fails where it is given none, at render
+                found.insert(0 if not problem.rewrites_history else len(found), problem)  # nothing-follows first
+            self._role_problems[role] = found[0] if found else None
         return self._role_problems[role]
 
     def _find_end_of_turn(self) -> tuple[str, str]:
