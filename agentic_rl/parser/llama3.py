@@ -38,10 +38,11 @@ from agentic_rl.parser.json_text import JSON_ERRORS, Next, decode, reason, skip_
 __all__ = ["answer_start", "message_calls", "tagged_block"]
 
 
-def answer_start(text: str, find: Next) -> int:
+def answer_start(text: str, find: Next | None = None) -> int:
     """Where the answer of a turn begins: after reasoning the generation prompt opened (everything before a
     `</think>` that no `<think>` precedes), after leading `<think>...</think>` blocks and whitespace; -1 when the
-    turn ends inside reasoning."""
+    turn ends inside reasoning. (`find`: the text's marker search, when the caller has one.)"""
+    find = find or Next(text)
     pos = 0
     close, think = find(THINK_CLOSE, 0), find(THINK_OPEN, 0)
     if close >= 0 and (think < 0 or think > close):

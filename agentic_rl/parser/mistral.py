@@ -59,7 +59,7 @@ def mistral_call_id(seed: object) -> str:
 def mistral_block(text: str, start: int, find: Next) -> tuple[list[ParsedToolCall], int]:
     """The calls after the `[TOOL_CALLS]` at `text[start]`, and where reading goes on. Never raises."""
     body = skip_blank(text, start + len(MISTRAL_CALLS))
-    if not text.startswith(("[", "{"), body):
+    if not text.startswith(("[", "{"), body) or text.startswith((MISTRAL_ARGS, MISTRAL_CALL_ID), body):
         return _named_call(text, body, find)
     try:
         obj, end = decode(text, body)
