@@ -13,7 +13,7 @@ import anyio
 
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.errors import ConfigError, EnvStepError, ToolError
-from agentic_rl.parser import ToolCall, parse_tool_calls
+from agentic_rl.parser import ToolCall, parse_tool_calls, tool_call_format
 from agentic_rl.tools.base import StatefulTool, Tool
 from agentic_rl.tools.prompt import tools_system_prompt
 
@@ -32,7 +32,8 @@ class ToolEnvironment(Environment):
     """Runs the tool calls of the latest assistant message and returns one tool message per call.
 
     Calls are read as `parser.parse_tool_calls` reads them: JSON (Hermes) or XML (Qwen3-Coder) inside `<tool_call>`,
-    XML parameter values typed by each tool's parameter schema, calls inside `<think>` reasoning ignored. A turn with
+    Mistral's `[TOOL_CALLS]`, and Llama 3's bare JSON calls when `call_format` is `LLAMA3_JSON`; XML parameter values
+    typed by each tool's parameter schema, calls inside `<think>` reasoning ignored. A turn with
     no tool call is the final answer and ends the trajectory. Malformed calls (invalid JSON, no name, unknown tool)
     and failing or slow tools come back to the model as error text; so do arguments that are not a JSON object (a
     plain string, a list), with the parameter schema the tool expected.
@@ -45,6 +46,8 @@ class ToolEnvironment(Environment):
             `tools` argument). When False, tools reach the model only through the template's `tools` argument.
         max_observation_chars: each tool result is cut to this many characters, with a marker.
         max_tool_threads: most synchronous tool calls running at once in worker threads.
+        call_format: the tool-call format the chat template teaches (`parser.tool_call_format`; `for_renderer` sets
+            it from the renderer's template). None: calls are read in the formats read whatever the template.
 
     Raises:
         ConfigError: if two tools share a name, a tool has no name or is not a `Tool`, or a limit is not a
@@ -59,6 +62,7 @@ class ToolEnvironment(Environment):
         tools_in_system_prompt: bool = True,
         max_observation_chars: int = MAX_OBSERVATION_CHARS,
         max_tool_threads: int = 16,
+        call_format: str | None = None,
     ) -> None:
         for label, value in [("max_observation_chars", max_observation_chars), ("max_tool_threads", max_tool_threads)]:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -75,6 +79,7 @@ class ToolEnvironment(Environment):
         self.system_prompt = system_prompt
         self.tools_in_system_prompt = tools_in_system_prompt
         self.max_observation_chars = max_observation_chars
+        self.call_format = call_format
         self._thread_limiter = anyio.CapacityLimiter(max_tool_threads)
         self._sessions: dict[str, set[str]] = {}
         self._lock = threading.Lock()
@@ -82,7 +87,8 @@ class ToolEnvironment(Environment):
     @classmethod
     def for_renderer(cls, tools: Sequence[Tool], renderer: Any, system_prompt: str | None = None) -> ToolEnvironment:
         """The environment a rollout builds for `tools` under `renderer` (a `chat.ChatRenderer`): the tools are
-        described in the system prompt only when the chat template ignores its `tools` argument.
+        described in the system prompt only when the chat template ignores its `tools` argument, and calls are read
+        in the format the template teaches (`parser.tool_call_format`).
 
         Synthesized SFT traces use this too, so that their tokens are the ones the rollout will see.
         `system_prompt` None is `DEFAULT_SYSTEM_PROMPT`.
@@ -91,6 +97,7 @@ class ToolEnvironment(Environment):
             tools,
             system_prompt=DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt,
             tools_in_system_prompt=not renderer.supports_tools,
+            call_format=tool_call_format(getattr(getattr(renderer, "tokenizer", None), "chat_template", None)),
         )
 
     @property
@@ -118,7 +125,7 @@ class ToolEnvironment(Environment):
     async def step(self, sample: Sample) -> StepResult:
         if not sample.messages or sample.messages[-1]["role"] != "assistant":
             raise EnvStepError("step() needs the latest message to be the assistant's")
-        calls = parse_tool_calls(sample.messages[-1]["content"], self.schemas)
+        calls = parse_tool_calls(sample.messages[-1]["content"], self.schemas, self.call_format)
         if not calls:
             return StepResult([], True, {"tool_calls": 0, "tool_errors": 0, "well_formed_calls": 0})
         observation = []

@@ -216,13 +216,19 @@ def _replayed(
 
 def _calculator_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[str, Any]]:
     from agentic_rl.environments.tool_env import ToolEnvironment
+    from agentic_rl.parser import tool_call_format
     from agentic_rl.rewards.math import gsm8k_reward
     from agentic_rl.rollout.traces import gsm8k_traces
     from agentic_rl.tools.calculator import CalculatorTool
 
     rows = [row for _, row in iter_jsonl(config.data)]
     traces = gsm8k_traces(
-        rows, count=config.traces, max_calls=config.max_calls, seed=config.seed, call_weights=config.call_weights
+        rows,
+        count=config.traces,
+        max_calls=config.max_calls,
+        seed=config.seed,
+        call_weights=config.call_weights,
+        call_format=tool_call_format(renderer.tokenizer.chat_template),  # the calls the template teaches
     )
     environment = ToolEnvironment.for_renderer([CalculatorTool()], renderer)  # as the rollout builds it
     return _replayed(traces, renderer, environment, config.max_calls + 1, gsm8k_reward)
@@ -230,6 +236,7 @@ def _calculator_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dic
 
 def _research_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[str, Any]]:
     from agentic_rl.environments.tool_env import ToolEnvironment
+    from agentic_rl.parser import tool_call_format
     from agentic_rl.rewards.qa import hotpotqa_f1_reward
     from agentic_rl.rollout.traces import hotpotqa_traces
     from agentic_rl.tools.registry import build_tools
@@ -244,7 +251,10 @@ def _research_traces(config: SFTConfig, renderer: Any) -> tuple[list[Any], dict[
     # a row without an id is named by its line number, never by a number a held-out row could have
     second = [{"id": half + i, **row} if isinstance(row, dict) else row for i, row in enumerate(rows[half:])]
     tools = build_tools(["search", "visit"], corpus=config.corpus)  # the order `--tools search,visit` gives
-    traces = hotpotqa_traces(second, count=config.research_traces, seed=config.seed, search=tools[0], visit=tools[1])
+    call_format = tool_call_format(renderer.tokenizer.chat_template)
+    traces = hotpotqa_traces(
+        second, count=config.research_traces, seed=config.seed, search=tools[0], visit=tools[1], call_format=call_format
+    )
     environment = ToolEnvironment.for_renderer(tools, renderer, system_prompt)
     return _replayed(traces, renderer, environment, 8, hotpotqa_f1_reward)
 

@@ -85,11 +85,11 @@ _ACTION_NUMBER = re.compile(r"(?<![^\W\d])(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+
 def _arguments(action: str) -> list[str]:
     """What the calls in `action` pass: every string or number among their arguments (nested lists and dicts), a
     malformed call's text as written, and `action` itself when it holds no `<tool_call>`."""
-    from agentic_rl.parser import ToolCall, parse_tool_calls
+    from agentic_rl.parser import LLAMA3_JSON, ToolCall, parse_tool_calls
 
     if not action:
         return []
-    calls = parse_tool_calls(action)
+    calls = parse_tool_calls(action, call_format=LLAMA3_JSON)  # an action is call text: Llama 3's bare JSON too
     written: list[str] = []
     for call in calls:
         _values(call.arguments if isinstance(call, ToolCall) else call.raw, written)

@@ -19,7 +19,6 @@ anything else is dropped.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -32,6 +31,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Generation
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.environments.base import Environment
+from agentic_rl.parser import HERMES, format_tool_call
 from agentic_rl.rollout.harness import run_trajectory
 from agentic_rl.rollout.runner import run_tasks
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
@@ -55,13 +55,10 @@ logger = logging.getLogger(__name__)
 _ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
 
 
-def tool_call_text(name: str, arguments: Mapping[str, Any]) -> str:
-    """One `<tool_call>` block in the format `parse_tool_calls` reads and the tool system prompt teaches."""
-    return (
-        "<tool_call>\n"
-        + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
-        + "\n</tool_call>"
-    )
+def tool_call_text(name: str, arguments: Mapping[str, Any], call_format: str = HERMES) -> str:
+    """One call as a model of `call_format` writes it (`parser.format_tool_call`; the default, a `<tool_call>` JSON
+    block, is what the tool system prompt teaches), which `parse_tool_calls` reads back in that format."""
+    return format_tool_call(name, dict(arguments), call_format)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +131,12 @@ def _same_value(observed: str, expected: str) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
 
 
-def gsm8k_trace(row: Mapping[str, Any], index: int) -> Trace | None:
+def gsm8k_trace(row: Mapping[str, Any], index: int, call_format: str = HERMES) -> Trace | None:
     """A calculator trace from one GSM8K row (`{"question", "answer"}`), or None without an annotation.
 
     Each `<<expression=value>>` becomes a calculator call (its result must equal `value`); the last turn is the
-    solution without annotations and without the `####` line, followed by the final answer on its own line.
+    solution without annotations and without the `####` line, followed by the final answer on its own line. Calls
+    are written in `call_format` (the chat template's, `parser.tool_call_format`).
     """
     answer = str(row["answer"])
     if "####" not in answer:
@@ -149,7 +147,7 @@ def gsm8k_trace(row: Mapping[str, Any], index: int) -> Trace | None:
     if not calls:
         return None
     reasoning = _ANNOTATION.sub("", body).strip()
-    turns = [tool_call_text("calculator", {"expression": expression.strip()}) for expression, _ in calls]
+    turns = [tool_call_text("calculator", {"expression": expression.strip()}, call_format) for expression, _ in calls]
     turns.append(f"{reasoning}\n{final}")
     task = {"id": index, "question": str(row["question"]), "ground_truth": final}
     return Trace(task=task, turns=tuple(turns), expected_observations=tuple(value.strip() for _, value in calls))
@@ -162,12 +160,14 @@ def gsm8k_traces(
     max_calls: int = 4,
     seed: int = 0,
     call_weights: Sequence[float] | None = None,
+    call_format: str = HERMES,
 ) -> list[Trace]:
     """`count` GSM8K calculator traces with 1 to `max_calls` calls, in set shares of each call count.
 
     GSM8K alone has mostly 2-4 annotations, which teaches a model to keep calling even when one call answers; so
     problems are drawn (seeded) per call count: `call_weights[k - 1]` is the relative share of traces with k calls
-    (default: equal shares). A call count with too few problems leaves its share to the others.
+    (default: equal shares). A call count with too few problems leaves its share to the others. Calls are written in
+    `call_format`.
 
     Raises:
         ValueError: if `count` < 1, `max_calls` < 1, or `call_weights` is not `max_calls` non-negative numbers with
@@ -180,7 +180,7 @@ def gsm8k_traces(
         raise ValueError(f"call_weights must be {max_calls} non-negative numbers with a positive sum, got {weights}")
     by_calls: dict[int, list[Trace]] = {k: [] for k in range(1, max_calls + 1)}
     for index, row in enumerate(rows):
-        trace = gsm8k_trace(row, index)
+        trace = gsm8k_trace(row, index, call_format)
         if trace is not None and len(trace.expected_observations) <= max_calls:
             by_calls[len(trace.expected_observations)].append(trace)
     rng = random.Random(seed)
@@ -252,7 +252,13 @@ def _supporting_sentences(row: Mapping[str, Any]) -> list[str]:
 
 
 def hotpotqa_trace(
-    row: Mapping[str, Any], index: int, *, search: Tool, visit: Tool, top_k: int | None = 3
+    row: Mapping[str, Any],
+    index: int,
+    *,
+    search: Tool,
+    visit: Tool,
+    top_k: int | None = 3,
+    call_format: str = HERMES,
 ) -> Trace | None:
     """A research trace from one HotpotQA row (`question`, `answer`, `supporting_facts`, `context`,
     `context_doc_ids`, as in the shared data), or None for a row of another shape (see `_well_formed`) or when a
@@ -262,7 +268,8 @@ def hotpotqa_trace(
     the question's results name first, in rank order), `visit` it by id, after a `search` for its title when no
     earlier result named its id; the last turn quotes the supporting sentences and ends with
     `<answer>answer</answer>`. `search` and `visit` run here, synchronously, to
-    choose the turns and to fix the tool results the replay must read (`expected_observations`).
+    choose the turns and to fix the tool results the replay must read (`expected_observations`). Calls are written
+    in `call_format`.
     """
     if not _well_formed(row):
         return None
@@ -273,7 +280,7 @@ def hotpotqa_trace(
 
     def call(tool: Tool, arguments: dict[str, Any]) -> str:
         observation = str(tool.execute(arguments))
-        turns.append(tool_call_text(tool.name, arguments))
+        turns.append(tool_call_text(tool.name, arguments, call_format))
         observations.append(observation)
         return observation
 
@@ -294,10 +301,18 @@ def hotpotqa_trace(
 
 
 def hotpotqa_traces(
-    rows: Sequence[Mapping[str, Any]], *, count: int, seed: int = 0, search: Tool, visit: Tool, top_k: int | None = 3
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    count: int,
+    seed: int = 0,
+    search: Tool,
+    visit: Tool,
+    top_k: int | None = 3,
+    call_format: str = HERMES,
 ) -> list[Trace]:
     """Up to `count` research traces (`hotpotqa_trace`) from `rows`, drawn in a seeded order; rows without a trace
-    (another shape, or a supporting document no search finds) are skipped, and their number is logged.
+    (another shape, or a supporting document no search finds) are skipped, and their number is logged. Calls are
+    written in `call_format`.
 
     Raises:
         ValueError: if `count` < 1.
@@ -311,7 +326,7 @@ def hotpotqa_traces(
     for i in order:
         if len(traces) == count:
             break
-        trace = hotpotqa_trace(rows[i], i, search=search, visit=visit, top_k=top_k)
+        trace = hotpotqa_trace(rows[i], i, search=search, visit=visit, top_k=top_k, call_format=call_format)
         if trace is None:
             skipped += 1
         else:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentic_rl.chat import ChatRenderer
-from agentic_rl.parser import HERMES, action_text, find_tool_calls, format_tool_call, tool_call_format
+from agentic_rl.parser import HERMES, action_text, find_tool_calls, format_tool_calls, tool_call_format
 from agentic_rl.tools.prompt import tools_system_prompt
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
@@ -108,9 +108,9 @@ def template_messages(
     """Messages in the form the chat template takes.
 
     Assistant `tool_calls` get their `arguments` as objects for templates that render tool calls; for templates
-    that do not (or `renderer=None`), the calls are written into the content as `<tool_call>` blocks in the format
-    the model produced (`call_format`; None: the one `renderer`'s template teaches, `HERMES` without a renderer),
-    giving plain `{"role", "content"}` messages.
+    that do not (or `renderer=None`), the calls are written into the content after it (`parser.format_tool_calls`)
+    in the format the model produced (`call_format`; None: the one `renderer`'s template teaches, `HERMES` without a
+    renderer; Mistral's calls keep their ids), giving plain `{"role", "content"}` messages.
     """
     if call_format is None:
         call_format = tool_call_format(renderer.tokenizer.chat_template) if renderer is not None else HERMES
@@ -140,11 +140,15 @@ def template_messages(
                 }
             )
         else:
-            blocks = [
-                format_tool_call(f.get("name"), _arguments(f.get("arguments")), call_format, ensure_ascii=True)
-                for f in functions
-            ]
-            content = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
+            written = format_tool_calls(
+                [
+                    (f.get("name"), _arguments(f.get("arguments")), c.get("id"))
+                    for c, f in zip(calls, functions, strict=True)
+                ],
+                call_format,
+                ensure_ascii=True,
+            )
+            content = "\n".join([*([m["content"]] if m.get("content") else []), written])
             out.append({"role": "assistant", "content": content})
     return out
 
@@ -326,12 +330,13 @@ class TrajectoryRecorder:
             return reply
         ids = run.response_ids[turn.span[0] : turn.span[1]]
         sampled = turn.text or self.renderer.tokenizer.decode(ids, skip_special_tokens=False)
-        return {**reply, "content": sampled} if find_tool_calls(sampled)[0] >= 0 else reply
+        call_format = tool_call_format(self.renderer.tokenizer.chat_template)
+        return {**reply, "content": sampled} if find_tool_calls(sampled, None, call_format)[0] >= 0 else reply
 
 
 def _written(turn: CapturedTurn, call_format: str) -> str:
-    """What the model wrote in a call: the completion's text, or the chat reply with its tool calls as the
-    `<tool_call>` blocks the model produced (in `call_format`)."""
+    """What the model wrote in a call: the completion's text, or the chat reply with its tool calls written as the
+    model produced them (in `call_format`)."""
     if turn.response_message is None:
         return turn.text
     return str(template_messages([turn.response_message], None, call_format)[0]["content"])
@@ -352,7 +357,7 @@ def _step(turn: CapturedTurn, run: TokenRun, call_format: str) -> Step:
         info["weight_versions"] = [min(versions), max(versions)]
     return Step(
         chat_completions=[*(turn.messages or []), *([turn.response_message] if turn.response_message else [])],
-        action=action_text(_written(turn, call_format)),
+        action=action_text(_written(turn, call_format), call_format),
         observation=(turn.messages or [{}])[-1].get("content", "") if turn.messages else "",
         model_response=turn.text,
         info=info,

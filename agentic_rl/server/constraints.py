@@ -1,10 +1,18 @@
 """Output constraints from `tool_choice`, `parallel_tool_calls` and `response_format`, enforced by the engine.
 
-The model writes tool calls in the Hermes / Qwen format that the server parses::
+The model writes tool calls in the format its chat template teaches (`parser.tool_call_format`), which the server
+parses back: Hermes / Qwen JSON (the default)::
 
     <tool_call>
     {"name": "calculator", "arguments": {"expression": "2 + 3"}}
     </tool_call>
+
+Qwen3-Coder XML (`<tool_call>\n<function=NAME>\n<parameter=KEY>\nvalue\n</parameter>...`, values valid for the
+schema through xgrammar's `qwen_xml` style), Llama 3's bare `{"name": NAME, "parameters": {...}}` objects (joined by
+`"; "`; a constrained Llama 3 turn is either text or calls, never text then calls, since its templates read a
+message with text before the JSON as an answer), or Mistral's `[TOOL_CALLS][{"name": NAME, "arguments": {...}, "id":
+"abcDEF123"}]` (a 9-character id drawn by the engine). Markers are constrained as text: `[TOOL_CALLS]` is written
+by the grammar in plain-text tokens, not as the Mistral tokenizer's control token.
 
 Each constraint is a vLLM structured-output request (an xgrammar structural tag for tools, a JSON schema for
 `response_format`), so the engine only samples tokens that keep the output valid; the ids are still sampled by
@@ -39,7 +47,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentic_rl.parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from agentic_rl.parser import (
+    HERMES,
+    LLAMA3_JSON,
+    MISTRAL,
+    MISTRAL_CALLS,
+    PYTHON_TAG,
+    QWEN3_CODER,
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+)
 from agentic_rl.server.protocol import (
     AllowedToolsChoice,
     ChatCompletionRequest,
@@ -59,8 +76,13 @@ __all__ = ["MAX_TOOL_CALLS", "Constraint", "output_constraint", "tool_call_tag",
 # would repeat calls until `max_tokens` ends its turn here instead.
 MAX_TOOL_CALLS = 8
 
-# What separates the calls of one turn (the chat templates join rendered calls with a newline).
-_CALL_SEPARATOR = "\n"
+# What separates the calls of one turn, per format (as the chat templates join rendered calls).
+_SEPARATORS = {LLAMA3_JSON: "; ", MISTRAL: ", "}
+# What comes before and after the calls of one turn, per format.
+_AROUND = {MISTRAL: (MISTRAL_CALLS + "[", "]")}
+# What `tool_choice="none"` keeps out of the text, per format (`<tool_call>` in every format).
+_EXCLUDES = {LLAMA3_JSON: ['{"name"', PYTHON_TAG], MISTRAL: [MISTRAL_CALLS]}
+_MISTRAL_ID = "[0-9A-Za-z]{9}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +100,27 @@ class Constraint:
     parse_tools: bool = False
 
 
-def tool_call_tag(tool: FunctionTool) -> dict[str, Any]:
-    """The structural tag of one call of `tool`: its name fixed, its arguments valid for its parameter schema."""
+def tool_call_tag(tool: FunctionTool, call_format: str = HERMES) -> dict[str, Any]:
+    """The structural tag of one call of `tool` in `call_format` (`parser.TOOL_CALL_FORMATS`; another value is
+    `HERMES`): its name fixed, its arguments valid for its parameter schema."""
     name = json.dumps(tool.function.name, ensure_ascii=False)
+    if call_format == QWEN3_CODER:
+        return {
+            "type": "tag",
+            "begin": f"{TOOL_CALL_OPEN}\n<function={tool.function.name}>\n",
+            "content": {**_json_format(tool.parameters), "style": "qwen_xml"},
+            "end": f"\n</function>\n{TOOL_CALL_CLOSE}",
+        }
+    if call_format == LLAMA3_JSON:
+        return {
+            "type": "tag",
+            "begin": f'{{"name": {name}, "parameters": ',
+            "content": _json_format(tool.parameters),
+            "end": "}",
+        }
+    if call_format == MISTRAL:
+        content = [_json_format(tool.parameters), _const(', "id": "'), {"type": "regex", "pattern": _MISTRAL_ID}]
+        return {"type": "tag", "begin": f'{{"name": {name}, "arguments": ', "content": _sequence(content), "end": '"}'}
     return {
         "type": "tag",
         "begin": f'{TOOL_CALL_OPEN}\n{{"name": {name}, "arguments": ',
@@ -89,72 +129,97 @@ def tool_call_tag(tool: FunctionTool) -> dict[str, Any]:
     }
 
 
+def _const(text: str) -> dict[str, Any]:
+    return {"type": "const_string", "value": text}
+
+
+def _sequence(elements: list[dict[str, Any]]) -> dict[str, Any]:
+    return elements[0] if len(elements) == 1 else {"type": "sequence", "elements": elements}
+
+
 def _json_format(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_JSON_WHITESPACE}
 
 
-def _calls_only(tools: list[FunctionTool], *, most: int) -> dict[str, Any]:
-    """One to `most` calls of `tools`, newline-separated, and nothing else."""
+def _calls_only(tools: list[FunctionTool], *, most: int, call_format: str) -> dict[str, Any]:
+    """One to `most` calls of `tools` in `call_format`, separated as its template joins them, and nothing else."""
+    tags = [tool_call_tag(t, call_format) for t in tools]
+    if call_format in _AROUND:
+        opening, closing = _AROUND[call_format]
+        calls = [_any_call(tags), *([_more_calls(tags, most - 1, call_format)] if most > 1 else [])]
+        return _sequence([_const(opening), *calls, _const(closing)])
     if most == 1:
         return {
             "type": "tags_with_separator",
-            "tags": [tool_call_tag(t) for t in tools],
-            "separator": _CALL_SEPARATOR,
+            "tags": tags,
+            "separator": _SEPARATORS.get(call_format, "\n"),
             "at_least_one": True,
             "stop_after_first": True,
         }
-    return {"type": "sequence", "elements": [_any_call(tools), _more_calls(tools, most - 1)]}
+    return {"type": "sequence", "elements": [_any_call(tags), _more_calls(tags, most - 1, call_format)]}
 
 
-def _any_call(tools: list[FunctionTool]) -> dict[str, Any]:
-    tags = [tool_call_tag(t) for t in tools]
+def _any_call(tags: list[dict[str, Any]]) -> dict[str, Any]:
     return tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
 
 
-def _more_calls(tools: list[FunctionTool], most: int) -> dict[str, Any]:
-    """Up to `most` further calls, each after the separator."""
-    call = {"type": "sequence", "elements": [{"type": "const_string", "value": _CALL_SEPARATOR}, _any_call(tools)]}
+def _more_calls(tags: list[dict[str, Any]], most: int, call_format: str) -> dict[str, Any]:
+    """Up to `most` further calls, each after the format's separator."""
+    call = _sequence([_const(_SEPARATORS.get(call_format, "\n")), _any_call(tags)])
     return {"type": "repeat", "min": 0, "max": most, "content": call}
 
 
-def _text_then_calls(tools: list[FunctionTool], *, most: int) -> dict[str, Any]:
-    """Free text, then optionally one to `most` calls of `tools` that end the turn."""
-    first = {
-        "type": "triggered_tags",
-        "triggers": [TOOL_CALL_OPEN],
-        "tags": [tool_call_tag(t) for t in tools],
-        "stop_after_first": True,
-    }
-    if most == 1:
+def _text_then_calls(tools: list[FunctionTool], *, most: int, call_format: str) -> dict[str, Any]:
+    """Free text, then optionally one to `most` calls of `tools` that end the turn; under `LLAMA3_JSON` (whose calls
+    are the whole message) text without a call object, or the calls alone."""
+    if call_format == LLAMA3_JSON:
+        text = {"type": "any_text", "excludes": _excludes(call_format)}
+        return {"type": "or", "elements": [_calls_only(tools, most=most, call_format=call_format), text]}
+    if call_format == MISTRAL:
+        calls = _calls_only(tools, most=most, call_format=call_format)["elements"][1:-1]
+        tags = [{"type": "tag", "begin": MISTRAL_CALLS + "[", "content": _sequence(calls), "end": "]"}]
+        trigger = MISTRAL_CALLS
+    else:
+        tags, trigger = [tool_call_tag(t, call_format) for t in tools], TOOL_CALL_OPEN
+    first = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": True}
+    if most == 1 or call_format == MISTRAL:
         return first
-    return {"type": "sequence", "elements": [first, _more_calls(tools, most - 1)]}
+    return {"type": "sequence", "elements": [first, _more_calls(tags, most - 1, call_format)]}
+
+
+def _excludes(call_format: str) -> list[str]:
+    return [TOOL_CALL_OPEN, *_EXCLUDES.get(call_format, [])]
 
 
 def _tool_format(
-    request: ChatCompletionRequest, json_schema: dict[str, Any] | None, max_tool_calls: int
+    request: ChatCompletionRequest, json_schema: dict[str, Any] | None, max_tool_calls: int, call_format: str
 ) -> dict[str, Any] | None:
-    """The structural-tag format for the request's tools and `tool_choice`, or None when the output is free."""
+    """The structural-tag format for the request's tools and `tool_choice` in `call_format`, or None when the output
+    is free."""
     tools = request.tools or []
     choice = request.tool_choice or ("auto" if tools else "none")
     most = max_tool_calls if request.parallel_tool_calls else 1
     if not tools or choice == "none":
         if json_schema is not None:
             return None  # the JSON constraint alone
-        return {"type": "any_text", "excludes": [TOOL_CALL_OPEN]} if tools else None
+        return {"type": "any_text", "excludes": _excludes(call_format)} if tools else None
     if isinstance(choice, NamedToolChoice):
         (tool,) = [t for t in tools if t.function.name == choice.function.name]
-        return _calls_only([tool], most=1)
+        return _calls_only([tool], most=1, call_format=call_format)
     mode = choice
     if isinstance(choice, AllowedToolsChoice):
         allowed = {t.function.name for t in choice.allowed_tools.tools}
         tools = [t for t in tools if t.function.name in allowed]
         mode = choice.allowed_tools.mode
     if mode == "required":
-        return _calls_only(tools, most=most)
+        return _calls_only(tools, most=most, call_format=call_format)
     if json_schema is not None:  # auto: the JSON answer, or calls
-        return {"type": "or", "elements": [_json_format(json_schema), _calls_only(tools, most=most)]}
+        return {
+            "type": "or",
+            "elements": [_json_format(json_schema), _calls_only(tools, most=most, call_format=call_format)],
+        }
     if most == 1 or isinstance(choice, AllowedToolsChoice):
-        return _text_then_calls(tools, most=most)
+        return _text_then_calls(tools, most=most, call_format=call_format)
     return None
 
 
@@ -204,12 +269,16 @@ def _check_schema(schema: dict[str, Any], param: str) -> None:
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
-def output_constraint(request: SamplingFields, *, max_tool_calls: int = MAX_TOOL_CALLS) -> Constraint:
+def output_constraint(
+    request: SamplingFields, *, max_tool_calls: int = MAX_TOOL_CALLS, call_format: str = HERMES
+) -> Constraint:
     """The constraint a request asks for.
 
     Args:
         request: the parsed request.
         max_tool_calls: the most calls a constrained turn may hold when parallel calls are on (at least 1).
+        call_format: the tool-call format of the model's chat template (`parser.tool_call_format`): calls are
+            constrained to it.
 
     Returns:
         The constraint (free text: `params` None).
@@ -231,7 +300,7 @@ def output_constraint(request: SamplingFields, *, max_tool_calls: int = MAX_TOOL
             _check_schema(json_schema, "response_format.json_schema.schema")
         for i, tool in enumerate(request.tools or []):
             _check_schema(tool.parameters, f"tools.{i}.function.parameters")
-        tool_format = _tool_format(request, json_schema, max_tool_calls)
+        tool_format = _tool_format(request, json_schema, max_tool_calls, call_format)
         parse_tools = bool(request.tools) and request.tool_choice != "none"
     if request.structured_outputs is not None:
         if tool_format is not None or json_schema is not None:
@@ -258,6 +327,7 @@ def tool_choice_outputs(
     *,
     parallel_tool_calls: bool = True,
     max_tool_calls: int = MAX_TOOL_CALLS,
+    call_format: str = HERMES,
 ) -> Any:
     """The structured-outputs constraint of a chat request with `tools`, `tool_choice` and `parallel_tool_calls`.
 
@@ -272,6 +342,8 @@ def tool_choice_outputs(
         tool_choice: `"none"`, `"auto"`, `"required"` or an OpenAI tool-choice object, as in a chat request.
         parallel_tool_calls: whether a turn may hold more than one call.
         max_tool_calls: the most calls a turn may hold when parallel calls are on.
+        call_format: the tool-call format of the model's chat template (`parser.tool_call_format(
+            renderer.tokenizer.chat_template)`), which the calls are written in.
 
     Returns:
         The constraint, or None where the request would leave the output free (`"auto"` with parallel calls).
@@ -287,4 +359,5 @@ def tool_choice_outputs(
         "tool_choice": tool_choice,
         "parallel_tool_calls": parallel_tool_calls,
     }
-    return output_constraint(parse_request(ChatCompletionRequest, body), max_tool_calls=max_tool_calls).params
+    request = parse_request(ChatCompletionRequest, body)
+    return output_constraint(request, max_tool_calls=max_tool_calls, call_format=call_format).params

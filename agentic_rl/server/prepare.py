@@ -20,6 +20,7 @@ from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Engine
 from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.errors import ConfigError, RequestError
+from agentic_rl.parser import tool_call_format
 from agentic_rl.server.capture import TrajectoryRecorder
 from agentic_rl.server.constraints import MAX_TOOL_CALLS, Constraint, output_constraint
 from agentic_rl.server.protocol import (
@@ -257,7 +258,8 @@ class RequestPreparer:
             )
         except Exception as exc:  # the template refused these messages (e.g. roles out of the order it wants)
             raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
-        constraint = output_constraint(request, max_tool_calls=self.max_tool_calls)
+        call_format = tool_call_format(renderer.tokenizer.chat_template)
+        constraint = output_constraint(request, max_tool_calls=self.max_tool_calls, call_format=call_format)
         sampling = self._sampling(request, len(prompt_ids), [renderer.end_of_turn_id], constraint)
         return PreparedCall(
             request,

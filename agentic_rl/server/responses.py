@@ -16,7 +16,18 @@ from typing import Any
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.engine.base import Generation, sampled_versions
 from agentic_rl.engine.turns import read_turn
-from agentic_rl.parser import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolCall, find_tool_calls
+from agentic_rl.parser import (
+    LLAMA3_JSON,
+    MISTRAL,
+    TOOL_CALL_CLOSE,
+    ToolCall,
+    call_markers,
+    find_tool_calls,
+    is_mistral_call_id,
+    mistral_call_id,
+    tool_call_format,
+)
+from agentic_rl.parser.llama3 import answer_start
 from agentic_rl.server.capture import CapturedTurn, TrajectoryRecorder
 from agentic_rl.server.prepare import PreparedCall
 from agentic_rl.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -41,6 +52,7 @@ class ResponseBuilder:
         self.renderer = renderer
         self.token_texts = token_texts
         self.model_name = model_name
+        self.call_format = tool_call_format(renderer.tokenizer.chat_template)
 
     def response(self, call: PreparedCall, generations: list[Generation]) -> dict[str, Any]:
         """The body of a whole (not streamed) response with one choice per generation, in order."""
@@ -86,38 +98,37 @@ class ResponseBuilder:
         if stops:
             text = text[: max(0, len(text) - (max(len(s) for s in stops) - 1))]
         if call.chat and call.constraint.parse_tools:
-            at = _call_start(text)
+            at = _call_start(text, self.call_format, streaming=True)
             text = (text if at is None else text[:at]).rstrip()  # content before calls loses trailing whitespace
         return text
 
     def message(self, call: PreparedCall, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
         """The assistant message for `text`, and the finish reason (`tool_calls` when it calls tools).
 
-        Calls are read as `parser.find_tool_calls` reads them (JSON or Qwen3-Coder XML inside `<tool_call>`, XML values
-        typed by the request's tool schemas, none inside `<think>` reasoning); the content is the text before them.
+        Calls are read as `parser.find_tool_calls` reads them in the chat template's format (JSON or Qwen3-Coder
+        XML inside `<tool_call>`, `[TOOL_CALLS]`, Llama 3's JSON under its template; XML values typed by the
+        request's tool schemas, none inside `<think>` reasoning); the content is the text before them. Under
+        Mistral's format a call keeps the 9-character id the model wrote (one is derived when it wrote none), so the
+        tool results the client sends back render with the ids the model saw.
         A turn cut by `max_tokens` keeps the calls it completed (each closed by `</tool_call>`) as `tool_calls`, with
         finish reason `tool_calls` (what OpenAI clients act on); the call it was writing when cut is left out, and
         so is its markup: a cut turn without a complete call answers with its text before the first `<tool_call>`
         (or before the start of one at its end) and finish reason `length`. The captured turn keeps the engine's
         finish reason (`length`).
         """
-        at = _call_start(text) if call.constraint.parse_tools and finish_reason in ("stop", "length") else None
+        fmt = self.call_format
+        at = _call_start(text, fmt) if call.constraint.parse_tools and finish_reason in ("stop", "length") else None
         if at is None:
             return {"role": "assistant", "content": text}, finish_reason
         head = text[:at].rstrip()
-        calls = [
-            c for c in find_tool_calls(_complete_calls(text, finish_reason), call.tools)[1] if isinstance(c, ToolCall)
-        ]
+        complete = _complete_calls(text, finish_reason)
+        calls = [c for c in find_tool_calls(complete, call.tools, fmt)[1] if isinstance(c, ToolCall)]
         if not all(_encodable(c.name) for c in calls):
             calls = []
         if not calls:
             return {"role": "assistant", "content": head if finish_reason == "length" else text}, finish_reason
         tool_calls = [
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": c.name, "arguments": _dumps(c.arguments)},
-            }
+            {"id": _call_id(c, fmt), "type": "function", "function": {"name": c.name, "arguments": _dumps(c.arguments)}}
             for c in calls
         ]
         return {"role": "assistant", "content": head or None, "tool_calls": tool_calls}, "tool_calls"
@@ -218,16 +229,36 @@ def record_call(
     )
 
 
-def _call_start(text: str) -> int | None:
-    """Where the tool calls of `text` start: its first `<tool_call>` outside `<think>` reasoning
-    (`parser.find_tool_calls`), or a start of one at its very end; None if neither."""
-    at = find_tool_calls(text)[0] if TOOL_CALL_OPEN in text else -1
+def _call_start(text: str, call_format: str, *, streaming: bool = False) -> int | None:
+    """Where the tool calls of `text` start: its first call outside `<think>` reasoning (`parser.find_tool_calls` in
+    `call_format`), or a start of a call marker at its very end; None if neither. `streaming` (the text so far of a
+    running turn): under `LLAMA3_JSON` also the start of an answer that is empty so far or opens with `{`, which may
+    yet be a bare JSON call."""
+    at = find_tool_calls(text, None, call_format)[0] if _may_call(text, call_format) else -1
     if at >= 0:
         return at
-    for k in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
-        if TOOL_CALL_OPEN.startswith(text[-k:]):
-            return len(text) - k
+    if streaming and call_format == LLAMA3_JSON:
+        body = answer_start(text)
+        if body >= 0 and (body == len(text) or text.startswith("{", body)):
+            return body
+    for marker in call_markers(call_format):
+        for k in range(min(len(marker) - 1, len(text)), 0, -1):
+            if marker.startswith(text[-k:]):
+                return len(text) - k
     return None
+
+
+def _may_call(text: str, call_format: str) -> bool:
+    """Whether `text` can hold a call at all (a marker, or under `LLAMA3_JSON` a `{`): most answers skip the read."""
+    return any(m in text for m in call_markers(call_format)) or (call_format == LLAMA3_JSON and "{" in text)
+
+
+def _call_id(call: ToolCall, call_format: str) -> str:
+    """The id a returned call carries: OpenAI's `call_...` shape; under `MISTRAL` the model's own 9-character id
+    (one derived at random when it wrote none or another shape), which its template requires of tool results."""
+    if call_format != MISTRAL:
+        return f"call_{uuid.uuid4().hex[:24]}"
+    return call.id if is_mistral_call_id(call.id) else mistral_call_id(uuid.uuid4().hex)
 
 
 def _complete_calls(text: str, finish_reason: str) -> str:
