@@ -157,6 +157,9 @@ def test_the_rollout_options_set_every_harness_field_and_check_the_new_ones(caps
         if isinstance(value, bool):
             argv.append(flag if not value else "--no-" + flag[2:])
             wanted[name] = not value
+        elif isinstance(value, str):  # a choice
+            wanted[name] = {"new_run": "refuse"}[value]
+            argv += [flag, wanted[name]]
         else:
             wanted[name] = value - 1 if isinstance(value, int) else value + 0.5
             argv += [flag, str(wanted[name])]

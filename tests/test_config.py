@@ -246,6 +246,8 @@ def _other_value(name: str, value: object) -> object:
         return value + 1 if isinstance(value, int) else value + 0.5
     if isinstance(value, SamplingConfig):
         return value.model_copy(update={"temperature": 0.5, "top_p": 0.9, "seed": 7})
+    if name == "template_rewrites":
+        return {"new_run": "refuse", "refuse": "new_run"}[value]
     raise AssertionError(f"HarnessConfig.{name}: give the test a value for a field of type {type(value).__name__}")
 
 

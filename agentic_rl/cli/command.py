@@ -183,6 +183,12 @@ def _harness_options(add: Any) -> None:
         default=harness.check_alignment,
         help="compare each trajectory's ids with a full chat-template re-render",
     )
+    add(
+        "--template-rewrites",
+        choices=("new_run", "refuse"),
+        default=harness.template_rewrites,
+        help="where the chat template rewrites earlier turns (QwQ, R1 distills): start a new exact run, or refuse",
+    )
     add("--turn-timeout-s", type=seconds, default=harness.turn_timeout_s, help="most seconds of one engine request")
     add(
         "--env-timeout-s",

@@ -246,7 +246,8 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
 
     args = plan.args
     model_dir = resolve_model(args.model)
-    renderer = ChatRenderer(AutoTokenizer.from_pretrained(str(model_dir)))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    renderer = ChatRenderer(tokenizer, history_rewrites=args.template_rewrites == "new_run")
     resumed = f" ({len(plan.done)} done before, resuming {plan.out_dir})" if plan.resuming else ""
     console.print(f"model {model_dir}, {len(plan.tasks)} tasks from {args.data}{resumed}; starting the engine...")
     if not plan.todo:

@@ -105,6 +105,13 @@ class RolloutSection(Config):
         description="compare each finished trajectory's token ids with a full chat-template re-render (metrics "
         "alignment_mismatches, retokenize_drift)",
     )
+    template_rewrites: Literal["new_run", "refuse"] = Field(
+        default="new_run",
+        description="where the chat template rewrites earlier turns once later ones follow (QwQ, the DeepSeek-R1 "
+        "distills, Qwen3 after a user message): 'new_run' starts a new exact run prompted with the template's render "
+        "of the whole conversation (the trajectory then trains as several runs); 'refuse' refuses the template at "
+        "start-up and fails a trajectory that needs a rewrite",
+    )
     max_staleness: StrictInt = Field(
         default=0,
         ge=0,

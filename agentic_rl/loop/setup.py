@@ -393,7 +393,7 @@ async def _start_rollouts(
 
     config = plan.config
     r = config.rollout
-    renderer = ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, history_rewrites=r.template_rewrites == "new_run")
     from_checkpoint = start is not None and config.optimizer.lora is None and not is_sharded_checkpoint(start.path)
     weights = start.path if from_checkpoint else model_dir  # LoRA or shards: the base, the weights pushed at start
     options = _engine_options(plan, model_dir, start)

@@ -21,7 +21,7 @@ import anyio
 from agentic_rl.chat import Segment, check_alignment
 from agentic_rl.engine.base import Generation, sampled_versions
 from agentic_rl.engine.sampling import SamplingConfig
-from agentic_rl.engine.turns import ABORTED, CUT, TurnEnd, read_turn
+from agentic_rl.engine.turns import ABORTED, TurnEnd, read_turn
 from agentic_rl.environments.base import Sample, StepResult
 from agentic_rl.errors import (
     AgenticRLError,
@@ -29,6 +29,7 @@ from agentic_rl.errors import (
     EngineTimeoutError,
     EnvStepError,
     EnvTimeoutError,
+    TemplateError,
     TrajectoryError,
 )
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
@@ -37,6 +38,7 @@ from agentic_rl.rewards.base import score_answer
 from agentic_rl.rewards.shaping import TrajectoryFacts, TurnFacts
 from agentic_rl.rollout.bounded import close_sample, env_call, generate_within
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
+from agentic_rl.rollout.turn_limits import Stop, cut_stop, prompt_too_long, room_left, turn_sampling
 from agentic_rl.types import RunRecorder, Step, StepTrajectory, TerminationReason, TokenRun
 
 __all__ = [
@@ -49,8 +51,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_Stop = tuple[TerminationReason, str]  # why the loop stops, and the limit that bit ("" when none did)
 
 
 @dataclass(slots=True)
@@ -80,6 +80,7 @@ class _State:
     elapsed_s: float = 0.0
     milestones: list[str] = field(default_factory=list)  # the task's, validated once when it starts
     turn_facts: dict[int, TurnFacts] = field(default_factory=dict)  # by step: what shaping reads of each turn
+    budget_offset: int = 0  # response-budget tokens the current run's prompt holds (a run a template rewrite began)
 
 
 @dataclass(slots=True)
@@ -354,10 +355,11 @@ async def _turn_loop(spec: RolloutSpec, state: _State, pause: anyio.Event | None
     return TerminationReason.MAX_STEPS
 
 
-def _start_run(state: _State, prompt_ids: list[int]) -> None:
-    """Begin a new exact run (the first, or after memory rewrote the history)."""
+def _start_run(state: _State, prompt_ids: list[int], budget_offset: int = 0) -> None:
+    """Begin a new exact run (the first, after memory rewrote the history, or where the template rewrites it)."""
     state.recorder.start(prompt_ids)
     state.segments = [Segment(tuple(prompt_ids), sampled=False)]
+    state.budget_offset = budget_offset
 
 
 def _insert(state: _State, ids: Sequence[int]) -> None:
@@ -366,35 +368,35 @@ def _insert(state: _State, ids: Sequence[int]) -> None:
     state.segments.append(Segment(tuple(ids), sampled=False))
 
 
-def _stopped(state: _State, stop: _Stop) -> TerminationReason:
+def _stopped(state: _State, stop: Stop) -> TerminationReason:
     reason, limit = stop
     if limit:
         state.metrics["limit"] = limit
     return reason
 
 
-def _start(spec: RolloutSpec, state: _State) -> _Stop | None:
+def _start(spec: RolloutSpec, state: _State) -> Stop | None:
     """Render the first prompt and start the first run; stop if it is too long."""
     assert state.sample is not None
     state.messages = list(state.sample.messages)
     _start_run(state, spec.renderer.prompt_ids(state.sample.messages, state.sample.tools))
     state.observation = state.sample.messages[-1]["content"]
-    return _prompt_too_long(
+    return prompt_too_long(
         len(state.recorder.current.prompt_ids), spec.config.max_prompt_length, spec.engine.max_model_len
     )
 
 
-async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> _Stop | None:
+async def _one_turn(spec: RolloutSpec, state: _State, turn: int) -> Stop | None:
     """One generation and, unless it ends the trajectory, its environment step and observation."""
     assert state.sample is not None
     if state.memory is not None:
         await _apply_memory(spec, state)
-    room, limit = _room(spec, state.recorder.current)
+    room, limit = room_left(spec, state.recorder.current, offset=state.budget_offset)
     if room <= 0:
         return TerminationReason.CONTEXT_LIMIT, f"before turn {turn}: {limit}"
-    sampling = _turn_sampling(spec, state.idx, turn, room)
+    sampling = turn_sampling(spec, state.idx, turn, room)
     generation, end, step = await _generate(spec, state, turn, sampling)
-    stop = _cut(generation, end, sampling, room, limit, turn)
+    stop = cut_stop(generation, end, sampling, room, limit, turn)
     if stop is not None:
         step.info["truncated"] = True  # a half-written tool call must not run
         return stop
@@ -474,7 +476,7 @@ async def _generate(
     return generation, end, step
 
 
-def _observe(spec: RolloutSpec, state: _State, turn: int, result: StepResult, end: TurnEnd, step: Step) -> _Stop | None:
+def _observe(spec: RolloutSpec, state: _State, turn: int, result: StepResult, end: TurnEnd, step: Step) -> Stop | None:
     """Append the environment's observation to the record (and memory); stop when no turn is left to read it or
     it does not fit."""
     assert state.sample is not None
@@ -483,10 +485,13 @@ def _observe(spec: RolloutSpec, state: _State, turn: int, result: StepResult, en
     if turn + 1 == spec.config.max_steps:
         step.info["observation_not_shown"] = observation  # the model gets no further turn to read it
         return TerminationReason.MAX_STEPS, ""
+    problem = spec.renderer.append_problem(result.observation)
+    if problem is not None:
+        return _observe_in_new_run(spec, state, turn, result, step, problem)
     obs_ids = spec.renderer.observation_ids(result.observation, state.sample.tools)
     if not end.closed:  # the turn stopped on another stop id or a stop string: the template closes it
         obs_ids = [spec.renderer.end_of_turn_id, *obs_ids]
-    room_after, limit = _room(spec, state.recorder.current, len(obs_ids))
+    room_after, limit = room_left(spec, state.recorder.current, len(obs_ids), offset=state.budget_offset)
     fits = room_after > 0
     if not fits and state.memory is None:
         step.info["observation_not_shown"] = observation
@@ -501,61 +506,39 @@ def _observe(spec: RolloutSpec, state: _State, turn: int, result: StepResult, en
     return None
 
 
-# ---- stop conditions and limits -------------------------------------------------------------------------------------
+def _observe_in_new_run(
+    spec: RolloutSpec, state: _State, turn: int, result: StepResult, step: Step, problem: str
+) -> Stop | None:
+    """Show an observation the template cannot append exactly (it writes earlier turns differently once it
+    follows) by starting a new exact run, prompted with the template's render of the whole conversation: the
+    tokens the model then sees. Its prompt's tokens after the first prompt count against the response budget.
 
-
-def _prompt_too_long(prompt: int, max_prompt_length: int, max_model_len: int) -> _Stop | None:
-    """Stop when a first prompt of `prompt` tokens breaks `max_prompt_length` or fills the window."""
-    broken = []
-    if prompt > max_prompt_length:
-        broken.append(f"max_prompt_length is {max_prompt_length}")
-    if prompt >= max_model_len:
-        broken.append(f"the model window (max_model_len) is {max_model_len}, which leaves no room for a response")
-    if not broken:
+    Raises:
+        TemplateError: with `template_rewrites="refuse"`, or where the template leaves the observation out.
+    """
+    assert state.sample is not None
+    cannot = spec.renderer.rerender_problem(result.observation)
+    if spec.config.template_rewrites == "refuse" or cannot is not None:
+        raise TemplateError(cannot or problem)
+    messages = [*state.messages, *result.observation]
+    prompt = spec.renderer.prompt_ids(messages, state.sample.tools)
+    offset = max(0, len(prompt) - len(state.recorder.runs[0].prompt_ids))
+    room, limit = room_left(spec, TokenRun(prompt), offset=offset)
+    if room <= 0 and state.memory is None:
+        step.info["observation_not_shown"] = [m.get("content", "") for m in result.observation]
+        return TerminationReason.CONTEXT_LIMIT, f"the observation after turn {turn} does not fit a new run: {limit}"
+    state.sample.messages.extend(result.observation)
+    if state.memory is not None:
+        for message in result.observation:
+            state.memory.add_message({"role": message["role"], "content": message.get("content") or "(empty)"})
+    if room <= 0:  # the messages of the run stay as they were: the next turn's memory starts a shorter run
         return None
-    return TerminationReason.PROMPT_TOO_LONG, f"prompt has {prompt} tokens; {' and '.join(broken)}"
-
-
-def _cut(
-    generation: Generation, end: TurnEnd, sampling: SamplingConfig, room: int, limit: str, turn: int
-) -> _Stop | None:
-    """Stop on a turn cut by `max_tokens`: `context_limit` when the window or the response budget set that
-    `max_tokens`, else `truncated`."""
-    if end.kind != CUT:
-        return None
-    n = len(generation.token_ids)
-    if generation.finish_reason == "length" and sampling.max_tokens == room:
-        return TerminationReason.CONTEXT_LIMIT, f"turn {turn} sampled {n} tokens: {limit}"
-    return TerminationReason.TRUNCATED, (
-        f"turn {turn} was cut after {n} tokens (finish_reason "
-        f"{generation.finish_reason!r}, max_tokens {sampling.max_tokens})"
-    )
-
-
-def _room(spec: RolloutSpec, run: TokenRun, extra: int = 0) -> tuple[int, str]:
-    """Tokens left after `extra` more, and the limit that leaves the fewest, named with its numbers."""
-    max_model_len, max_response_length = spec.engine.max_model_len, spec.config.max_response_length
-    window = max_model_len - run.total_length - extra
-    budget = max_response_length - len(run.response_ids) - extra
-    more = f" + {extra} more" if extra else ""
-    if window <= budget:
-        used = f"prompt {len(run.prompt_ids)} + response {len(run.response_ids)}{more}"
-        return window, f"the model window (max_model_len) is {max_model_len} tokens, {used} leave {window}"
-    used = f"{len(run.response_ids)}{more} tokens used"
-    return budget, f"the response budget (max_response_length) is {max_response_length} tokens, {used} leave {budget}"
-
-
-def _turn_sampling(spec: RolloutSpec, idx: int, turn: int, room: int) -> SamplingConfig:
-    """The turn's sampling: `max_tokens` clamped to `room` and `min_tokens` to that `max_tokens` (a turn with less
-    room than `min_tokens` is cut by the limit, not refused by the engine), the end-of-turn token among the stop
-    ids, and the seed derived for this trajectory and turn."""
-    base = spec.config.sampling
-    stop_ids = list(base.stop_token_ids or [])
-    if spec.renderer.end_of_turn_id not in stop_ids:
-        stop_ids.append(spec.renderer.end_of_turn_id)
-    max_tokens = room if base.max_tokens is None else min(base.max_tokens, room)
-    update = {"max_tokens": max_tokens, "min_tokens": min(base.min_tokens, max_tokens), "stop_token_ids": stop_ids}
-    return base.model_copy(update=update).derived(trajectory=idx, turn=turn)
+    state.messages = messages
+    _start_run(state, prompt, offset)
+    state.metrics["template_runs"] = state.metrics.get("template_runs", 0) + 1
+    state.metrics["rerendered_prompt_tokens"] = state.metrics.get("rerendered_prompt_tokens", 0) + len(prompt)
+    step.info["next_run"] = "template rewrite"
+    return None
 
 
 async def _apply_memory(spec: RolloutSpec, state: _State) -> None:

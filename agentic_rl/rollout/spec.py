@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -56,6 +56,14 @@ class HarnessConfig(Config):
             0: off.
         check_alignment: compare each finished trajectory's ids with a full template re-render (metrics
             `alignment_mismatches`, `retokenize_drift`).
+        template_rewrites: what a trajectory does where the chat template cannot append an observation exactly
+            because it writes earlier turns differently once later ones follow (QwQ and the DeepSeek-R1 distills
+            drop earlier `<think>` blocks and open `<think>` in the generation prompt; Qwen3 drops them once a
+            user message follows). "new_run": a new exact run starts, prompted with the template's render of the
+            whole conversation (the tokens the model then sees), so the trajectory has several `runs`; the
+            renderer must accept such templates (`ChatRenderer(history_rewrites=True)`). "refuse": the renderer
+            refuses such a template at start-up, and a trajectory that needs a rewrite (a user message under
+            Qwen3 after thinking) fails with the reason. A template that leaves messages out is refused either way.
         turn_timeout_s: most seconds one `engine.generate` call may take; past it the request is aborted and the
             trajectory fails with `termination_reason="timeout"`. The default (1 hour) only catches requests that
             never return; lower it when turns are short.
@@ -88,6 +96,7 @@ class HarnessConfig(Config):
     milestone_weight: Weight = 0.0
     unfinished_penalty: Weight = 0.0
     check_alignment: bool = True
+    template_rewrites: Literal["new_run", "refuse"] = "new_run"
     turn_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3600.0
     env_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
     close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0

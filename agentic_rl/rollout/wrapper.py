@@ -326,9 +326,10 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             support.
         engine: an already built engine to use instead of building one from `model`.
         engine_options: extra `VLLMEngineConfig` fields (`dtype`, `kv_cache_gib`, `max_model_len`, ...).
-        toolcall_weight, milestone_weight, unfinished_penalty, check_alignment, turn_timeout_s, env_timeout_s,
-            close_timeout_s, reward_timeout_s: the `HarnessConfig` fields of those names (the reward shaping, the
-            template re-render check and the timeouts), with its defaults; `harness_config` holds them with the
+        toolcall_weight, milestone_weight, unfinished_penalty, check_alignment, template_rewrites, turn_timeout_s,
+            env_timeout_s, close_timeout_s, reward_timeout_s: the `HarnessConfig` fields of those names (the reward
+            shaping, the template re-render check, what a template that rewrites history does, and the timeouts),
+            with its defaults; `harness_config` holds them with the
             limits and sampling.
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
         memory: a `MemoryConfig` (or dict) to prompt each turn through agent memory; with `use_summary` and no
@@ -369,6 +370,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         unfinished_penalty: float = 0.0,
         close_timeout_s: float = 30.0,
         reward_timeout_s: float = 60.0,
+        template_rewrites: str = "new_run",
     ) -> None:
         super().__init__(
             agent_name,
@@ -405,6 +407,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             env_timeout_s=env_timeout_s,
             close_timeout_s=close_timeout_s,
             reward_timeout_s=reward_timeout_s,
+            template_rewrites=template_rewrites,
         )
         self.serve = serve
         self.memory_config = memory
@@ -472,7 +475,11 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         from agentic_rl.chat import ChatRenderer
         from agentic_rl.rollout.agent import start_engine, tool_agent_spec
 
-        renderer = ChatRenderer(self.tokenizer, template_kwargs=self.chat_template_kwargs)  # checked before the engine
+        renderer = ChatRenderer(  # checked before the engine
+            self.tokenizer,
+            template_kwargs=self.chat_template_kwargs,
+            history_rewrites=self.harness_config.template_rewrites == "new_run",
+        )
         if self.engine is None:
             self.engine = self._owned_engine = start_engine(
                 self.model,
