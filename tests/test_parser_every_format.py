@@ -37,6 +37,7 @@ EXPECTED_FORMATS = {
     "microsoft-Phi-3.5-mini-instruct.jinja": HERMES,
     "mistralai-Mistral-Nemo-Instruct-2407.jinja": MISTRAL,
     "qwen3-coder-style.jinja": QWEN3_CODER,
+    "qwen3.5-style.jinja": QWEN3_CODER,
 }
 
 

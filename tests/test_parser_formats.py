@@ -207,7 +207,8 @@ def test_a_call_without_arguments_has_none():
 
 @pytest.mark.parametrize("path", sorted(TEMPLATES.glob("*.jinja")), ids=lambda p: p.name)
 def test_the_format_is_chosen_from_the_chat_template(path):
-    expected = {"qwen3-coder-style.jinja": QWEN3_CODER, "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3_json",
+    expected = {"qwen3-coder-style.jinja": QWEN3_CODER, "qwen3.5-style.jinja": QWEN3_CODER,
+                "meta-llama-Llama-3.1-8B-Instruct.jinja": "llama3_json",
                 "meta-llama-Llama-3.2-3B-Instruct.jinja": "llama3_json",
                 "mistralai-Mistral-Nemo-Instruct-2407.jinja": "mistral"}.get(path.name, HERMES)  # fmt: skip
     assert tool_call_format(path.read_text()) == expected

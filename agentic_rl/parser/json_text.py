@@ -43,6 +43,8 @@ _NESTING_TOKENS = re.compile(r'[^"\[\]{}]+|"(?:[^"\\]+|\\.)*+"?|[\[\]{}]', re.DO
 # A character JSON allows outside strings in no value: the value ends there (the decoder then fails), so the scan
 # can stop. Keeps the scan of a tool call in prose short.
 _NOT_JSON = re.compile(r"[^ \t\n\r0-9+\-.eE,:truefalsn]")
+# The characters a JSON value can start with (Python's decoder also reads NaN and Infinity).
+_VALUE_START = '{["-0123456789tfnNI'
 
 
 class TooDeep(ValueError):
@@ -75,12 +77,35 @@ def json_nesting_exceeds(text: str, start: int = 0, limit: int = MAX_JSON_DEPTH)
 def decode(text: str, pos: int) -> tuple[Any, int]:
     """`raw_decode` of the value at `text[pos]`, refusing nesting past `MAX_JSON_DEPTH` before it decodes.
 
+    Text where no value can start (nor an object's first key, an array's first element) is refused without the
+    decoder, whose error would count the lines of the whole text before `pos`: a text of many such markers (a
+    model repeating `[TOOL_CALLS]` or `<tool_call>`) stays linear to read.
+
     Raises:
-        ValueError, RecursionError (`JSON_ERRORS`): for text that is not JSON, or nests too deeply (`TooDeep`).
+        ValueError, RecursionError (`JSON_ERRORS`): for text that is not JSON (a `json.JSONDecodeError`), or nests
+            too deeply (`TooDeep`).
     """
+    at = _not_a_value(text, pos)
+    if at >= 0:
+        error = json.JSONDecodeError("Expecting value", "", 0)  # no line count over the text before it
+        error.doc, error.pos = text, at
+        raise error
     if json_nesting_exceeds(text, pos):
         raise TooDeep(_TOO_DEEP)
     return DECODER.raw_decode(text, pos)
+
+
+def _not_a_value(text: str, pos: int) -> int:
+    """Where the JSON at `text[pos]` visibly goes wrong in its first characters (no value, no first key or
+    element); -1 when it may be JSON."""
+    if pos >= len(text) or text[pos] not in _VALUE_START:
+        return pos
+    if text[pos] in "[{":
+        inner = skip_space(text, pos + 1)
+        allowed = '"}' if text[pos] == "{" else _VALUE_START + "]"
+        if inner < len(text) and text[inner] not in allowed:
+            return inner
+    return -1
 
 
 def loads(text: str) -> Any:
