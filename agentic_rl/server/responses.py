@@ -20,6 +20,7 @@ from agentic_rl.parser import (
     LLAMA3_JSON,
     MISTRAL,
     TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
     ToolCall,
     call_markers,
     find_tool_calls,
@@ -231,9 +232,9 @@ def record_call(
 
 def _call_start(text: str, call_format: str, *, streaming: bool = False) -> int | None:
     """Where the tool calls of `text` start: its first call outside `<think>` reasoning (`parser.find_tool_calls` in
-    `call_format`), or a start of a call marker at its very end; None if neither. `streaming` (the text so far of a
-    running turn): under `LLAMA3_JSON` also the start of an answer that is empty so far or opens with `{`, which may
-    yet be a bare JSON call."""
+    `call_format`), or a start of `<tool_call>` at its very end; None if neither. `streaming` (the text so far of a
+    running turn): a start of any of the format's call markers at its end too, and under `LLAMA3_JSON` the start of
+    an answer that is empty so far or opens with `{`, which may yet be a bare JSON call."""
     at = find_tool_calls(text, None, call_format)[0] if _may_call(text, call_format) else -1
     if at >= 0:
         return at
@@ -241,7 +242,7 @@ def _call_start(text: str, call_format: str, *, streaming: bool = False) -> int 
         body = answer_start(text)
         if body >= 0 and (body == len(text) or text.startswith("{", body)):
             return body
-    for marker in call_markers(call_format):
+    for marker in call_markers(call_format) if streaming else (TOOL_CALL_OPEN,):  # a whole turn: as ever
         for k in range(min(len(marker) - 1, len(text)), 0, -1):
             if marker.startswith(text[-k:]):
                 return len(text) - k
