@@ -33,7 +33,7 @@ from agentic_rl.errors import (
     TrajectoryError,
 )
 from agentic_rl.memory import MemorySimple, MemorySummary, to_template_messages
-from agentic_rl.parser import action_text, split_thought
+from agentic_rl.parser import action_text, split_thought, tool_call_format
 from agentic_rl.rewards.base import score_answer
 from agentic_rl.rewards.shaping import TrajectoryFacts, TurnFacts
 from agentic_rl.rollout.bounded import close_sample, env_call, generate_within
@@ -465,7 +465,7 @@ async def _generate(
     step = Step(
         chat_completions=list(state.sample.messages),
         thought=split_thought(end.content)[0],
-        action=action_text(end.content),
+        action=action_text(end.content, tool_call_format(spec.renderer.tokenizer.chat_template)),
         observation=state.observation,
         model_response=end.content,
         info=info,
