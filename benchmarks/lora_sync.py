@@ -6,6 +6,10 @@ For the adapter: peft's `save_pretrained` of the adapter (what the trainer does 
 model's `named_parameters()`, median of N. Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/lora_sync.py [--model tiny-random-smollm2] [--rank 8] [--repeats 5] [--out FILE]
+    .venv/bin/python benchmarks/lora_sync.py --model random-qwen2.5-0.5b --rank 16   # ~0.5B, random weights
+
+`random-qwen2.5-0.5b` is a random-init model of Qwen2.5-0.5B's shape (494M parameters, `levers.QWEN2_05B`) with
+SmolLM2's tokenizer, written to a temporary folder first: what a sync costs depends on the shapes, not the values.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ async def measure(model_dir: Path, rank: int, repeats: int, dtype: str) -> dict[
     await lora.start()
     peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS))
     saves, adapters, weights = [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
+    shm = Path("/dev/shm")  # where the training loop writes the adapter it syncs (`loop.weight_sync`)
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
         for i in range(repeats):
             t0 = time.perf_counter()
             peft_model.save_pretrained(f"{tmp}/v{i}")
@@ -61,6 +66,24 @@ async def measure(model_dir: Path, rank: int, repeats: int, dtype: str) -> dict[
     }  # fmt: skip
 
 
+def random_qwen05b(folder: Path) -> Path:
+    """A random-init model of Qwen2.5-0.5B's shape with SmolLM2's tokenizer, saved in `folder`."""
+    import shutil
+
+    from levers import QWEN2_05B
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentic_rl.models import resolve_model
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**QWEN2_05B), dtype=torch.float32).save_pretrained(folder)
+    tokenizer = resolve_model("smollm2-135m-instruct")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tokenizer / name).exists():
+            shutil.copy(tokenizer / name, folder)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random-smollm2")
@@ -72,7 +95,9 @@ def main() -> None:
 
     from agentic_rl.models import resolve_model
 
-    result = anyio.run(measure, resolve_model(args.model), args.rank, args.repeats, args.dtype)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = random_qwen05b(Path(tmp)) if args.model == "random-qwen2.5-0.5b" else resolve_model(args.model)
+        result = anyio.run(measure, model_dir, args.rank, args.repeats, args.dtype)
     print(table(["model", "MB full", "MB adapter", "save_pretrained s", "update_adapter s", "update_weights s"],
                 [[args.model, result["full_weight_bytes"] / 1e6, result["adapter_bytes"] / 1e6,
                   result["save_pretrained_s"], result["update_adapter_s"], result["update_weights_s"]]]))  # fmt: skip
