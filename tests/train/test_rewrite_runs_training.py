@@ -72,9 +72,10 @@ def _train(model, tokenizer, trajectories, **config) -> dict:
     return trainer.train_step(trajectories).as_metrics()
 
 
-@pytest.mark.parametrize("template", ["Qwen-QwQ-32B.jinja", "qwen3.5-style.jinja"], ids=["QwQ", "Qwen3.5-style"])
+@pytest.mark.parametrize(("template", "mode"), [("Qwen-QwQ-32B.jinja", "step"), ("qwen3.5-style.jinja", "trajectory")],
+                         ids=["QwQ-step", "Qwen3.5-style-trajectory"])  # fmt: skip
 async def test_a_trajectory_of_several_runs_trains_each_turn_on_its_exact_prompt(fp32_engine, tokenizer, hf_model,
-                                                                                 template):  # fmt: skip
+                                                                                 template, mode):  # fmt: skip
     trajectories, recording = await _rollout(fp32_engine, tokenizer, template)
     errors = [t.error for t in trajectories if t.failed]
     assert not errors, errors
@@ -97,10 +98,9 @@ async def test_a_trajectory_of_several_runs_trains_each_turn_on_its_exact_prompt
         assert batch.old_logprobs[row][mask].tolist() == pytest.approx(generation.logprobs[:n])
 
     generated = sum(t.num_generated_tokens for t in trajectories)
-    for mode in ("step", "trajectory"):
-        metrics = _train(copy.deepcopy(hf_model), tokenizer, trajectories, advantage=mode, micro_batch_size=4)
-        rows = sum(len(t.runs) for t in trajectories)  # = turns: one row per turn in either mode
-        assert metrics["valid_rows"] == rows and metrics["valid_trajectories"] == 4
-        assert metrics["tokens_sampled"] == metrics["tokens_trained"] == generated and metrics["tokens_excluded"] == 0
-        assert metrics["logprob_diff"] < 1e-3  # the trainer scores every turn on the prompt the engine saw
-        assert metrics["grad_norm"] > 0
+    metrics = _train(copy.deepcopy(hf_model), tokenizer, trajectories, advantage=mode, micro_batch_size=4)
+    rows = sum(len(t.runs) for t in trajectories)  # = turns: one row per turn in either mode
+    assert metrics["valid_rows"] == rows and metrics["valid_trajectories"] == 4
+    assert metrics["tokens_sampled"] == metrics["tokens_trained"] == generated and metrics["tokens_excluded"] == 0
+    assert metrics["logprob_diff"] < 1e-3  # the trainer scores every turn on the prompt the engine saw
+    assert metrics["grad_norm"] > 0
