@@ -40,19 +40,25 @@ def final_answer_text(messages: Sequence[dict[str, Any]]) -> str:
     read from its text parts, one per line (a reasoning part is not the answer).
 
     A message that calls a tool (OpenAI `tool_calls` or `function_call`, or a `<tool_call>` block as
-    `parser.find_tool_calls` reads it, well-formed or not, as `ToolEnvironment` runs it) is an action, not an
+    `parser.find_tool_calls` reads it, well-formed or not, as `ToolEnvironment` runs it; a `[TOOL_CALLS]` turn, and a
+    message that is wholly Llama 3 JSON call objects, read in every format here, since a reward does not know the
+    template: an answer shaped as a call is not an answer) is an action, not an
     answer: when the last assistant message is one (the trajectory was cut while it still called tools: termination
     `max_steps` or `context_limit`), there is no final answer, and every reward built on this function scores it as
     an empty answer. So a call's arguments never earn answer reward: an expression whose last number is the result,
     a search query that names the answer. A final answer that writes `<tool_call>` in its prose counts as a call
     too (the environment would have run it). An environment whose episode ends on a tool call (a `submit` tool)
     needs a reward of its own that reads that call."""
-    from agentic_rl.parser import find_tool_calls, strip_thoughts
+    from agentic_rl.parser import LLAMA3_JSON, find_tool_calls, strip_thoughts
 
     for message in reversed(messages):
         if message.get("role") == "assistant":
             content = _message_text(message.get("content"))
-            if message.get("tool_calls") or message.get("function_call") or find_tool_calls(content)[0] >= 0:
+            if (
+                message.get("tool_calls")
+                or message.get("function_call")
+                or find_tool_calls(content, call_format=LLAMA3_JSON)[0] >= 0
+            ):
                 return ""
             return strip_thoughts(content)
     return ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agentic_rl.parser import ToolCall, parse_tool_calls
+from agentic_rl.parser import LLAMA3_JSON, ToolCall, parse_tool_calls
 from agentic_rl.types import Trajectory
 
 __all__ = ["summarize"]
@@ -73,7 +73,7 @@ def _tool_call_rates(trajectories: Sequence[Trajectory]) -> dict[str, float]:
             call.name
             for message in t.chat_completions
             if message.get("role") == "assistant"
-            for call in parse_tool_calls(str(message.get("content") or ""))
+            for call in parse_tool_calls(str(message.get("content") or ""), call_format=LLAMA3_JSON)
             if isinstance(call, ToolCall)
         }
         for name in names:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentic_rl.errors import ConfigError
-from agentic_rl.parser import ToolCall, parse_tool_calls
+from agentic_rl.parser import LLAMA3_JSON, ToolCall, parse_tool_calls
 from agentic_rl.types import TerminationReason
 
 __all__ = ["RunFile", "build_view", "find_trajectory_files", "load_trajectories", "run_model", "view_records"]
@@ -152,7 +152,7 @@ def _version_changes(versions: Sequence[int]) -> list[list[int]]:
 
 def _calls(text: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for call in parse_tool_calls(text):
+    for call in parse_tool_calls(text, call_format=LLAMA3_JSON):  # every format's calls
         if isinstance(call, ToolCall):
             out.append({"name": call.name, "arguments": call.arguments})
         else:

@@ -176,6 +176,10 @@ _SEARCH = '<tool_call>\n{"name": "search", "arguments": {"query": "Arthur\'s Mag
         (hotpotqa_em_reward, "Arthur's Magazine", _SEARCH, "Arthur's Magazine"),
         (hotpotqa_f1_reward, "Arthur's Magazine", "Arthur's Magazine " + _SEARCH, "Arthur's Magazine"),
         (gsm8k_reward, "2288", "<tool_call>{broken 2288</tool_call>", "2288"),
+        (gsm8k_reward, "2288", '{"name": "calculator", "parameters": {"expression": "2304-2288"}}', "2288"),  # Llama 3
+        (gsm8k_reward, "2288", '<|python_tag|>{"name": "calculator", "parameters": {"expression": "2288"}}', "2288"),
+        (gsm8k_reward, "2288", '[TOOL_CALLS][{"name": "calculator", "arguments": {"expression": "2288"}, '
+                               '"id": "a1b2c3d4e"}]', "2288"),  # Mistral
     ],
 )
 def test_a_trajectory_cut_while_calling_a_tool_has_no_answer_to_grade(reward, truth, last_turn, answer):
