@@ -364,3 +364,31 @@ def test_sft_command_with_unusable_inputs_exits_2_and_writes_nothing(tmp_path, c
     assert main([*argv[:-1], f"output_dir={earlier}"]) == 2
     assert "already holds an earlier run or model (manifest.json)" in capsys.readouterr().err
     assert [p.name for p in earlier.iterdir()] == ["manifest.json"]
+
+
+def test_a_chat_template_the_rollout_cannot_follow_is_refused_before_the_output_folder_exists(tmp_path, capsys,
+                                                                                             model_dir):  # fmt: skip
+    """Refused (with the hint to follow it as several runs) before `args.json` is written, so the obvious retry with
+    `--template-rewrites new_run` into the same folder works."""
+    import shutil
+
+    from agentic_rl.cli import main
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, model)
+    (model / "chat_template.jinja").write_text(
+        '{%- for m in messages %}{%- set c = m.content %}{%- if m.role == "assistant" and not loop.last %}'
+        '{%- set c = c.split("</think>")[-1] %}{%- endif %}{{- "<|im_start|>" + m.role + "\\n" + c + "<|im_end|>\\n" }}'
+        '{%- endfor %}{%- if add_generation_prompt %}{{- "<|im_start|>assistant\\n" }}{%- endif %}'
+    )
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"question": "q", "answer": "#### 1"}\n')
+    out = tmp_path / "run"
+    argv = ["rollout", "--model", str(model), "--data", str(data), "--output-dir", str(out)]
+    assert main([*argv, "--template-rewrites", "refuse"]) == 1  # a template error, not a usage error
+    err = capsys.readouterr().err
+    assert "<think> blocks of earlier assistant turns" in err and "template_rewrites new_run" in err
+    assert not out.exists()

@@ -86,6 +86,7 @@ def probe_problem(
     rewrite: TemplateProblem | None = None
     try:
         record = render(messages, tools, add_generation_prompt=True)
+        no_generation_prompt = record == render(messages, tools)
         regions = [(0, "system"), (_common_prefix(render(messages, tools), record), "generation")]
         for turn, text in enumerate(_PROBE_TURNS):
             content = (_PROBE_THINK if think else "") + text
@@ -104,6 +105,16 @@ def probe_problem(
             record += observed
             messages.extend(observation)
             expected = render(messages, tools, add_generation_prompt=True)
+            lost = [m["content"] for m in observation if m["content"] not in expected]
+            if lost:
+                what = f"it leaves {role} messages out of the render once the conversation is longer (no {lost[0]!r})"
+                return TemplateProblem(head + what, rewrites_history=False)
+            if expected != record and no_generation_prompt:
+                what = (
+                    "it adds no generation prompt (add_generation_prompt changes nothing), yet writes a header "
+                    "before each assistant turn of the history: the model would have to write that header itself"
+                )
+                return TemplateProblem(head + what, rewrites_history=False)
             if expected != record:
                 explained = _explain(record, expected, regions, role, think)
                 rewrite = rewrite or TemplateProblem(head + explained, rewrites_history=True)

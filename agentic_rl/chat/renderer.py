@@ -10,6 +10,7 @@ length of the history. Whether a template can be followed this way is decided on
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from agentic_rl.chat.special_text import Rendered, SpecialText
 from agentic_rl.errors import TemplateError
 
 __all__ = ["ChatRenderer", "Segment"]
+
+logger = logging.getLogger(__name__)
 
 _SENTINEL = "\x00agentic-rl-sentinel\x00"
 # A closed assistant turn that observations are appended to when measuring their ids.
@@ -88,7 +91,10 @@ class ChatRenderer:
         self._role_problems: dict[str, TemplateProblem | None] = {}
         problem = self._role_problem("tool")
         if problem is not None and strict and not (history_rewrites and problem.rewrites_history):
-            raise TemplateError(problem.message)
+            hint = " (such a template can train as several exact runs: template_rewrites new_run)"
+            raise TemplateError(problem.message + (hint if problem.rewrites_history else ""))
+        if problem is not None and history_rewrites:
+            logger.info("%s: a trajectory follows it as several exact runs, one where it rewrites", problem.message)
         self._role_problem("user")
 
     @property
@@ -242,7 +248,12 @@ class ChatRenderer:
         escaped_tools = self._special.escape(list(tools), table) if tools else tools
         after = self.render([*_STAND_IN, *escaped], escaped_tools, add_generation_prompt=True)
         at = after.find(_SENTINEL)
-        if at < 0 or not after.startswith(self.end_of_turn_text, at + len(_SENTINEL)):
+        if at < 0:
+            raise TemplateError(
+                "the chat template does not write an earlier assistant turn's content as given once an observation "
+                "follows it (it replaces or drops it)"
+            )
+        if not after.startswith(self.end_of_turn_text, at + len(_SENTINEL)):
             raise TemplateError(
                 f"the chat template does not close an assistant turn with {self.end_of_turn_text!r} when an "
                 f"observation follows it"

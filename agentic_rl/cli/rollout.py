@@ -131,6 +131,8 @@ class _RolloutPlan:
     system_prompt: str | None
     out_dir: Path
     harness: Any  # the turn loop's HarnessConfig (`_harness_config`)
+    model_dir: Path
+    renderer: Any  # the model's ChatRenderer: a template that cannot be followed is refused before the folder exists
 
 
 def run_rollout(args: argparse.Namespace, typed: dict[str, Any], *, defaults: dict[str, Any]) -> int:
@@ -181,6 +183,7 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
     reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"])
     system_prompt = _read_system_prompt(args.system_prompt_file)
     harness = _harness_config(args)  # refused here, before the output folder exists
+    model_dir, renderer = _model_renderer(args)  # so is a chat template that cannot be followed
     out_dir = Path(args.output_dir or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}")
     if not resuming:
         _check_fresh_rollout_dir(out_dir)
@@ -203,6 +206,8 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
         system_prompt=system_prompt,
         out_dir=out_dir,
         harness=harness,
+        model_dir=model_dir,
+        renderer=renderer,
     )
 
 
@@ -230,6 +235,23 @@ def _sampling_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _model_renderer(args: argparse.Namespace) -> tuple[Path, Any]:
+    """The model's folder and its `ChatRenderer` (`--template-rewrites` says whether a template that rewrites history
+    is followed as several exact runs).
+
+    Raises:
+        ModelError: for an unknown model. TemplateError: for a chat template that cannot be followed.
+    """
+    from transformers import AutoTokenizer
+
+    from agentic_rl.chat import ChatRenderer
+    from agentic_rl.models import resolve_model
+
+    model_dir = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return model_dir, ChatRenderer(tokenizer, history_rewrites=args.template_rewrites == "new_run")
+
+
 def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     """The `RolloutSpec` of the built-in tool agent over an engine on the model, started unless no task is left to
     run (then None); with the llm_judge reward, judging with the run's own engine.
@@ -237,17 +259,10 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     Returns:
         The spec (or None) and the model's folder.
     """
-    from transformers import AutoTokenizer
-
-    from agentic_rl.chat import ChatRenderer
-    from agentic_rl.models import resolve_model
     from agentic_rl.rollout.agent import start_engine, tool_agent_spec
     from agentic_rl.tools.registry import build_tools
 
-    args = plan.args
-    model_dir = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    renderer = ChatRenderer(tokenizer, history_rewrites=args.template_rewrites == "new_run")
+    args, model_dir, renderer = plan.args, plan.model_dir, plan.renderer
     resumed = f" ({len(plan.done)} done before, resuming {plan.out_dir})" if plan.resuming else ""
     console.print(f"model {model_dir}, {len(plan.tasks)} tasks from {args.data}{resumed}; starting the engine...")
     if not plan.todo:

@@ -10,6 +10,7 @@ This is the single place per trajectory that turns an unexpected exception into 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -511,18 +512,28 @@ def _observe_in_new_run(
 ) -> Stop | None:
     """Show an observation the template cannot append exactly (it writes earlier turns differently once it
     follows) by starting a new exact run, prompted with the template's render of the whole conversation: the
-    tokens the model then sees. Its prompt's tokens after the first prompt count against the response budget.
+    tokens the model then sees. Against the response budget the new run starts from the tokens its prompt holds
+    beyond the first prompt, or from every token sampled and inserted so far if that is more (a template that
+    drops earlier turns must not let a trajectory sample past the budget).
 
     Raises:
-        TemplateError: with `template_rewrites="refuse"`, or where the template leaves the observation out.
+        TemplateError: with `template_rewrites="refuse"`, or where the template leaves the observation out (of any
+            render, or of this conversation's).
     """
     assert state.sample is not None
     cannot = spec.renderer.rerender_problem(result.observation)
     if spec.config.template_rewrites == "refuse" or cannot is not None:
         raise TemplateError(cannot or problem)
     messages = [*state.messages, *result.observation]
-    prompt = spec.renderer.prompt_ids(messages, state.sample.tools)
-    offset = max(0, len(prompt) - len(state.recorder.runs[0].prompt_ids))
+    rendered = spec.renderer.render_with_pieces(messages, state.sample.tools, add_generation_prompt=True)
+    lost = [m for m in result.observation if not _shown(str(m.get("content") or ""), rendered.text)]
+    if lost:
+        raise TemplateError(
+            f"the chat template leaves the observation {lost[0].get('content')!r:.60} out of the prompt"
+        )
+    prompt = spec.renderer.span_ids(rendered, 0, len(rendered.text))
+    grown = len(prompt) - len(state.recorder.runs[0].prompt_ids)
+    offset = max(0, grown, state.budget_offset + len(state.recorder.current.response_ids))
     room, limit = room_left(spec, TokenRun(prompt), offset=offset)
     if room <= 0 and state.memory is None:
         step.info["observation_not_shown"] = [m.get("content", "") for m in result.observation]
@@ -539,6 +550,12 @@ def _observe_in_new_run(
     state.metrics["rerendered_prompt_tokens"] = state.metrics.get("rerendered_prompt_tokens", 0) + len(prompt)
     step.info["next_run"] = "template rewrite"
     return None
+
+
+def _shown(content: str, text: str) -> bool:
+    """Whether a template's `text` holds an observation's `content`: as given, trimmed, or JSON-escaped (templates
+    that write tool results as JSON strings)."""
+    return content in text or content.strip() in text or json.dumps(content)[1:-1] in text
 
 
 async def _apply_memory(spec: RolloutSpec, state: _State) -> None:

@@ -113,3 +113,69 @@ def test_a_template_that_leaves_tool_results_out_is_refused_even_with_rewrites(t
     qwen3 = ChatRenderer(family_tokenizer(tokenizer, FAMILIES[0]), history_rewrites=True)
     user = [{"role": "user", "content": "and now?"}]
     assert qwen3.append_problem(user) is not None and qwen3.rerender_problem(user) is None
+
+
+# ---- templates that must not be followed, and the budget across runs (scripted engine: the template is the test) ----
+
+_CHATML_TURN = '{{- "<|im_start|>" + message.role + "\\n" + content + "<|im_end|>\\n" }}'
+_REASONING_DROPPED = ('{%- set content = message.content %}{%- if message.role == "assistant" and not loop.last %}'
+                      '{%- set content = content.split("</think>")[-1] %}{%- endif %}')  # fmt: skip
+_GENERATION = '{%- if add_generation_prompt %}{{- "<|im_start|>assistant\\n" }}{%- endif %}'
+
+
+def _template(tokenizer: Any, body: str, generation: str = _GENERATION) -> Any:
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = "{%- for message in messages %}" + body + "{%- endfor %}" + generation
+    return tok
+
+
+def test_a_template_that_hides_later_tool_results_or_has_no_generation_prompt_is_refused(tokenizer):
+    hides = _template(tokenizer, '{%- if not (message.role == "tool" and loop.index0 > 4) %}'
+                                 '{%- set content = message.content %}' + _CHATML_TURN + '{%- endif %}')  # fmt: skip
+    with pytest.raises(TemplateError, match="leaves tool messages out of the render once the conversation is longer"):
+        ChatRenderer(hides, history_rewrites=True)
+    no_generation = _template(tokenizer, "{%- set content = message.content %}" + _CHATML_TURN, generation="")
+    with pytest.raises(TemplateError, match="adds no generation prompt"):
+        ChatRenderer(no_generation, history_rewrites=True)
+    rewrites = _template(tokenizer, _REASONING_DROPPED + _CHATML_TURN)
+    with pytest.raises(TemplateError, match=r"template_rewrites new_run\)$"):  # refused without rewrites, with the hint
+        ChatRenderer(rewrites)
+
+
+async def _scripted(tok: Any, *, max_steps: int, max_response_length: int):
+    from support.engines import ScriptedEngine
+
+    def call(question: str, turn: int) -> str:  # a distinct result per turn (7013, 7026, ...)
+        expression = f"{turn + 1} * 7013"
+        return f'<think>\nstep\n</think>\n<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+
+    engine = ScriptedEngine(tok, call)
+    config = HarnessConfig(max_steps=max_steps, max_prompt_length=1024, max_response_length=max_response_length)
+    spec = RolloutSpec(engine=engine, environment=ToolEnvironment([CalculatorTool()]),
+                       renderer=ChatRenderer(tok, history_rewrites=True), config=config)  # fmt: skip
+    return await run_trajectory({"id": 0, "question": "What is 6 * 7?", "ground_truth": "42"}, 0, spec)
+
+
+async def test_an_observation_the_next_prompt_would_not_show_fails_the_trajectory(tokenizer):
+    """Past what the start-up check covers (a longer conversation), the template starts leaving tool results out."""
+    tok = _template(tokenizer, _REASONING_DROPPED + '{%- if not (message.role == "tool" and loop.index0 > 8) %}'
+                               + _CHATML_TURN + '{%- endif %}')  # fmt: skip
+    traj = await _scripted(tok, max_steps=6, max_response_length=4096)
+
+    assert traj.failed and "TemplateError" in traj.error and "out of the prompt" in traj.error
+    assert len(traj.runs) >= 2  # the runs before were fine
+
+
+async def test_the_response_budget_binds_across_runs_when_the_template_drops_history(tokenizer):
+    """A template that keeps only the system message and the last three: later prompts are no longer than the first, yet the
+    trajectory samples no more than max_response_length tokens in all."""
+    tok = _template(tokenizer, '{%- if loop.index0 == 0 or loop.revindex0 < 3 %}{%- set content = message.content %}'
+                               + _CHATML_TURN + '{%- endif %}')  # fmt: skip
+    traj = await _scripted(tok, max_steps=12, max_response_length=120)
+
+    assert not traj.failed, traj.error
+    assert len(traj.runs) > 2 and traj.metrics["template_runs"] == len(traj.runs) - 1
+    assert sum(run.num_sampled for run in traj.runs) <= 120
+    assert traj.termination_reason in ("context_limit", "truncated")
