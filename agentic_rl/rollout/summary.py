@@ -33,7 +33,8 @@ def summarize(
         name: share of finished trajectories whose assistant turns call it, as `parse_tool_calls` reads them),
         `mean_turns`, `generated_tokens`, `generated_tokens_per_s` (of
         `trajectories` only), `llm_time_s` / `env_time_s` / `reward_time_s` (summed over trajectories),
-        `alignment_mismatches`, `retokenize_drift`, `termination_reasons` (counts), `wall_time_s` and `resumed`
+        `alignment_mismatches`, `retokenize_drift`, `template_runs` and `rerendered_prompt_tokens` (summed: the runs
+        a chat template that rewrites history started, and their prompt tokens), `termination_reasons` (counts), `wall_time_s` and `resumed`
         (the number of `earlier` trajectories).
     """
     timed = sum(t.num_generated_tokens for t in trajectories)
@@ -60,6 +61,8 @@ def summarize(
         "reward_time_s": sum(t.metrics.get("reward_time", 0.0) for t in trajectories),
         "alignment_mismatches": sum(t.metrics.get("alignment_mismatches", 0) for t in ok),
         "retokenize_drift": sum(t.metrics.get("retokenize_drift", 0) for t in ok),
+        "template_runs": sum(t.metrics.get("template_runs", 0) for t in trajectories),
+        "rerendered_prompt_tokens": sum(t.metrics.get("rerendered_prompt_tokens", 0) for t in trajectories),
         "termination_reasons": reasons,
         "wall_time_s": wall_time_s,
         "resumed": len(earlier),

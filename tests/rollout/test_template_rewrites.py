@@ -177,5 +177,10 @@ async def test_the_response_budget_binds_across_runs_when_the_template_drops_his
 
     assert not traj.failed, traj.error
     assert len(traj.runs) > 2 and traj.metrics["template_runs"] == len(traj.runs) - 1
+    from agentic_rl.rollout.summary import summarize
+
+    summary = summarize([traj], wall_time_s=1.0)  # what `agentic-rl rollout` prints and writes
+    assert summary["template_runs"] == len(traj.runs) - 1
+    assert summary["rerendered_prompt_tokens"] == sum(len(run.prompt_ids) for run in traj.runs[1:])
     assert sum(run.num_sampled for run in traj.runs) <= 120
     assert traj.termination_reason in ("context_limit", "truncated")
