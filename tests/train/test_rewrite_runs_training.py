@@ -98,9 +98,13 @@ async def test_a_trajectory_of_several_runs_trains_each_turn_on_its_exact_prompt
         assert batch.old_logprobs[row][mask].tolist() == pytest.approx(generation.logprobs[:n])
 
     generated = sum(t.num_generated_tokens for t in trajectories)
-    metrics = _train(copy.deepcopy(hf_model), tokenizer, trajectories, advantage=mode, micro_batch_size=4)
+    # off-policy correction per run (the default truncated weight; a sequence-level mask, each run a sequence)
+    off_policy = {"correction": "mask", "mask_level": "sequence"} if mode == "trajectory" else {}
+    metrics = _train(copy.deepcopy(hf_model), tokenizer, trajectories, advantage=mode, micro_batch_size=4,
+                     off_policy=off_policy)  # fmt: skip
     rows = sum(len(t.runs) for t in trajectories)  # = turns: one row per turn in either mode
     assert metrics["valid_rows"] == rows and metrics["valid_trajectories"] == 4
     assert metrics["tokens_sampled"] == metrics["tokens_trained"] == generated and metrics["tokens_excluded"] == 0
     assert metrics["logprob_diff"] < 1e-3  # the trainer scores every turn on the prompt the engine saw
     assert metrics["grad_norm"] > 0
+    assert metrics["is_masked_fraction"] == 0.0 and abs(metrics["is_weight_mean"] - 1) < 1e-3  # on-policy: none left out
