@@ -116,25 +116,25 @@ def full_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 def unit_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The whole parameters of a sharded `model` in `named_parameters` order, each FSDP unit unsharded once
-    (`FSDPModule.unshard`: one all-gather of the unit) while its parameters are copied out, then resharded; a unit
-    whose parameters are not contiguous in that order (the root: embeddings first, norm and head last) is
-    unsharded once per run of them."""
+    (`FSDPModule.unshard`: one all-gather of the unit) while its parameters are copied out, and resharded after its
+    last one. A unit whose parameters are not contiguous in that order (the root: embeddings first, norm and head
+    last) stays unsharded in between, beside one decoder layer at a time: one gather per unit per sync."""
     owner = _owners(model)
     names = [name for name, _ in model.named_parameters()]
-    current = None
+    last = {id(owner[name]): i for i, name in enumerate(names)}  # where each unit's last parameter comes
+    gathered: dict[int, Any] = {}
     try:
-        for name in names:
+        for i, name in enumerate(names):
             unit = owner[name]
-            if unit is not current:
-                if current is not None:
-                    current.reshard()
-                current = None
+            if id(unit) not in gathered:
                 unit.unshard()
-                current = unit
+                gathered[id(unit)] = unit
             yield name, model.get_parameter(name).detach().clone()
+            if last[id(unit)] == i:
+                gathered.pop(id(unit)).reshard()
     finally:
-        if current is not None:
-            current.reshard()
+        for unit in gathered.values():
+            unit.reshard()
 
 
 def _units(model: torch.nn.Module) -> list[Any]:

@@ -181,6 +181,17 @@ def levers(out: str, ctx: DistContext, model: torch.nn.Module) -> None:
     ctx.close()
 
 
+def count_calls(obj: Any, method: str, counts: list[int], k: int) -> None:
+    """Make `obj.method` add 1 to `counts[k]` on each call."""
+    inner = getattr(obj, method)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[k] += 1
+        return inner(*args, **kwargs)
+
+    setattr(obj, method, counted)
+
+
 def gathered_weights(out: str, ctx: DistContext, model: torch.nn.Module) -> None:
     """After one sharded step (fp32, then bf16 mixed precision): `named_weights()` collected whole into a list,
     beside each parameter gathered alone, saved to `out`."""
@@ -189,10 +200,15 @@ def gathered_weights(out: str, ctx: DistContext, model: torch.nn.Module) -> None
         config = GRPOConfig(lr=1e-3, micro_batch_size=2, sharding="fsdp", precision=precision)
         trainer = GRPOTrainer(copy.deepcopy(model), pad_token_id=PAD, config=config, dist=ctx)
         trainer.train_step(rank_rows(ctx.rank, CASES[0][2]))
-        listed = list(trainer.named_weights())  # kept whole after the iteration: copies, not freed unit storage
-        alone = [(name, unshard_tensor(p)) for name, p in trainer.module.named_parameters()]
         units = fsdp_units._units(trainer.module)
-        results.append({"listed": listed, "alone": alone, "by_unit": not any(map(fsdp_units._gathers_cast, units))})
+        gathers = [0] * len(units)
+        for k, unit in enumerate(units):  # count each unit's gathers during the sync
+            count_calls(unit, "unshard", gathers, k)
+        listed = list(trainer.named_weights())  # kept whole after the iteration: copies, not freed unit storage
+        counted = list(gathers)
+        alone = [(name, unshard_tensor(p)) for name, p in trainer.module.named_parameters()]
+        results.append({"listed": listed, "alone": alone, "by_unit": not any(map(fsdp_units._gathers_cast, units)),
+                        "gathers": counted})  # fmt: skip
     torch.save(results, out)
     ctx.close()
 

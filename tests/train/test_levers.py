@@ -115,6 +115,7 @@ def test_a_sync_from_shards_reads_the_master_weights_unit_by_unit(tmp_path):
     for rank in (0, 1):
         cases = torch.load(tmp_path / f"rank{rank}.pt")
         assert [case["by_unit"] for case in cases] == [True, False]  # fp32 by unit; bf16 gathers cast: alone
+        assert set(cases[0]["gathers"]) == {1}  # each unit gathered once, the root (first and last) too
         for case in cases:
             assert [n for n, _ in case["listed"]] == [n for n, _ in case["alone"]]
             for (_, got), (_, want) in zip(case["listed"], case["alone"], strict=True):
