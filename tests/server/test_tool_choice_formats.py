@@ -19,6 +19,7 @@ import httpx
 import pytest
 from support.chat_templates import FAMILIES, family_tokenizer
 from support.server import MODEL_NAME
+from test_tool_choice import CALCULATOR, TOOLS  # the same two tools
 
 from agentic_rl.engine.base import Generation
 from agentic_rl.parser import (
@@ -36,13 +37,6 @@ from agentic_rl.server.app import create_app
 from agentic_rl.server.serving import OpenAIServing
 from agentic_rl.server.thread import ServerThread
 
-CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                             "required": ["expression"]}}}  # fmt: skip
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                          "required": ["city", "days"]}}}  # fmt: skip
-TOOLS = [CALCULATOR, WEATHER]
 ASK = [{"role": "user", "content": "What is 2 + 3? And the weather in Oslo for 3 days?"}]
 CALC_CALL = ("calculator", {"expression": "2 + 3"}, "abcDEF123")
 WEATHER_CALL = ("get_weather", {"city": "Oslo", "days": 3}, "XYZxyz789")
