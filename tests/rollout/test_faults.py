@@ -288,11 +288,11 @@ class _UserFeedbackEnvironment(ToolEnvironment):
         return await super().step(sample)
 
 
-async def test_observation_the_template_cannot_append_exactly_fails_only_its_trajectory(qwen3_tokenizer):
+async def test_observation_the_template_cannot_append_exactly_fails_only_its_trajectory_when_refused(qwen3_tokenizer):
     renderer = ChatRenderer(qwen3_tokenizer)  # Qwen3: tool results append exactly, user messages do not
     env = _UserFeedbackEnvironment([CalculatorTool()], tools_in_system_prompt=False)
     engine = ScriptedEngine(qwen3_tokenizer)
-    config = HarnessConfig(max_steps=3, max_prompt_length=2048, max_response_length=2048)
+    config = HarnessConfig(max_steps=3, max_prompt_length=2048, max_response_length=2048, template_rewrites="refuse")
 
     async def one(task, idx):
         return await run_trajectory(
@@ -304,3 +304,22 @@ async def test_observation_the_template_cannot_append_exactly_fails_only_its_tra
     assert "TemplateError" in first.error and "once a user message follows" in first.error
     assert not second.failed, second.error
     assert second.metrics["tool_calls"] == 1 and second.metrics["alignment_mismatches"] == 0
+
+
+async def test_an_observation_the_template_cannot_append_starts_a_new_run_by_default(qwen3_tokenizer):
+    """Qwen3 drops the `<think>` block of a turn once a user message follows it: the user's feedback starts a run
+    prompted with the template's own render, and the trajectory goes on."""
+    renderer = ChatRenderer(qwen3_tokenizer, history_rewrites=True)
+    env = _UserFeedbackEnvironment([CalculatorTool()], tools_in_system_prompt=False)
+    engine = ScriptedEngine(qwen3_tokenizer)
+    config = HarnessConfig(max_steps=3, max_prompt_length=2048, max_response_length=2048)
+    spec = RolloutSpec(engine=engine, environment=env, renderer=renderer, config=config)
+    traj = await run_trajectory(_tasks([""])[0], 0, spec)
+
+    assert not traj.failed, traj.error
+    assert len(traj.runs) == len(traj.steps) == 3 and traj.metrics["template_runs"] == 2  # feedback after each turn
+    assistant_at = [k for k, m in enumerate(traj.chat_completions) if m["role"] == "assistant"]
+    for run, at in zip(traj.runs[1:], assistant_at[1:], strict=True):  # each run: the template's render so far
+        history = traj.chat_completions[:at]
+        assert renderer.decode(run.prompt_ids) == renderer.render(history, env.schemas, add_generation_prompt=True)
+        assert history[-1] == {"role": "user", "content": "Check it again."}

@@ -546,6 +546,8 @@ def test_tool_agent_wrapper_carries_every_harness_field_from_its_argument_of_tha
             values[name] = not value
         elif isinstance(value, int):
             values[name] = value - 1 if value > 1 else value + 1  # inside the wrapper's ranges
+        elif isinstance(value, str):  # a choice
+            values[name] = {"new_run": "refuse"}[value]
         else:
             values[name] = value + 0.5
     sampling = {"temperature": 0.5, "seed": 7}
