@@ -2,7 +2,9 @@
 
 It reads a training config (`--config`, else the defaults) with `--set` overrides, then the lever flags, which win;
 the model is `--model` (a `config.json`, a folder holding one, or a registry name), else the config's. It prints a
-table of the plan (`loop.memory_plan.plan_memory`) or, with `--json`, the plan as JSON.
+table of the plan (`loop.memory_plan.plan_memory`; the engine's rows per card at `--tensor-parallel-size`, and the
+smallest tensor parallelism that holds every agent's whole window where it differs) or, with `--json`, the plan as
+JSON.
 """
 
 from __future__ import annotations
@@ -33,6 +35,14 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument("--activation-checkpointing", action="store_true", default=None)
     p.add_argument("--cpu-offload", action="store_true", default=None, help="brings --sharding fsdp unless given")
     p.add_argument("--max-model-len", type=int, default=None, help="the engine window in tokens")
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=None,
+        metavar="T",
+        help="cards per engine: groups of T consecutive ranks run one tensor-parallel vLLM engine (default: the "
+        "config's engine.tensor_parallel_size)",
+    )
     p.add_argument("--config", default=None, help="YAML file with TrainConfig fields (default: the defaults)")
     p.add_argument(
         "--set",
@@ -61,6 +71,8 @@ def _overrides(args: argparse.Namespace) -> list[str]:
         items.append("optimizer.activation_checkpointing=true")
     if args.max_model_len is not None:
         items.append(f"engine.max_model_len={args.max_model_len}")
+    if args.tensor_parallel_size is not None:
+        items.append(f"engine.tensor_parallel_size={args.tensor_parallel_size}")
     return items
 
 
@@ -111,7 +123,7 @@ def _print_table(plan: Any) -> None:
     levers = ", ".join(plan.levers.on) or "none"
     table = Table(
         title=f"{plan.model}: {plan.parameters / 1e9:.2f} B parameters, {plan.gpus} x {plan.platform} of "
-        f"{plan.gpu_memory_gib:g} GiB, levers: {levers}",
+        f"{plan.gpu_memory_gib:g} GiB, levers: {levers}, engine tensor parallel {e.tensor_parallel_size}",
         title_justify="left",
     )
     for column in ("phase", "part", "card GiB", "host GiB", "note"):
@@ -124,9 +136,14 @@ def _print_table(plan: Any) -> None:
     budget = f"budget {plan.trainer_budget_gib:.2f}" + (f", over by {over:.2f}" if over > 0 else "")
     peak = (f"[bold]{t.peak_gib:.2f}", f"{t.host_gib:.2f}", budget)
     table.add_row("[bold]trainer", "[bold]peak", *peak, end_section=True)
-    table.add_row("engine", f"weights ({e.dtype})", f"{e.weights:.2f}", _host(e.host or None), "")
+    tp = e.tensor_parallel_size
+    split = "whole model" if tp == 1 else f"1/{tp} of the model: {tp} cards per engine"
+    table.add_row("engine", f"weights ({e.dtype})", f"{e.weights:.2f}", _host(e.host or None), split)
     table.add_row("engine", "activations", f"{e.activations:.2f}", "", "one batch of tokens, the sampler")
-    kv = f"{e.kv_tokens} tokens: {e.agents_at_max_model_len} agents at {e.max_model_len} ({e.n_parallel_agents} set)"
+    kv = (
+        f"what the share leaves: {e.kv_tokens} KV tokens, {e.agents_at_max_model_len} agents at {e.max_model_len} "
+        f"({e.n_parallel_agents} set)"
+    )
     table.add_row("engine", "KV cache", f"{e.kv_cache:.2f}", "", kv)
     table.add_row("[bold]engine", "[bold]share", f"[bold]{e.share:.2f}", "", f"{e.asleep:.2f} kept in the train step")
     peak = (f"[bold]{plan.card_peak_gib:.2f}", f"{plan.host_gib:.2f}", "train step or rollout, the larger")
@@ -169,10 +186,14 @@ def _verdict(plan: Any) -> list[str]:
     if not e.holds_window:
         lines.append(
             f"  the engine's share ({e.share:.2f} GiB) leaves no KV cache for one {e.max_model_len}-token window "
-            f"beside its weights ({e.weights:.2f}): raise engine.gpu_memory_utilization or use more card memory"
+            f"beside its weights ({e.weights:.2f}): raise engine.gpu_memory_utilization or "
+            "engine.tensor_parallel_size, or use more card memory"
         )
     elif not e.holds_agents:
         lines.append(f"  {e.n_parallel_agents} agents at {e.max_model_len} tokens exceed the KV cache: vLLM preempts")
+    advice = plan.tensor_parallel_advice()
+    if advice:
+        lines.append(f"  {advice}")
     start = "fits" if plan.startup_fits else "does NOT fit"
     lines.append(f"  start-up (whole fp32 model on each card before sharding): {plan.startup_gib:.2f} GiB, {start}")
     return lines

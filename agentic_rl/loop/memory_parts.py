@@ -36,10 +36,17 @@ Trainer (P parameters, T of them trained: all, or the LoRA adapter's; W ranks, t
 - `cpu_offload`: the sharded weights, gradients, AdamW state and reference live in host memory (host GiB).
 - Framework overhead, a stated constant per platform (`PLATFORM_OVERHEAD_GIB`).
 
-Engine (vLLM, one whole copy per rank): weights in `engine.dtype`; an activation peak for a batch of
-`max_num_batched_tokens` tokens; the KV cache, 2 x L x key/value heads x head_dim x dtype bytes per token. On an
-accelerator vLLM takes `gpu_memory_utilization` of the card and the KV cache is what its weights and activations
-leave of that share; on the CPU the KV cache is `kv_cache_gib`. With `sleep_while_training` the engine holds nothing
+Engine (vLLM; with `engine.tensor_parallel_size` T, one engine per group of T consecutive ranks, its weights split
+over the T cards of the group; T = 1: one whole copy per rank): weights in `engine.dtype`, /T per card (vLLM shards
+the attention heads, the MLP's columns and the vocabulary of the embedding and output head; the few replicated
+parts, norms and key/value projections when T exceeds the key/value heads, are not counted twice); an activation
+peak for a batch of `max_num_batched_tokens` tokens, whose attention and MLP widths divide by T (the residual
+stream of width h stays whole on every card, and so do the sampler's gathered logits); the KV cache,
+2 x L x key/value heads per card x head_dim x dtype bytes per token, where a card holds key/value heads / T of them,
+or one (replicated) when T exceeds them (vLLM needs one of the two to divide the other). Every card of the group
+holds its heads for every token, so the engine holds as many tokens as one card's KV cache does. On an
+accelerator vLLM takes `gpu_memory_utilization` of each card and the KV cache is what the card's weights and
+activations leave of that share; on the CPU the KV cache is `kv_cache_gib` per rank. With `sleep_while_training` the engine holds nothing
 on the card during the train step (weights backed up to host memory, KV cache dropped), so the step may use the
 whole card; the trainer's resident part (weights, AdamW state, reference) must still leave the engine its share.
 
@@ -69,6 +76,7 @@ __all__ = [
     "TrainerMemory",
     "resolved_dtype",
     "engine_memory",
+    "kv_heads_per_card",
     "layer_activation_bytes",
     "trainer_memory",
 ]
@@ -207,20 +215,24 @@ class TrainerMemory:
 
 @dataclass(frozen=True, slots=True)
 class EngineMemory:
-    """The engine's memory per card (GiB) and what its KV cache holds.
+    """The engine's memory per card (GiB) and what its KV cache holds; with tensor parallelism T > 1 every figure
+    but `kv_tokens` (the whole engine's) is one card's of the engine's T.
 
     Attributes:
         dtype: the engine's weight and KV dtype (`bfloat16`, `float16`, `float32`).
-        weights: its weights, GiB.
-        activations: its activation peak (a batch of `max_num_batched_tokens` tokens and the sampler), GiB.
-        kv_cache: its KV cache, GiB (0 when its share holds no room for one).
+        weights: its weights on one card, GiB (the whole model's / T).
+        activations: its activation peak on one card (a batch of `max_num_batched_tokens` tokens and the
+            sampler), GiB.
+        kv_cache: the KV cache on one card, GiB: what the share leaves (0 when it holds no room for one).
         share: what it takes of the card while awake, GiB (`gpu_memory_utilization` x card on an accelerator).
         asleep: what it keeps on the card during the train step, GiB (0 with `sleep_while_training`, else `share`).
         host: host memory per rank, GiB (the weights backed up while it sleeps).
-        kv_bytes_per_token: bytes of KV cache per token (all layers, keys and values).
-        kv_tokens: tokens the KV cache holds, over all sequences.
+        kv_bytes_per_token: bytes of KV cache per token on one card (all layers, keys and values of its heads).
+        kv_tokens: tokens the engine's KV cache holds, over all sequences (each card holds its heads of every
+            token: one card's KV cache / `kv_bytes_per_token`).
         max_model_len: the engine window in tokens.
-        n_parallel_agents: trajectories in flight per rank (`rollout.n_parallel_agents`).
+        n_parallel_agents: trajectories in flight per engine (`rollout.n_parallel_agents`).
+        tensor_parallel_size: T, the cards one engine spreads over (`engine.tensor_parallel_size`).
     """
 
     dtype: str
@@ -234,6 +246,7 @@ class EngineMemory:
     kv_tokens: int
     max_model_len: int
     n_parallel_agents: int
+    tensor_parallel_size: int = 1
 
     @property
     def agents_at_max_model_len(self) -> int:
@@ -380,14 +393,20 @@ def engine_memory(
     n_parallel_agents: int,
     batched_tokens: int | None,
     max_num_seqs: int,
+    tensor_parallel_size: int = 1,
 ) -> EngineMemory:
-    """The engine's parts (module docstring)."""
+    """The engine's parts per card (module docstring), for an engine spread over `tensor_parallel_size` cards
+    (T, which must divide the attention heads, and the key/value heads or be a multiple of them: the caller checks,
+    as `memory_plan.plan_memory` does)."""
     c = DTYPE_BYTES[dtype]
-    weights = shape.parameters * c / GIB
+    tp = tensor_parallel_size
+    weights = shape.parameters * c / tp / GIB
     if batched_tokens is None:
         batched_tokens = max(max_model_len, 2048) if platform == "cpu" else (16384 if card_gib >= 70 else 8192)
-    h, q, kv, i = shape.hidden_size, shape.q_width, shape.kv_width, shape.intermediate_size
-    per_token = c * (3 * i + 4 * h + q + 2 * kv)  # one layer at a time: gate/up output, activation, attention
+    h, q, i = shape.hidden_size, shape.q_width, shape.intermediate_size
+    kv = kv_heads_per_card(shape, tp) * shape.head_dim
+    # one layer at a time: gate/up output and activation, queries (T-sharded), keys/values, the residual's h
+    per_token = c * ((3 * i + q) / tp + 4 * h + 2 * kv)
     activations = (batched_tokens * per_token + 2 * max_num_seqs * shape.vocab_size * 4) / GIB
     if platform == "cpu":
         kv_gib = kv_cache_gib
@@ -395,7 +414,7 @@ def engine_memory(
     else:
         share = utilization * card_gib
         kv_gib = max(share - weights - activations, 0.0)
-    per_token_kv = shape.kv_bytes_per_token(c)
+    per_token_kv = 2 * shape.num_hidden_layers * kv * c
     return EngineMemory(
         dtype=dtype,
         weights=weights,
@@ -408,7 +427,14 @@ def engine_memory(
         kv_tokens=int(kv_gib * GIB // per_token_kv),
         max_model_len=max_model_len,
         n_parallel_agents=n_parallel_agents,
+        tensor_parallel_size=tp,
     )
+
+
+def kv_heads_per_card(shape: ModelShape, tensor_parallel_size: int) -> int:
+    """Key/value heads one card of an engine spread over `tensor_parallel_size` (T) cards holds: key/value heads / T,
+    or 1 when T exceeds them (vLLM replicates each over T / key/value heads cards)."""
+    return max(shape.num_key_value_heads // tensor_parallel_size, 1)
 
 
 def resolved_dtype(dtype: str, shape: ModelShape) -> str:

@@ -3,8 +3,15 @@
 Every figure is in GiB (2**30 bytes) per card (per rank) unless it says host. A colocated run holds on each card a
 trainer and a vLLM engine; `loop.memory_parts` computes each one's parts (its docstring gives the formulas and their
 sources); the plan sets them against the card, phase by phase, and tries every set of the trainer's levers
-(`LEVERS`: bf16 precision, activation checkpointing, FSDP, CPU offload, LoRA) to say which make it fit. Pure
-arithmetic: nothing here imports torch, so a 70B config is planned on a laptop in milliseconds.
+(`LEVERS`: bf16 precision, activation checkpointing, FSDP, CPU offload, LoRA) to say which make it fit.
+
+The engine's tensor parallelism T (`engine.tensor_parallel_size`: groups of T consecutive ranks run one vLLM
+engine, its weights split over their cards) divides the engine's weights and most of its activations per card; its
+share of a card stays `gpu_memory_utilization` x the card, so a larger T leaves a larger KV cache on each card, and
+the engine holds as many tokens as one card's KV cache does. The plan refuses a T that does not divide the ranks or
+the model's attention heads (vLLM refuses those), and says the smallest T that holds every agent's whole window
+(`MemoryPlan.recommended_tensor_parallel_size`). Pure arithmetic: nothing here imports torch, so a 70B config is
+planned on a laptop in milliseconds.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ __all__ = [
     "plan_for_config",
     "plan_memory",
     "run_memory_plan",
+    "tensor_parallel_sizes",
 ]
 
 
@@ -78,11 +86,13 @@ class MemoryPlan:
         tokens_per_row: prompt + response tokens of a row.
         response_tokens: response tokens of a row (the columns reaching the output head).
         trainer: the trainer's parts.
-        engine: the engine's parts.
+        engine: the engine's parts per card, at the configured tensor parallelism (`engine.tensor_parallel_size`).
         trainer_budget_gib: what the train step may use: the card less what the engine holds during it.
         resident_budget_gib: what the trainer may hold while the engine is awake: the card less the engine's share.
         startup_gib: the trainer's start-up peak (the whole fp32 model, and its KL copy, before sharding).
         options: every set of levers (`cpu_offload` only with `fsdp`) with its trainer peak and fit.
+        tensor_parallel_options: the engine's parts per card at every tensor parallelism the run allows
+            (`tensor_parallel_sizes`: the divisors of `gpus` vLLM accepts for the model), smallest first.
     """
 
     model: str
@@ -101,6 +111,21 @@ class MemoryPlan:
     resident_budget_gib: float
     startup_gib: float
     options: tuple[LeverOption, ...] = field(default=())
+    tensor_parallel_options: tuple[EngineMemory, ...] = field(default=())
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """T, the cards one engine spreads over (`engine.tensor_parallel_size`)."""
+        return self.engine.tensor_parallel_size
+
+    @property
+    def recommended_tensor_parallel_size(self) -> int | None:
+        """The smallest T that holds every agent's whole window: the smallest of `tensor_parallel_options` whose
+        KV cache holds `n_parallel_agents` x `max_model_len` tokens (so vLLM never preempts an agent for room);
+        None when none does (more card memory, a larger `gpu_memory_utilization`, fewer agents or a shorter
+        window). A larger T leaves more KV cache per card but costs the engine an all-reduce per layer, and takes
+        cards from rolling out: the smallest that holds the agents is the one to use."""
+        return next((e.tensor_parallel_size for e in self.tensor_parallel_options if e.holds_agents), None)
 
     @property
     def trainer_fits(self) -> bool:
@@ -156,6 +181,7 @@ class MemoryPlan:
             "platform": self.platform,
             "gpus": self.gpus,
             "gpu_memory_gib": self.gpu_memory_gib,
+            "tensor_parallel_size": self.tensor_parallel_size,
             "levers": list(self.levers.on),
             "micro_batch": {"rows": self.rows, "tokens_per_row": self.tokens_per_row, "response": self.response_tokens},
             "trainer": {
@@ -172,18 +198,7 @@ class MemoryPlan:
                 "resident_budget_gib": round(self.resident_budget_gib, 6),
                 "fits": self.trainer_fits,
             },
-            "engine": {
-                **{k: round(getattr(engine, k), 6) for k in ("weights", "activations", "kv_cache", "share", "asleep")},
-                "dtype": engine.dtype,
-                "host": round(engine.host, 6),
-                "kv_bytes_per_token": engine.kv_bytes_per_token,
-                "kv_tokens": engine.kv_tokens,
-                "max_model_len": engine.max_model_len,
-                "agents_at_max_model_len": engine.agents_at_max_model_len,
-                "n_parallel_agents": engine.n_parallel_agents,
-                "holds_window": engine.holds_window,
-                "holds_agents": engine.holds_agents,
-            },
+            "engine": _engine_dict(engine),
             "card_peak_gib": round(self.card_peak_gib, 6),
             "host_gib_per_rank": round(self.host_gib, 6),
             "startup_gib": round(self.startup_gib, 6),
@@ -194,7 +209,25 @@ class MemoryPlan:
             "options": [
                 {"levers": list(o.levers), "trainer_gib": round(o.trainer_gib, 6), "fits": o.fits} for o in self.options
             ],
+            "tensor_parallel_options": [_engine_dict(e) for e in self.tensor_parallel_options],
+            "recommended_tensor_parallel_size": self.recommended_tensor_parallel_size,
         }
+
+    def tensor_parallel_advice(self) -> str | None:
+        """A sentence on T when the configured one is not the recommended one (`recommended_tensor_parallel_size`),
+        else None."""
+        e, best = self.engine, self.recommended_tensor_parallel_size
+        if best == self.tensor_parallel_size:
+            return None
+        window = f"every agent's whole window ({e.n_parallel_agents} x {e.max_model_len} tokens)"
+        if best is None:
+            sizes = ", ".join(str(o.tensor_parallel_size) for o in self.tensor_parallel_options)
+            return f"no engine.tensor_parallel_size the run allows ({sizes}) holds {window}"
+        chosen = next(o for o in self.tensor_parallel_options if o.tensor_parallel_size == best)
+        return (
+            f"engine.tensor_parallel_size={best} is the smallest that holds {window}: KV cache {chosen.kv_cache:.1f} "
+            f"GiB per card, {chosen.kv_tokens} tokens"
+        )
 
     def summary(self) -> str:
         """One line: the card's parts and the verdict (what a training run logs at its start)."""
@@ -202,13 +235,15 @@ class MemoryPlan:
         parts = {**t.resident, **t.step, **t.backward}
         listed = ", ".join(f"{name} {gib:.1f}" for name, gib in parts.items() if gib >= 0.05)
         verdict = "fits" if self.fits else "does NOT fit"
+        advice = self.tensor_parallel_advice()
         return (
             f"memory plan per card of {self.gpu_memory_gib:g} GiB ({self.gpus} x {self.platform}, levers: "
             f"{', '.join(self.levers.on) or 'none'}): trainer {t.peak_gib:.1f} GiB at {self.rows} rows x "
-            f"{self.tokens_per_row} tokens ({listed}) of "
-            f"{self.trainer_budget_gib:.1f}; engine {e.share:.1f} GiB (weights {e.weights:.1f}, KV {e.kv_cache:.1f}: "
-            f"{e.kv_tokens} tokens, {e.agents_at_max_model_len} agents at {e.max_model_len}); host "
-            f"{self.host_gib:.1f} GiB per rank; {verdict}"
+            f"{self.tokens_per_row} tokens ({listed}) of {self.trainer_budget_gib:.1f}; engine at tensor parallel "
+            f"{e.tensor_parallel_size}: {e.share:.1f} GiB per card (weights {e.weights:.1f}, activations "
+            f"{e.activations:.1f}, KV cache it leaves {e.kv_cache:.1f}: {e.kv_tokens} KV tokens, "
+            f"{e.agents_at_max_model_len} agents at {e.max_model_len}); host {self.host_gib:.1f} GiB per rank; "
+            f"{verdict}" + (f"; {advice}" if advice else "")
         )
 
 
@@ -231,6 +266,7 @@ def plan_memory(
     kv_cache_gib: float = 1.0,
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int = 256,
+    tensor_parallel_size: int = 1,
 ) -> MemoryPlan:
     """The per-card memory plan of training `shape` on `gpus` cards of `gpu_memory_gib` GiB (module docstring).
 
@@ -249,28 +285,40 @@ def plan_memory(
         max_num_batched_tokens / max_num_seqs: the engine's batch in tokens (None: vLLM's default for the `LLM`
             class, 16384 on cards of 70 GiB or more, else 8192; on the CPU, where chunked prefill is off,
             max(window, 2048)) and in sequences (the sampler's logits).
+        tensor_parallel_size: T, the cards one engine spreads over (groups of T consecutive ranks); the engine's
+            figures are per card (module docstring). The plan also sets out every T the run allows
+            (`MemoryPlan.tensor_parallel_options`) and the smallest that holds every agent's whole window.
 
     Raises:
-        ConfigError: for a count or size that is not positive, a utilization outside (0, 1], or an unknown platform
-            or dtype.
+        ConfigError: for a count or size that is not positive, a utilization outside (0, 1], an unknown platform
+            or dtype, or a `tensor_parallel_size` that does not divide `gpus` or the model's attention heads (or
+            its key/value heads, unless it is a multiple of them).
     """
     _check_inputs(gpus, gpu_memory_gib, max_prompt_length, max_response_length, n_parallel_agents, max_model_len)
     _check_choices(platform, engine_dtype, gpu_memory_utilization, kv_cache_gib)
+    refusal = _tensor_parallel_refusal(shape, gpus, tensor_parallel_size)
+    if refusal:
+        raise ConfigError(refusal)
     levers = optimizer if isinstance(optimizer, Levers) else Levers.of(optimizer)
     batch = _micro_batch(optimizer, micro_batch_size, kl_coef, max_prompt_length, max_response_length, platform)
-    engine = engine_memory(
-        shape,
-        resolved_dtype(engine_dtype, shape),
-        platform=platform,
-        card_gib=gpu_memory_gib,
-        utilization=gpu_memory_utilization,
-        sleep=sleep_while_training and platform != "cpu",
-        kv_cache_gib=kv_cache_gib,
-        max_model_len=max_model_len,
-        n_parallel_agents=n_parallel_agents,
-        batched_tokens=max_num_batched_tokens,
-        max_num_seqs=max_num_seqs,
-    )
+
+    def engine_at(tp: int) -> EngineMemory:
+        return engine_memory(
+            shape,
+            resolved_dtype(engine_dtype, shape),
+            platform=platform,
+            card_gib=gpu_memory_gib,
+            utilization=gpu_memory_utilization,
+            sleep=sleep_while_training and platform != "cpu",
+            kv_cache_gib=kv_cache_gib,
+            max_model_len=max_model_len,
+            n_parallel_agents=n_parallel_agents,
+            batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs,
+            tensor_parallel_size=tp,
+        )
+
+    engine = engine_at(tensor_parallel_size)
     trainer_budget, resident_budget = gpu_memory_gib - engine.asleep, gpu_memory_gib - engine.share
     lora = shape.lora_parameters(levers.lora_rank, levers.lora_targets) if levers.lora_rank else 0
     return MemoryPlan(
@@ -290,6 +338,7 @@ def plan_memory(
         resident_budget_gib=resident_budget,
         startup_gib=_startup_gib(shape, lora, batch),
         options=_options(shape, levers, gpus, batch, trainer_budget, resident_budget),
+        tensor_parallel_options=tuple(engine_at(tp) for tp in tensor_parallel_sizes(shape, gpus)),
     )
 
 
@@ -298,7 +347,8 @@ def plan_for_config(
 ) -> MemoryPlan:
     """`plan_memory` for a training config: the optimizer's levers, micro-batch and KL; the row widths (the
     optimizer's packing widths, else the rollout's budgets); `rollout.n_parallel_agents`; the engine's window
-    (`engine.max_model_len`, else the rollout's budget), dtype, utilization, sleep and CPU KV cache.
+    (`engine.max_model_len`, else the rollout's budget), dtype, utilization, sleep, CPU KV cache and tensor
+    parallelism (`engine.tensor_parallel_size`).
 
     Raises:
         ConfigError: as `plan_memory`.
@@ -318,6 +368,7 @@ def plan_for_config(
         engine_dtype=engine.dtype,
         platform=platform,
         kv_cache_gib=engine.kv_cache_gib,
+        tensor_parallel_size=engine.tensor_parallel_size,
     )
 
 
@@ -356,6 +407,53 @@ def measured_line(plan: MemoryPlan) -> str:
         f"{plan.trainer.peak_gib:.2f} with the engine's {plan.engine.share:.2f}, for micro-batches of {plan.rows} rows "
         f"x {plan.tokens_per_row} tokens: shorter rows take less; {measured / planned:.0%} of the plan)"
     )
+
+
+def tensor_parallel_sizes(shape: ModelShape, gpus: int) -> tuple[int, ...]:
+    """The engine tensor parallelisms a run of `shape` on `gpus` ranks allows, smallest first: the divisors of
+    `gpus` that vLLM accepts for the model (they divide its attention heads, and its key/value heads or are a
+    multiple of them)."""
+    return tuple(tp for tp in range(1, int(gpus) + 1) if not _tensor_parallel_refusal(shape, gpus, tp))
+
+
+def _tensor_parallel_refusal(shape: ModelShape, gpus: int, tp: int) -> str | None:
+    """Why an engine cannot spread over `tp` cards of a run on `gpus` ranks (None when it can)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        return f"tensor_parallel_size={tp!r} must be a positive integer"
+    if gpus % tp:
+        return (
+            f"tensor_parallel_size={tp} does not divide gpus={gpus}: each group of {tp} consecutive ranks runs one "
+            "engine"
+        )
+    heads, kv_heads = shape.num_attention_heads, shape.num_key_value_heads
+    if heads % tp:
+        return (
+            f"tensor_parallel_size={tp} does not divide the model's num_attention_heads={heads}: vLLM splits the "
+            "heads evenly over the cards"
+        )
+    if (kv_heads % tp) if kv_heads >= tp else (tp % kv_heads):
+        return (
+            f"tensor_parallel_size={tp} neither divides nor is a multiple of the model's num_key_value_heads="
+            f"{kv_heads}: vLLM splits or replicates them evenly over the cards"
+        )
+    return None
+
+
+def _engine_dict(engine: EngineMemory) -> dict[str, Any]:
+    """An engine's parts as JSON-ready values (GiB rounded to 1e-6)."""
+    return {
+        **{k: round(getattr(engine, k), 6) for k in ("weights", "activations", "kv_cache", "share", "asleep")},
+        "dtype": engine.dtype,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "host": round(engine.host, 6),
+        "kv_bytes_per_token": engine.kv_bytes_per_token,
+        "kv_tokens": engine.kv_tokens,
+        "max_model_len": engine.max_model_len,
+        "agents_at_max_model_len": engine.agents_at_max_model_len,
+        "n_parallel_agents": engine.n_parallel_agents,
+        "holds_window": engine.holds_window,
+        "holds_agents": engine.holds_agents,
+    }
 
 
 def _local_rank() -> int:
