@@ -170,6 +170,13 @@ class EngineSection(Config):
         "rollout.max_prompt_length + rollout.max_response_length must fit it",
     )
     sleep_while_training: bool = False
+    tensor_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="ranks per engine under torchrun: groups of this many consecutive ranks each run one "
+        "tensor-parallel engine (it must divide the ranks of a node and the model's attention heads); only each "
+        "group's first rank rolls out, the others serve its engine and train",
+    )
 
 
 class JudgeSection(Config):
