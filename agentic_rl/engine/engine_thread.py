@@ -1,23 +1,44 @@
 """What `VLLMEngine`'s engine thread does: read the queued `commands`, then run one `LLMEngine.step()`, in a loop.
 
 All state here belongs to the engine thread; the event loop only puts messages in the inbox and reads
-`len(pending)`.
+`len(pending)`. In a tensor-parallel group (`agentic_rl.engine.tensor_parallel`) the leader's thread sends each
+batch of messages to the followers before acting on it, and a follower's thread takes its messages from its leader
+(only the weights of a sync from its own inbox), so that every shard acts alike and steps with the others.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import queue
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentic_rl.engine import weight_copy
 from agentic_rl.engine.adapters import AdapterSlots
 from agentic_rl.engine.base import Generation
-from agentic_rl.engine.commands import Abort, AddRequest, Call, Command, LoadAdapter, Stop
+from agentic_rl.engine.commands import (
+    Abort,
+    AddRequest,
+    Call,
+    Command,
+    LoadAdapter,
+    SetPaused,
+    Sleep,
+    Stop,
+    UpdateWeights,
+    WakeUp,
+    wire,
+)
+from agentic_rl.engine.load_log import counted_casts
 from agentic_rl.engine.weight_copy import ScratchPool
 from agentic_rl.errors import EngineError, EngineRejectedError
+
+if TYPE_CHECKING:
+    from agentic_rl.engine.tensor_parallel import GroupChannel
 
 __all__ = ["EngineThread"]
 
@@ -118,7 +139,9 @@ class EngineThread:
         adapters: the LoRA adapters and the requests on each (`adapters.AdapterSlots`); None without LoRA.
     """
 
-    def __init__(self, weight_version: int = 0, adapters: AdapterSlots | None = None) -> None:
+    def __init__(
+        self, weight_version: int = 0, adapters: AdapterSlots | None = None, channel: GroupChannel | None = None
+    ) -> None:
         self.inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.pending: dict[str, concurrent.futures.Future[Generation]] = {}
         self.weight_version = weight_version
@@ -126,29 +149,80 @@ class EngineThread:
         self.stale_cache = False
         self.scratch: ScratchPool = {}
         self.adapters = adapters
+        self.channel = channel
         if adapters is not None:
             adapters.on_latest = self._adapter_loaded
         self._held: list[AddRequest] = []  # taken while the cache was stale: added once a reset succeeds
         self._sampled: dict[str, _Sampled] = {}  # the tokens of each request submitted to vLLM
 
+    @property
+    def follower(self) -> bool:
+        """True on a tensor-parallel group's follower: its messages come from the leader."""
+        return self.channel is not None and not self.channel.group.is_leader
+
     def run(self, llm: Any) -> None:
-        """Handle messages and step the engine until a `Stop` message; blocks while there is nothing to step."""
+        """Handle messages and step the engine until a `Stop` message; blocks while there is nothing to step.
+
+        Raises:
+            GroupDriftError: in a tensor-parallel group, when this shard's state differs from its leader's.
+        """
         engine = llm.llm_engine
         while True:
             if self.stale_cache and not engine.has_unfinished_requests():
                 self._retry_cache_reset(llm)
-            block = self.paused or not engine.has_unfinished_requests()
-            while True:
-                try:
-                    command = self.inbox.get(block=block)
-                except queue.Empty:
-                    break
-                block = False
-                if not self._handle(llm, command):
+            if self.follower:
+                commands = self.channel.receive()
+            else:
+                commands = self._take(block=self.paused or not engine.has_unfinished_requests())
+                if self.channel is not None:  # before acting: a weight sync's collectives need every rank
+                    self.channel.send([wire(command) for command in commands if not isinstance(command, Call)])
+            for command in commands:
+                if not self._handle(llm, self._replayed(command) if self.follower else command):
                     return
-            if not self.paused and engine.has_unfinished_requests():
+            step = not self.paused and engine.has_unfinished_requests()
+            if self.channel is not None:
+                self.channel.agree(self._digest(step))
+            if step:
                 for output in engine.step():
                     self._on_output(llm, output)
+
+    def _take(self, *, block: bool) -> list[Command]:
+        """The messages in the inbox (waiting for one when `block`), without those whose caller gave up first."""
+        commands: list[Command] = []
+        while True:
+            try:
+                command = self.inbox.get(block=block and not commands)
+            except queue.Empty:
+                return commands
+            result = getattr(command, "result", None)
+            claimed = isinstance(command, Call | LoadAdapter)  # a call claims itself; a sync may wait for a slot
+            if claimed or result is None or result.set_running_or_notify_cancel():
+                commands.append(command)
+
+    def _replayed(self, command: Command) -> Command:
+        """(Follower) the leader's message as this shard acts on it: a request with a future nobody reads, a sync
+        with the weights (or adapter folder) of this rank's own next sync, waited for in the inbox."""
+        match command:
+            case AddRequest():
+                return dataclasses.replace(command, result=concurrent.futures.Future())
+            case UpdateWeights() | LoadAdapter():
+                return self._own(type(command))
+        return command
+
+    def _own(self, kind: type) -> Command:
+        """(Follower) this rank's next message of `kind` from its own inbox (a `Stop` there ends the wait)."""
+        while True:
+            command = self.inbox.get()
+            if isinstance(command, kind | Stop):
+                return command
+            logger.warning("a follower of a tensor-parallel engine ignored %s: its leader drives it", command)
+
+    def _digest(self, step: bool) -> Any:
+        from agentic_rl.engine.tensor_parallel import StepDigest
+
+        return StepDigest(
+            step, len(self.pending), len(self._sampled), self.weight_version, self.paused, self.stale_cache
+        )
 
     def _handle(self, llm: Any, command: Command) -> bool:
         """Act on one message; False for `Stop`."""
@@ -161,13 +235,33 @@ class EngineThread:
                 self._on_call(llm, command)
             case LoadAdapter():
                 self._on_load_adapter(llm, command)
+            case UpdateWeights():
+                self._on_update_weights(llm, command)
+            case SetPaused():
+                self.paused = command.paused
+                _settle(command.result, None)
+            case Sleep():
+                _settle_call(command.result, lambda: llm.sleep(level=command.level))
+            case WakeUp():
+                _settle_call(command.result, lambda: llm.wake_up(tags=command.tags))
             case Stop():
                 return False
         return True
 
-    def _on_add(self, llm: Any, request: AddRequest) -> None:
-        if not request.result.set_running_or_notify_cancel():
+    def _on_update_weights(self, llm: Any, command: UpdateWeights) -> None:
+        """Load the weights, then bump the version and drop the KV of the old weights, before the next step."""
+        t0 = time.perf_counter()
+        try:
+            with counted_casts(f"weight sync to version {self.weight_version + 1}"):
+                path = weight_copy.load_weights(llm, command.source, self.scratch, reload=command.reload)
+        except Exception as exc:
+            _settle(command.result, exc=exc)
             return
+        self.weight_version += 1
+        self.stale_cache = not _drop_old_kv(llm)
+        _settle(command.result, (time.perf_counter() - t0, path))
+
+    def _on_add(self, llm: Any, request: AddRequest) -> None:
         self.pending[request.request_id] = request.result
         if self.stale_cache:  # it could reuse KV of the old weights: it waits for the reset
             self._held.append(request)
@@ -289,6 +383,48 @@ class EngineThread:
         self.pending.clear()
         if self.adapters is not None:
             self.adapters.fail_parked(exc)
+
+
+def _settle(
+    result: concurrent.futures.Future[Any] | None, value: Any = None, *, exc: BaseException | None = None
+) -> None:
+    """Resolve `result` with `value` (or fail it with `exc`); nothing for None (a follower's replayed message)."""
+    if result is None or result.done():
+        return
+    if exc is None:
+        result.set_result(value)
+    else:
+        result.set_exception(exc)
+
+
+def _settle_call(result: concurrent.futures.Future[Any] | None, fn: Callable[[], Any]) -> None:
+    """Run `fn` and resolve `result` with None, or fail it with what `fn` raised."""
+    try:
+        fn()
+    except Exception as exc:
+        _settle(result, exc=exc)
+        return
+    _settle(result, None)
+
+
+def _drop_old_kv(llm: Any) -> bool:
+    """Reset the prefix cache after a weight update; True when no KV computed with the old weights is left.
+
+    A plain reset fails while any request holds KV blocks, and a request in flight would go on caching blocks built
+    on its old KV. So the requests in flight are preempted first (vLLM's `reset_running_requests`): their blocks are
+    freed and, on the next step, recomputed from their prompt and the tokens sampled so far, with the new weights.
+    vLLM versions without that option, or a preemption that cannot free every block, give False.
+    """
+    import inspect
+
+    reset = llm.reset_prefix_cache
+    try:
+        if "reset_running_requests" in inspect.signature(reset).parameters:
+            return bool(reset(reset_running_requests=True))
+        return bool(reset())
+    except RuntimeError:  # vLLM: blocks still held after preemption (e.g. waiting for a remote KV transfer)
+        logger.warning("prefix cache reset after a weight update failed; new requests wait for it", exc_info=True)
+        return False
 
 
 def _hand_over(deliver: Callable[[Generation], None], delta: Generation) -> None:

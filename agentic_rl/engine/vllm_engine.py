@@ -15,26 +15,35 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import anyio
-from pydantic import Field, StrictInt, field_validator
 
-from agentic_rl.config import Config
-from agentic_rl.engine import weight_copy
-from agentic_rl.engine.adapters import MAX_LORA_RANKS, AdapterSlots, check_adapter_folder
-from agentic_rl.engine.base import EngineDtype, Generation
-from agentic_rl.engine.commands import Abort, AddRequest, Call, LoadAdapter, Stop
+from agentic_rl.engine import tensor_parallel
+from agentic_rl.engine.adapters import AdapterSlots, check_adapter_folder
+from agentic_rl.engine.base import Generation
+from agentic_rl.engine.commands import (
+    Abort,
+    AddRequest,
+    Call,
+    LoadAdapter,
+    SetPaused,
+    Sleep,
+    Stop,
+    UpdateWeights,
+    WakeUp,
+)
 from agentic_rl.engine.engine_thread import EngineThread
 from agentic_rl.engine.load_log import counted_casts, quiet_native_stderr, quiet_vllm
 from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.engine.vllm_config import VLLMEngineConfig, llm_kwargs, on_accelerator
 from agentic_rl.errors import EngineError
 
 __all__ = ["VLLMEngine", "VLLMEngineConfig"]
@@ -44,194 +53,36 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _platform_dtype() -> str:
-    from ascend.device import current_platform
-
-    return current_platform().engine_dtype
-
-
-class VLLMEngineConfig(Config):
-    """Options for building the in-process vLLM engine.
-
-    Attributes:
-        model: path of a local Hugging Face model folder.
-        dtype: weight and activation dtype (`bfloat16`, `float32`, `auto`: the model folder's). Default: the
-            platform's (`ascend.device.Platform.engine_dtype`): `bfloat16` on accelerators and on CPUs with native
-            bf16 instructions, else `float32`.
-        max_model_len: model window in tokens (prompt + response).
-        kv_cache_gib: KV-cache size in GiB on the CPU (vLLM's `kv_cache_memory_bytes`); ignored on accelerators,
-            which use `gpu_memory_utilization`.
-        gpu_memory_utilization: fraction of accelerator memory vLLM may take.
-        enforce_eager: skip torch.compile / graph capture (faster start-up, ~10% lower throughput).
-        seed: engine seed.
-        max_num_seqs: most sequences batched in one engine step.
-        enable_prefix_caching: reuse KV blocks of shared prompt prefixes (every turn re-sends its history).
-        block_size: KV-cache block size in tokens (None: the platform's; 32 on the CPU). Prefix caching reuses whole
-            blocks only, so each turn's continuation recomputes the history's last, partial block: with vLLM's CPU
-            default of 128 that was ~80 tokens per continuation (a multi-turn rollout prefilled 31% more tokens
-            than the same work in one request); 32 is the smallest block vLLM's CPU backend took here.
-        logprobs_mode: which distribution the recorded logprob of each sampled token is of (vLLM's
-            `logprobs_mode`; its names `raw_logprobs` / `processed_logprobs` are taken too). `raw`: the model's own
-            softmax, before anything `SamplingConfig` changes. `processed`: the distribution the token was sampled
-            from, as vLLM 0.32's `Sampler` builds it, in this order: allowed-token and bad-word masks, `min_tokens`
-            (stop tokens masked until then) and `logit_bias`, the repetition / frequency / presence penalties,
-            the temperature, `min_p`, then top-k and top-p (renormalized over the tokens they keep). The trainer
-            reproduces the temperature, top-k and top-p (`train.logprobs.SamplingDistribution`, `GRPOTrainer`'s
-            `sampling`), not the rest. A greedy request (temperature 0) reports log softmax of the penalized
-            logits. vLLM's FlashInfer and ROCm samplers cannot report processed logprobs; vLLM falls back to its
-            PyTorch sampler on those GPUs.
-        enable_sleep_mode: let `sleep()` free engine memory while training (GPU/NPU only; ignored on the CPU).
-        weight_version: the `weight_version` of the weights in `model` (a resumed training run starts its engine from
-            a checkpoint that many updates in).
-        weight_sync: how `update_weights` loads: `in_place` copies into the model's parameters and re-packs only
-            layers served from a packed copy, where vLLM's CPU backend allows it (else, and with `reload`, vLLM's
-            `reload_weights`, which re-processes every layer).
-        max_lora_rank: None (default): no LoRA, `update_weights` syncs full weights. An int (one of vLLM's sizes
-            `adapters.MAX_LORA_RANKS`): the engine serves peft LoRA adapters of rank up to it on frozen base weights,
-            each sync sends only the adapter (`VLLMEngine.update_adapter`), and `update_weights` is refused.
-        max_loras: with `max_lora_rank`, the most LoRA adapters the engine holds: the latest and those requests in
-            flight still sample with (see `agentic_rl.engine.adapters`); with bounded staleness, `max_staleness + 1`.
-        engine_kwargs: any further `vllm.LLM` keyword arguments (not LoRA's: use `max_lora_rank` / `max_loras`).
-    """
-
-    model: str | Path
-    dtype: EngineDtype = Field(default_factory=_platform_dtype)
-    max_model_len: Annotated[int, Field(ge=16)] = 4096
-    kv_cache_gib: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.5
-    enforce_eager: bool = True
-    seed: int = 0
-    max_num_seqs: Annotated[int, Field(ge=1)] = 256
-    enable_prefix_caching: bool = True
-    block_size: Annotated[int, Field(ge=1)] | None = None
-    logprobs_mode: Literal["raw", "processed"] = "raw"
-    enable_sleep_mode: bool = False
-    weight_version: Annotated[int, Field(ge=0)] = 0
-    weight_sync: Literal["in_place", "reload"] = "in_place"
-    max_lora_rank: StrictInt | None = None
-    max_loras: Annotated[StrictInt, Field(ge=1)] = 1
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("max_lora_rank")
-    @classmethod
-    def _vllm_lora_rank(cls, value: int | None) -> int | None:
-        if value is not None and value not in MAX_LORA_RANKS:
-            raise ValueError(f"must be one of vLLM's LoRA ranks {MAX_LORA_RANKS} (or null: no LoRA)")
-        return value
-
-    @field_validator("engine_kwargs")
-    @classmethod
-    def _no_lora_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
-        lora = sorted(key for key in value if "lora" in key)
-        if lora:
-            raise ValueError(f"LoRA options {lora} are set by max_lora_rank and max_loras, not engine_kwargs")
-        return value
-
-    @field_validator("logprobs_mode", mode="before")
-    @classmethod
-    def _vllm_logprobs_mode_name(cls, value: Any) -> Any:
-        names = {"raw_logprobs": "raw", "processed_logprobs": "processed"}
-        return names.get(value, value) if isinstance(value, str) else value
-
-
-#: KV block size on the CPU, so that a turn's continuation recomputes at most 31 tokens of history the prefix cache
-#: cannot hold (vLLM's CPU default is 128). vLLM 0.32's CPU attention backend wants a multiple of 32 for its default
-#: kernel and refused 16 here ("No common block size for 16").
-_CPU_BLOCK_SIZE = 32
-
-
-def _on_accelerator() -> bool:
-    from ascend.device import current_platform
-
-    return current_platform().is_accelerator
-
-
-def _llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "model": str(config.model),
-        "dtype": config.dtype,
-        "max_model_len": config.max_model_len,
-        "enforce_eager": config.enforce_eager,
-        "seed": config.seed,
-        "max_num_seqs": config.max_num_seqs,
-        "enable_prefix_caching": config.enable_prefix_caching,
-        "logprobs_mode": f"{config.logprobs_mode}_logprobs",
-    }
-    from ascend.device import current_platform
-
-    platform = current_platform()
-    if platform.is_accelerator:
-        kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
-        kwargs["enable_sleep_mode"] = config.enable_sleep_mode
-        kwargs.update(platform.engine_kwargs())
-    else:
-        kwargs["kv_cache_memory_bytes"] = int(config.kv_cache_gib * (1 << 30))
-        # A seeded request whose prompt is split across engine steps (chunked prefill, once a batch's prompts
-        # exceed the step's token budget) makes vLLM rewind its generator, which torch's CPU generators cannot
-        # do: the step raises "CPU Generator does not use offset" and every request in flight fails.
-        kwargs["enable_chunked_prefill"] = False
-        kwargs["block_size"] = _CPU_BLOCK_SIZE
-    if config.block_size is not None:
-        kwargs["block_size"] = config.block_size
-    if config.max_lora_rank is not None:
-        # One more adapter in vLLM's CPU-side cache than in use, so that a new adapter loads (and is checked)
-        # before the unused old one is removed, and vLLM never evicts one a request in flight still samples with.
-        kwargs.update(
-            enable_lora=True,
-            max_lora_rank=config.max_lora_rank,
-            max_loras=config.max_loras,
-            max_cpu_loras=config.max_loras + 1,
-        )
-    kwargs.update(config.engine_kwargs)
-    return kwargs
-
-
-def _set_paused(worker: EngineThread, paused: bool) -> Callable[[Any], None]:
-    """A `call` function that pauses (or resumes) the engine thread's stepping; it runs on that thread."""
-
-    def set_paused(llm: Any) -> None:
-        worker.paused = paused
-
-    return set_paused
-
-
-def _drop_old_kv(llm: Any) -> bool:
-    """Reset the prefix cache after a weight update; True when no KV computed with the old weights is left.
-
-    A plain reset fails while any request holds KV blocks, and a request in flight would go on caching blocks built
-    on its old KV. So the requests in flight are preempted first (vLLM's `reset_running_requests`): their blocks are
-    freed and, on the next step, recomputed from their prompt and the tokens sampled so far, with the new weights.
-    vLLM versions without that option, or a preemption that cannot free every block, give False.
-    """
-    import inspect
-
-    reset = llm.reset_prefix_cache
-    try:
-        if "reset_running_requests" in inspect.signature(reset).parameters:
-            return bool(reset(reset_running_requests=True))
-        return bool(reset())
-    except RuntimeError:  # vLLM: blocks still held after preemption (e.g. waiting for a remote KV transfer)
-        logger.warning("prefix cache reset after a weight update failed; new requests wait for it", exc_info=True)
-        return False
-
-
 class VLLMEngine:
     """An in-process vLLM engine that many coroutines can await at once.
 
     Use as `async with VLLMEngine(config) as engine:` or call `start()` / `close()`.
 
+    With a `group` (`tensor_parallel.EngineGroup`, under torchrun) the engine is one tensor-parallel vLLM engine
+    over the group's T ranks, each process building its shard: every rank of the group calls `start`, then the
+    leader (group rank 0) samples, pauses, sleeps and loads weights for the group, and every other rank (a follower)
+    only replays what its leader does (`agentic_rl.engine.tensor_parallel`). On a follower `generate`, `stream` and
+    `call` are refused; `update_weights` and `update_adapter` hand over this rank's weights for the sync the leader
+    runs (each shard loads its part from the full tensors); `pause_generation`, `resume_generation`, `sleep` and
+    `wake_up` do nothing (the leader's are replayed). A group whose shards can no longer step together (a rank
+    dead or stalled for `group.timeout_s`, a shard out of step, an engine thread that failed) stops the process
+    with an error naming the rank: it would otherwise wait forever.
+
     Raises:
         EngineError: from `generate` when the engine is not started, was closed, failed, or rejected the request.
     """
 
-    def __init__(self, config: VLLMEngineConfig) -> None:
+    def __init__(self, config: VLLMEngineConfig, group: tensor_parallel.EngineGroup | None = None) -> None:
         self.config = config
+        self.group = group if group is not None and group.size > 1 else None
+        self._watchdog: Any = None
         # The engine thread's state; the event loop only sends it messages (and reads its weight version).
         adapters = None if config.max_lora_rank is None else AdapterSlots(config.max_loras, config.weight_version)
         self._worker = EngineThread(config.weight_version, adapters)
         self._thread: threading.Thread | None = None
         self._ready: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._ids = itertools.count()
+        self._seeds = itertools.count()
         self._max_model_len = config.max_model_len
         self._dead: BaseException | None = None
         self._closed = False
@@ -240,6 +91,11 @@ class VLLMEngine:
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
+
+    @property
+    def is_follower(self) -> bool:
+        """True on a tensor-parallel group's follower (group rank > 0): its leader drives the engine."""
+        return self.group is not None and not self.group.is_leader
 
     @property
     def in_flight_requests(self) -> int:
@@ -285,9 +141,25 @@ class VLLMEngine:
             self._closed = True
             return
         self._closed = True
-        self._worker.inbox.put(Stop())
+        self._worker.inbox.put(Stop())  # a follower's thread ends at its leader's Stop (or here, waiting for weights)
+        timeout = self.group.timeout_s if self.is_follower else None
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._thread.join)
+            await anyio.to_thread.run_sync(self._thread.join, timeout)
+        if self._thread.is_alive():
+            logger.warning("the engine of rank %d did not hear its leader stop within %g s", self._rank, timeout)
+        if self._watchdog is not None:
+            self._watchdog.close()
+
+    @property
+    def _rank(self) -> int:
+        return 0 if self.group is None else self.group.global_rank(self.group.rank)
+
+    def _check_samples(self) -> None:
+        if self.is_follower:
+            raise EngineError(
+                f"rank {self._rank} serves a shard of the tensor-parallel engine of group {self.group.index}: only "
+                f"its leader (rank {self.group.leader}) samples, calls and controls it"
+            )
 
     async def __aenter__(self) -> VLLMEngine:
         await self.start()
@@ -317,9 +189,10 @@ class VLLMEngine:
         """
         options = SamplingConfig.of(sampling).engine_kwargs()
         self._check_alive()
+        self._check_samples()
         request_id = str(next(self._ids))
         result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
-        self._worker.inbox.put(AddRequest(request_id, list(prompt_ids), options, result))
+        self._worker.inbox.put(AddRequest(request_id, list(prompt_ids), self._seeded(options), result))
         try:
             return await asyncio.wrap_future(result)
         finally:
@@ -342,6 +215,7 @@ class VLLMEngine:
         """
         options = SamplingConfig.of(sampling).engine_kwargs()
         self._check_alive()
+        self._check_samples()
         loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[Generation | None] = asyncio.Queue()
 
@@ -351,7 +225,7 @@ class VLLMEngine:
         request_id = str(next(self._ids))
         result: concurrent.futures.Future[Generation] = concurrent.futures.Future()
         result.add_done_callback(lambda _: deliver(None))  # wakes the reader when the request ends or fails
-        self._worker.inbox.put(AddRequest(request_id, list(prompt_ids), options, result, deliver))
+        self._worker.inbox.put(AddRequest(request_id, list(prompt_ids), self._seeded(options), result, deliver))
         sent = 0
         try:
             while (delta := await deltas.get()) is not None:
@@ -396,7 +270,7 @@ class VLLMEngine:
         Raises:
             EngineError: if the engine is not running.
         """
-        await self.call(_set_paused(self._worker, True))
+        await self._control(lambda result: SetPaused(True, result))
 
     async def resume_generation(self) -> None:
         """Sample again after `pause_generation`: paused and waiting requests continue. Idempotent.
@@ -404,7 +278,33 @@ class VLLMEngine:
         Raises:
             EngineError: if the engine is not running.
         """
-        await self.call(_set_paused(self._worker, False))
+        await self._control(lambda result: SetPaused(False, result))
+
+    def _seeded(self, options: dict[str, Any]) -> dict[str, Any]:
+        """A sampled request's options with a seed of its own in a tensor-parallel group: each shard samples with
+        its own generator, and the process-wide one also serves whatever else the process draws (its trainer)."""
+        if self.group is None or options.get("seed") is not None or not options.get("temperature", 1.0):
+            return options
+        return {**options, "seed": (self.config.seed * 1_000_003 + next(self._seeds)) % (1 << 63)}
+
+    async def _control(self, make: Callable[[concurrent.futures.Future[Any]], Any]) -> Any:
+        """Send the engine thread the message `make(result)` and wait for its result; on a follower, nothing (the
+        leader's is replayed).
+
+        Raises:
+            EngineError: if the engine is not running, or what the message did raised (chained).
+        """
+        self._check_alive()
+        if self.is_follower:
+            return None
+        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._worker.inbox.put(make(result))
+        try:
+            return await asyncio.wrap_future(result)
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"engine message failed: {exc}") from exc
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> float:
         """Load new weights into the running engine, in place, between two engine steps.
@@ -443,19 +343,16 @@ class VLLMEngine:
                 "update_weights: this engine serves LoRA adapters on frozen base weights "
                 "(VLLMEngineConfig.max_lora_rank is set); sync with update_adapter(folder)"
             )
-        source = iter(named_tensors)
+        self._check_alive()
         reload = self.config.weight_sync == "reload"
-
-        def load(llm: Any) -> tuple[float, str]:
-            t0 = time.perf_counter()
-            with counted_casts(f"weight sync to version {self._worker.weight_version + 1}"):
-                path = weight_copy.load_weights(llm, source, self._worker.scratch, reload=reload)
-            # Both set on the engine thread before its next step and before it takes any further request.
-            self._worker.weight_version += 1
-            self._worker.stale_cache = not _drop_old_kv(llm)
-            return time.perf_counter() - t0, path
-
-        seconds, path = await self.call(load)
+        result: concurrent.futures.Future[tuple[float, str]] = concurrent.futures.Future()
+        self._worker.inbox.put(UpdateWeights(iter(named_tensors), reload, result))  # a follower's waits for its leader
+        try:
+            seconds, path = await asyncio.wrap_future(result)
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"engine call 'load' failed: {exc}") from exc
         self.last_weight_sync = path
         logger.info("weights updated to version %d in %.2f s: %s", self._worker.weight_version, seconds, path)
         return seconds
@@ -512,7 +409,7 @@ class VLLMEngine:
         if not self.config.enable_sleep_mode:
             logger.info("engine sleep skipped: enable_sleep_mode is off")
             return False
-        if not _on_accelerator():
+        if not on_accelerator():
             logger.info("engine sleep skipped: vLLM sleep mode is not supported on the CPU; memory stays allocated")
             return False
         return True
@@ -525,7 +422,7 @@ class VLLMEngine:
         """
         if not self._can_sleep():
             return False
-        await self.call(lambda llm: llm.sleep(level=level))
+        await self._control(lambda result: Sleep(level, result))
         return True
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
@@ -536,18 +433,20 @@ class VLLMEngine:
         """
         if not self._can_sleep():
             return False
-        await self.call(lambda llm: llm.wake_up(tags=tags))
+        await self._control(lambda result: WakeUp(tags, result))
         return True
 
     async def call(self, fn: Callable[[Any], T]) -> T:
         """Run `fn(llm)` on the engine thread between two engine steps and return its result.
 
-        In-flight requests stay queued and continue afterwards; this is how weights are swapped in place.
+        In-flight requests stay queued and continue afterwards. In a tensor-parallel group `fn` runs on the
+        leader's shard only (it is never replayed): it must only read (e.g. `llm.llm_engine.list_loras()`).
 
         Raises:
-            EngineError: if the engine is not running or `fn` raised (chained).
+            EngineError: if the engine is not running, `fn` raised (chained), or on a group's follower.
         """
         self._check_alive()
+        self._check_samples()
         result: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._worker.inbox.put(Call(fn, result))
         try:
@@ -559,16 +458,36 @@ class VLLMEngine:
 
     # ---- engine thread -------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _join_group(self) -> Iterator[dict[str, Any]]:
+        """Set up the group's process groups and heartbeats, then (while vLLM builds the shard) its launcher."""
+        group = self.group
+        self._worker.channel = tensor_parallel.GroupChannel(group, tensor_parallel.join_engine_group(group))
+        self._watchdog = tensor_parallel.Watchdog(group)
+        self._watchdog.start()
+        with tensor_parallel.vllm_launch(group) as kwargs:
+            yield kwargs
+
     def _run(self) -> None:
         with quiet_vllm():  # vLLM's start-up noise, and its warning at each thread-count change, unless verbose
             self._build_and_serve()
 
     def _build_and_serve(self) -> None:
+        if self.group is not None:
+            # vLLM's tensor-parallel group shares memory, which starts multiprocessing's resource tracker: start it
+            # before stderr goes through `quiet_native_stderr`'s pipe, which it would otherwise hold open for ever.
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
         try:
             with counted_casts(f"engine start ({self.config.model})"), quiet_native_stderr():
                 from vllm import LLM
 
-                llm = LLM(**_llm_kwargs(self.config))
+                kwargs = llm_kwargs(self.config)
+                with contextlib.ExitStack() as launch:
+                    if self.group is not None:
+                        kwargs.update(launch.enter_context(self._join_group()))
+                    llm = LLM(**kwargs)
         except BaseException as exc:  # surfaces in start(); the thread ends
             self._ready.set_exception(exc)
             return
@@ -578,6 +497,13 @@ class VLLMEngine:
         except BaseException as exc:
             logger.exception("vLLM engine thread failed")
             self._dead = exc
+            if self.group is not None:  # the other shards would wait for this one forever
+                dead = self._watchdog.dead_peers() if self._watchdog is not None else []
+                why = f" ({', '.join(dead)} died)" if dead else ""
+                tensor_parallel.fatal(
+                    f"tensor-parallel engine group {self.group.index}: the engine shard of rank {self._rank} "
+                    f"failed{why}: {exc!r}"
+                )
         finally:
             why = "engine closed" if self._dead is None else f"engine failed: {self._dead}"
             self._worker.fail_all(EngineError(why))

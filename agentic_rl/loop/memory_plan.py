@@ -16,6 +16,7 @@ planned on a laptop in milliseconds.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from dataclasses import dataclass, field
@@ -282,12 +283,10 @@ def plan_memory(
             frees the card during the train step (accelerators only).
         engine_dtype: `bfloat16`, `float16`, `float32` or `auto` (the model's own dtype, else bfloat16).
         platform / kv_cache_gib: `cuda`, `npu` or `cpu` (the overhead constant); the KV cache on the CPU, GiB.
-        max_num_batched_tokens / max_num_seqs: the engine's batch in tokens (None: vLLM's default for the `LLM`
-            class, 16384 on cards of 70 GiB or more, else 8192; on the CPU, where chunked prefill is off,
-            max(window, 2048)) and in sequences (the sampler's logits).
-        tensor_parallel_size: T, the cards one engine spreads over (groups of T consecutive ranks); the engine's
-            figures are per card (module docstring). The plan also sets out every T the run allows
-            (`MemoryPlan.tensor_parallel_options`) and the smallest that holds every agent's whole window.
+        max_num_batched_tokens / max_num_seqs: the engine's batch in tokens (None: vLLM's `LLM` default, 16384 on
+            cards of 70 GiB or more, else 8192; CPU: max(window, 2048)) and in sequences (the sampler's logits).
+        tensor_parallel_size: T, the cards one engine spreads over; the engine's figures are per card. Every T
+            the run allows is planned too (`MemoryPlan.tensor_parallel_options`).
 
     Raises:
         ConfigError: for a count or size that is not positive, a utilization outside (0, 1], an unknown platform
@@ -296,29 +295,18 @@ def plan_memory(
     """
     _check_inputs(gpus, gpu_memory_gib, max_prompt_length, max_response_length, n_parallel_agents, max_model_len)
     _check_choices(platform, engine_dtype, gpu_memory_utilization, kv_cache_gib)
-    refusal = _tensor_parallel_refusal(shape, gpus, tensor_parallel_size)
-    if refusal:
+    if refusal := _tensor_parallel_refusal(shape, gpus, tensor_parallel_size):
         raise ConfigError(refusal)
     levers = optimizer if isinstance(optimizer, Levers) else Levers.of(optimizer)
     batch = _micro_batch(optimizer, micro_batch_size, kl_coef, max_prompt_length, max_response_length, platform)
 
-    def engine_at(tp: int) -> EngineMemory:
-        return engine_memory(
-            shape,
-            resolved_dtype(engine_dtype, shape),
-            platform=platform,
-            card_gib=gpu_memory_gib,
-            utilization=gpu_memory_utilization,
-            sleep=sleep_while_training and platform != "cpu",
-            kv_cache_gib=kv_cache_gib,
-            max_model_len=max_model_len,
-            n_parallel_agents=n_parallel_agents,
-            batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs,
-            tensor_parallel_size=tp,
-        )
-
-    engine = engine_at(tensor_parallel_size)
+    engine_at = functools.partial(
+        engine_memory, shape, resolved_dtype(engine_dtype, shape), platform=platform, card_gib=gpu_memory_gib,
+        utilization=gpu_memory_utilization, sleep=sleep_while_training and platform != "cpu",
+        kv_cache_gib=kv_cache_gib, max_model_len=max_model_len, n_parallel_agents=n_parallel_agents,
+        batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+    )  # fmt: skip
+    engine = engine_at(tensor_parallel_size=tensor_parallel_size)
     trainer_budget, resident_budget = gpu_memory_gib - engine.asleep, gpu_memory_gib - engine.share
     lora = shape.lora_parameters(levers.lora_rank, levers.lora_targets) if levers.lora_rank else 0
     return MemoryPlan(
@@ -338,7 +326,7 @@ def plan_memory(
         resident_budget_gib=resident_budget,
         startup_gib=_startup_gib(shape, lora, batch),
         options=_options(shape, levers, gpus, batch, trainer_budget, resident_budget),
-        tensor_parallel_options=tuple(engine_at(tp) for tp in tensor_parallel_sizes(shape, gpus)),
+        tensor_parallel_options=tuple(engine_at(tensor_parallel_size=tp) for tp in tensor_parallel_sizes(shape, gpus)),
     )
 
 

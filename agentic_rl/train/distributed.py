@@ -62,6 +62,9 @@ class DistContext:
         world_size: number of ranks.
         group: the training process group, None when `world_size == 1`.
         backend: `gloo`, `nccl` or `hccl`.
+        device_type: `cpu`, `cuda` or `npu`.
+        store: the job's store (torchrun's, or rank 0's), which every rank reaches; None on a single rank. A
+            tensor-parallel engine group meets there (`agentic_rl.engine.tensor_parallel`).
     """
 
     rank: int = 0
@@ -69,6 +72,7 @@ class DistContext:
     group: Any = None
     backend: str = "gloo"
     device_type: str = "cpu"
+    store: Any = field(default=None, repr=False)
     _mesh: Any = field(default=None, repr=False)
 
     @property
@@ -245,7 +249,7 @@ def init_from_env(device: str = "cpu", *, timeout_s: float = 600.0) -> DistConte
     device_type = device.split(":")[0]
     group = registered_group(collectives, store, rank, world, backend=backend, device_type=device_type, host=host)
     logger.info("rank %d of %d joined the training group (%s)", rank, world, backend)
-    return DistContext(rank=rank, world_size=world, group=group, backend=backend, device_type=device_type)
+    return DistContext(rank=rank, world_size=world, group=group, backend=backend, device_type=device_type, store=base)
 
 
 def _backends(backend: str, store: Any, rank: int, world: int, timeout: datetime.timedelta) -> tuple[Any, Any]:

@@ -64,7 +64,8 @@ def test_environment_variable_forces_the_platform(fake_npu, monkeypatch):
 
 
 def test_engine_arguments_follow_the_platform(fake_npu, model_dir):
-    from agentic_rl.engine.vllm_engine import VLLMEngineConfig, _llm_kwargs
+    from agentic_rl.engine.vllm_config import VLLMEngineConfig
+    from agentic_rl.engine.vllm_config import llm_kwargs as _llm_kwargs
 
     npu_kwargs = _llm_kwargs(VLLMEngineConfig(model=model_dir, enable_sleep_mode=True))
     assert npu_kwargs["enable_sleep_mode"] is True and "gpu_memory_utilization" in npu_kwargs
@@ -74,7 +75,8 @@ def test_engine_arguments_follow_the_platform(fake_npu, model_dir):
 
 
 def test_engine_arguments_on_the_cpu(model_dir):
-    from agentic_rl.engine.vllm_engine import VLLMEngineConfig, _llm_kwargs
+    from agentic_rl.engine.vllm_config import VLLMEngineConfig
+    from agentic_rl.engine.vllm_config import llm_kwargs as _llm_kwargs
 
     kwargs = _llm_kwargs(VLLMEngineConfig(model=model_dir, kv_cache_gib=0.5, enable_sleep_mode=True))
     assert kwargs["kv_cache_memory_bytes"] == 1 << 29 and "enable_sleep_mode" not in kwargs

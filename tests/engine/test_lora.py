@@ -22,7 +22,8 @@ import torch
 
 from agentic_rl.engine.adapters import check_adapter_folder
 from agentic_rl.engine.base import Generation
-from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig, _llm_kwargs
+from agentic_rl.engine.vllm_config import llm_kwargs as _llm_kwargs
+from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
 from agentic_rl.errors import ConfigError, EngineError
 from agentic_rl.train.packing import pack_trajectories
 from agentic_rl.train.parity import logprob_parity

@@ -38,7 +38,8 @@ def run_gloo_ranks(script: list[str], *, timeout_s: float, world: int = 2) -> li
     try:
         for rank in range(world):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}  # fmt: skip
+                   "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT), "LOCAL_RANK": str(rank),
+                   "LOCAL_WORLD_SIZE": str(world)}  # fmt: skip
             env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
             args = [a.replace("{rank}", str(rank)) for a in script]
             procs.append(subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
@@ -50,3 +51,19 @@ def run_gloo_ranks(script: list[str], *, timeout_s: float, world: int = 2) -> li
     for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err[-3000:]
     return [out for out, _ in outputs]
+
+
+def start_gloo_ranks(script: list[str], *, world: int) -> list[subprocess.Popen[str]]:
+    """Start `python *script` as ranks 0..world-1 like `run_gloo_ranks` (LOCAL_RANK set too), without waiting: the
+    caller waits for them and kills them."""
+    port = free_port_pair()
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "PYTHONPATH": str(ROOT)}  # fmt: skip
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        args = [a.replace("{rank}", str(rank)) for a in script]
+        procs.append(subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    return procs

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from agentic_rl.engine.sampling import SamplingConfig
-from agentic_rl.engine.vllm_engine import VLLMEngineConfig, _llm_kwargs
+from agentic_rl.engine.vllm_config import VLLMEngineConfig
+from agentic_rl.engine.vllm_config import llm_kwargs as _llm_kwargs
 from agentic_rl.errors import ConfigError
 from agentic_rl.train.logprobs import SamplingDistribution, sampling_logprobs, token_logprobs
 
