@@ -131,7 +131,7 @@ def _engine_options(
         "dtype": engine.dtype,
         "kv_cache_gib": engine.kv_cache_gib,
         "gpu_memory_utilization": engine.gpu_memory_utilization,
-        "seed": config.seed + rank,
+        "seed": config.seed + rank - rank % config.engine.tensor_parallel_size,  # a shard has its leader's
         "enable_sleep_mode": engine.sleep_while_training,
     }
     if engine.max_model_len:

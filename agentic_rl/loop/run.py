@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from agentic_rl.loop.config import EngineSection, RolloutSection, TrainConfig, load_run_config, load_train_config
+from agentic_rl.loop.engine_groups import Share, engine_group, rollout_context, split_shares
 from agentic_rl.loop.memory_plan import measured_line
 from agentic_rl.loop.metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
 from agentic_rl.loop.plan import plan_run
@@ -114,13 +115,14 @@ async def train(
 
     config = config.checked()
     dist = init_from_env(config.device)
+    group = engine_group(config, dist)
     start, state, done = starting_point(config, dist, resume=resume)
     if done:  # nothing to redo: no engine to start
         logger.info("%s finished all %d steps already (%s)", config.output_dir, config.steps, start.path)
         dist.close()
         return list(state["history"])
     plan = plan_run(config, dist.rank, dist.world_size, state)  # what the config says, before any folder or engine
-    run = await set_up(plan, dist, start, state, resume=resume)
+    run = await set_up(plan, dist, start, state, resume=resume, group=group)
     try:
         if dist.is_main:
             run.sinks.extend(
@@ -193,21 +195,17 @@ async def _train_step(run: RunState, step: int, started: float) -> StepFigures:
     lockstep, the whole rollout), refuse what cannot be trained (stale groups, records the engine did not sample),
     then one GRPO step on the groups and the new weights into the engine (`_train_and_sync`). Their task ids go to
     the task ids file, in training order."""
-    from agentic_rl.loop.scheduler import drop_stale_groups
-    from agentic_rl.loop.sources import refuse_untrainable
-
     t0 = time.perf_counter()
-    groups = await run.feed.next_step(step)
+    groups, dropped, refused = await _step_groups(run, step)
     rollout_s = time.perf_counter() - t0
     with run.task_ids.open("a") as f:
         f.write(json.dumps(run.feed.step_record(step, groups, _task_id), default=str) + "\n")
-    dropped = drop_stale_groups(groups, run.engine.weight_version, run.config.rollout.max_staleness)
     trajectories, _ = flatten_groups(groups)
-    refused = refuse_untrainable(trajectories, run.rollout.ledger)
     if all(t.failed for t in trajectories):  # each says why in its `error` (rollouts/step_K.jsonl)
         logger.warning("step %d: every trajectory of this rank failed or was refused: none trains", step + 1)
     stats, sync_s = await _train_and_sync(run, groups)
-    run.rollout.ledger.forget_before(run.engine.weight_version - run.config.rollout.max_staleness)  # none trainable
+    if run.rollout is not None:
+        run.rollout.ledger.forget_before(run.engine.weight_version - run.config.rollout.max_staleness)  # untrainable
     run.feed.step_done()
     failed = sum(g.failed for g in groups) - dropped  # every sample failed or was refused, other than as stale
     counts = {
@@ -229,6 +227,24 @@ async def _train_step(run: RunState, step: int, started: float) -> StepFigures:
         left_out=flatten_groups(run.feed.constant)[0],
         left_out_task_ids=_task_ids(run.feed.constant),
     )
+
+
+async def _step_groups(run: RunState, step: int) -> Share:
+    """This rank's task groups of step `step`, those dropped as stale and the trajectories refused (records the
+    engine did not sample). With tensor-parallel engines the group's leader waits for the group's, checks them and
+    hands each rank its share (`loop.engine_groups`); a follower receives its share."""
+    from agentic_rl.loop.scheduler import drop_stale_groups
+    from agentic_rl.loop.sources import refuse_untrainable
+
+    if run.rollout is None:
+        return await run.feed.receive()
+    groups = await run.feed.next_step(step)
+    size, per_rank = (run.group.size, run.config.rollout.tasks_per_step) if run.group else (1, len(groups))
+    shares: list[Share] = []
+    for share in split_shares(groups, size, per_rank):
+        dropped = drop_stale_groups(share, run.engine.weight_version, run.config.rollout.max_staleness)
+        shares.append((share, dropped, refuse_untrainable(flatten_groups(share)[0], run.rollout.ledger)))
+    return await run.handoff.hand_out(shares) if run.handoff is not None else shares[0]
 
 
 async def _train_and_sync(run: RunState, groups: list[TrajectoryGroup]) -> tuple[StepStats, float]:
@@ -310,7 +326,10 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float]:
     """
     from agentic_rl.train.distributed import shard
 
-    trajectories = await run.rollout.run(shard(run.eval_tasks, run.dist), run.eval_sampling)
+    trajectories = []  # a follower of a tensor-parallel engine evaluates nothing: its leader does the group's share
+    if run.rollout is not None:
+        tasks = shard(run.eval_tasks, rollout_context(run.dist, run.group))
+        trajectories = await run.rollout.run(tasks, run.eval_sampling)
     local = {
         "solved": float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
         "with_tool_calls": float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),

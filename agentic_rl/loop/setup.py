@@ -22,8 +22,10 @@ import anyio
 
 from agentic_rl.engine.base import PausableEngine, TrainableEngine
 from agentic_rl.engine.sampling import SamplingConfig
+from agentic_rl.engine.tensor_parallel import EngineGroup
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop.config import TrainConfig
+from agentic_rl.loop.engine_groups import FollowerFeed, GroupHandoff, rollout_context
 from agentic_rl.loop.memory_plan import MemoryPlan, run_memory_plan
 from agentic_rl.loop.plan import RunPlan
 from agentic_rl.loop.ranges import check_model_window
@@ -181,11 +183,18 @@ class RunState:
     trainer: GRPOTrainer
     engine: TrainableEngine
     sync: WeightSync
-    rollout: TrainingRollout
-    feed: ContinuousRollout
+    rollout: TrainingRollout | None
+    feed: ContinuousRollout | FollowerFeed
     sinks: list[MetricsLogger] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     memory_plan: MemoryPlan | None = None
+    group: EngineGroup | None = None
+    handoff: GroupHandoff | None = None
+
+    @property
+    def rolls_out(self) -> bool:
+        """Whether this rank runs the rollout: every rank, or with tensor-parallel engines each group's leader."""
+        return self.group is None or self.group.is_leader
 
     def training_state(self, step: int) -> dict[str, Any]:
         """The training state saved with a checkpoint after `step` steps, as `training_state.pt`: the optimizer state
@@ -206,14 +215,22 @@ class RunState:
 
 
 async def set_up(
-    plan: RunPlan, dist: DistContext, start: Checkpoint | None, state: dict[str, Any] | None, *, resume: bool
+    plan: RunPlan,
+    dist: DistContext,
+    start: Checkpoint | None,
+    state: dict[str, Any] | None,
+    *,
+    resume: bool,
+    group: EngineGroup | None = None,
 ) -> RunState:
     """Everything a run needs before its first step, from its `plan` (`loop.plan.plan_run`: what the config says,
     resolved before any folder or engine starts), in this order: `output_dir`, the trainer (with `optimizer.lora`,
     its adapter) and, resuming, the checkpoint's `state` (all but the RNG states, which `train` restores last), the
     task order; then the colocated engine, the rollout machinery over it and the weight sync (`_start_engine_side`).
     Without a resume, on several ranks, every engine loads rank 0's weights, like the trainers (a resumed run's
-    engines all load the same checkpoint). The metric sinks are `train`'s to add.
+    engines all load the same checkpoint). The metric sinks are `train`'s to add. With a tensor-parallel engine
+    `group` every rank of the group builds its shard of the engine; only the leader builds the rollout
+    (`loop.engine_groups`).
 
     All or nothing: what can fail without the engine fails before it starts, and a failure after it started closes
     the engine, then the rollout and the weight sync, before the error goes on.
@@ -246,7 +263,13 @@ async def set_up(
         history = list(state["history"])
     done = state["step"] if state is not None else 0
     async with AsyncExitStack() as started:
-        rollout, engine, sync = await _start_engine_side(plan, dist, trainer, tokenizer, model_dir, start, started)
+        rollout, engine, sync = await _start_engine_side(
+            plan, dist, trainer, tokenizer, model_dir, start, started, group
+        )
+        handoff = GroupHandoff(group) if group is not None else None
+        feed = (
+            FollowerFeed(handoff) if rollout is None else _feed(config, dist, rollout, task_order, done, state, group)
+        )
         run = RunState(
             config=config,
             dist=dist,
@@ -261,10 +284,12 @@ async def set_up(
             engine=engine,
             sync=sync,
             rollout=rollout,
-            feed=_feed(config, dist, rollout, task_order, done, state),
+            feed=feed,
             eval_sampling=step_sampling(config, dist.rank, None),
             history=history,
             memory_plan=memory,
+            group=group,
+            handoff=handoff,
         )
         started.pop_all()  # set up: from now on `train` closes them
     return run
@@ -278,11 +303,12 @@ async def _start_engine_side(
     model_dir: Path,
     start: Checkpoint | None,
     started: AsyncExitStack,
-) -> tuple[TrainingRollout, TrainableEngine, WeightSync]:
+    group: EngineGroup | None,
+) -> tuple[TrainingRollout | None, TrainableEngine, WeightSync]:
     """Start the colocated engine and the rollout over it (`_start_rollouts`), then the weight sync and its first
     push (`WeightSync.at_start`), each pushed onto `started` as it starts: closing it (on a failure) closes the
     engine first, then the rollout (`close_rollout`: bounded, never raising), then removes the sync's folders."""
-    rollout, engine = await _start_rollouts(plan, tokenizer, model_dir, start, started)
+    rollout, engine = await _start_rollouts(plan, tokenizer, model_dir, start, started, group)
     sync = WeightSync.of(plan.config, trainer, engine)
     started.callback(sync.close)
     started.push_async_callback(close_rollout, rollout)
@@ -291,10 +317,12 @@ async def _start_engine_side(
     return rollout, engine, sync
 
 
-async def close_rollout(rollout: TrainingRollout, *, timeout_s: float = ROLLOUT_CLOSE_TIMEOUT_S) -> None:
+async def close_rollout(rollout: TrainingRollout | None, *, timeout_s: float = ROLLOUT_CLOSE_TIMEOUT_S) -> None:
     """Close `rollout` (its environments, tools and reward workers: user code) without letting it hang or raise:
     shielded from cancellation, given at most `timeout_s` seconds, and what it raises is logged, never raised
-    (`rollout.bounded.close_quietly`)."""
+    (`rollout.bounded.close_quietly`). None (a follower's) is nothing to close."""
+    if rollout is None:
+        return
     await close_quietly(rollout.aclose, timeout_s)
 
 
@@ -374,7 +402,8 @@ async def _start_rollouts(
     model_dir: Path,
     start: Checkpoint | None,
     started: AsyncExitStack,
-) -> tuple[TrainingRollout, TrainableEngine]:
+    group: EngineGroup | None,
+) -> tuple[TrainingRollout | None, TrainableEngine]:
     """Start what the run's rollouts share: the chat renderer (its template checked first), a colocated engine
     (`_engine_options`; resuming, the checkpoint's weights when it holds a whole model) and the `TrainingRollout` over
     it (`build_training_rollout`: the built-in tool agent, a user's `environment` or a user's `agent`, whose classes
@@ -382,7 +411,7 @@ async def _start_rollouts(
     rollout); once the run is set up, `loop.run.train` closes them.
 
     Returns:
-        The rollout and its engine.
+        The rollout and its engine; on a follower of a tensor-parallel engine `group`, no rollout (None).
 
     Raises:
         ConfigError: if the engine cannot take new weights, or a class the config names cannot be loaded or built.
@@ -402,6 +431,7 @@ async def _start_rollouts(
         options,
         max_prompt_length=r.max_prompt_length,
         max_response_length=r.max_response_length,
+        group=group,
     )
     started.push_async_callback(close_engine, engine)  # first pushed, last run: see `_start_engine_side`
     if not isinstance(engine, TrainableEngine):
@@ -411,6 +441,8 @@ async def _start_rollouts(
             f"rollout.placement 'pause' needs an engine that can pause generation, got "
             f"{type(engine).__name__}: use placement 'overlap'"
         )
+    if group is not None and not group.is_leader:  # it serves its shard of the leader's engine, no more
+        return None, engine
     reward_fn = build_reward(plan.reward, engine, renderer)  # the in-process judge asks this engine
     rollout = build_training_rollout(
         engine,
@@ -457,11 +489,13 @@ def _feed(
     task_order: TaskOrder,
     done: int,
     state: dict[str, Any] | None,
+    group: EngineGroup | None,
 ) -> ContinuousRollout:
     """The run's `ContinuousRollout`: rollout batches of this rank's share of each step's tasks (`TaskOrder`,
     sharded by group), batch s sampled with step s's options, admitted under `rollout.max_staleness`, with
     `rollout.dynamic_sampling` (one rank only) extra draws from the same order; resuming, the checkpoint's admitted
-    but untrained groups are rolled out again first, their tasks re-read from the task order."""
+    but untrained groups are rolled out again first, their tasks re-read from the task order. With tensor-parallel
+    engines, the leader's share is its group's: T times `tasks_per_step` a step (`loop.engine_groups`)."""
     from agentic_rl.loop.scheduler import ContinuousRollout
     from agentic_rl.train.distributed import shard
 
@@ -472,12 +506,13 @@ def _feed(
             "nothing is generated while the trainer steps"
         )
     saved = (state or {}).get("rollout") or {}
+    sharing = rollout_context(dist, group)
     return ContinuousRollout(
         run=lambda tasks, sampling, indices: rollout.run(tasks, sampling, indices=indices),
-        next_batch=lambda: [(p, task_order.task_at(p)) for p in shard(task_order.next_positions(), dist)],
+        next_batch=lambda: [(p, task_order.task_at(p)) for p in shard(task_order.next_positions(), sharing)],
         sampling=lambda batch: step_sampling(config, dist.rank, batch),
         group_size=r.group_size,
-        groups_per_step=r.tasks_per_step,
+        groups_per_step=r.tasks_per_step * (group.size if group is not None else 1),
         max_staleness=r.max_staleness,
         n_parallel_agents=r.n_parallel_agents,
         first_step=done,

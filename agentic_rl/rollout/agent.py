@@ -24,7 +24,12 @@ logger = logging.getLogger(__name__)
 
 
 def start_engine(
-    model: str | Path, options: dict[str, Any], *, max_prompt_length: int, max_response_length: int
+    model: str | Path,
+    options: dict[str, Any],
+    *,
+    max_prompt_length: int,
+    max_response_length: int,
+    group: Any = None,
 ) -> TrainableEngine:
     """Build and start the in-process vLLM engine (blocks until it is ready).
 
@@ -33,6 +38,8 @@ def start_engine(
         options: `VLLMEngineConfig` fields (`dtype`, `kv_cache_gib`, `max_model_len`, `seed`, ...).
         max_prompt_length, max_response_length: the rollout's limits (tokens); without `max_model_len` in
             `options` the window is their sum, capped by the model's `max_position_embeddings`.
+        group: under torchrun, this rank's tensor-parallel engine group (`engine.tensor_parallel.EngineGroup`):
+            every rank of the group calls this at the same point, each building its shard of one engine.
 
     Raises:
         ConfigError: for invalid options.
@@ -42,7 +49,7 @@ def start_engine(
 
     if "max_model_len" not in options:
         options = {"max_model_len": _default_window(model, max_prompt_length + max_response_length), **options}
-    engine = VLLMEngine(VLLMEngineConfig(model=str(model), **options))
+    engine = VLLMEngine(VLLMEngineConfig(model=str(model), **options), group=group)
     t0 = time.perf_counter()
     engine.start_sync()
     logger.info("engine started in %.1f s", time.perf_counter() - t0)
