@@ -275,13 +275,14 @@ class Watchdog:
         self._thread.start()
 
     def dead_peers(self) -> list[str]:
-        """The group's other ranks whose process is gone (they share this node), as `rank R (pid P)`."""
+        """The group's other ranks whose process is gone (they share this node) without having closed their engine
+        first, as `rank R (pid P)`."""
         dead = []
         for r in range(self.group.size):
             if r == self.group.rank:
                 continue
             with contextlib.suppress(Exception):
-                if self._store.check([f"pid/{r}"]):
+                if self._store.check([f"pid/{r}"]) and not self._store.add(f"closed/{r}", 0):
                     pid = int(self._store.get(f"pid/{r}"))
                     if not _alive(pid):
                         dead.append(f"rank {self.group.global_rank(r)} (pid {pid})")

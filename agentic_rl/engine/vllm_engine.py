@@ -497,7 +497,7 @@ class VLLMEngine:
         except BaseException as exc:
             logger.exception("vLLM engine thread failed")
             self._dead = exc
-            if self.group is not None:  # the other shards would wait for this one forever
+            if self.group is not None and not self._closed:  # the other shards would wait for this one forever
                 dead = self._watchdog.dead_peers() if self._watchdog is not None else []
                 why = f" ({', '.join(dead)} died)" if dead else ""
                 tensor_parallel.fatal(

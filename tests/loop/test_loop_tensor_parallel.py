@@ -108,3 +108,17 @@ def test_four_ranks_form_two_tp2_engines_and_train_every_task_once(tmp_path):
     assert [r["weight_version"] for r in rows] == [2, 3]
     assert all(r["logprob_diff"] < 1e-3 and r["trajectories"] == 24 for r in rows), rows
     _every_task_once(run, ranks=4, steps=2, per_rank=2)
+
+
+@pytest.mark.slow
+def test_a_lora_run_syncs_its_adapter_into_every_shard_of_a_tp2_engine(tmp_path):
+    lora = {"lr": 1.0e-3, "micro_batch_size": 3, "lora": {"rank": 8}}
+    config = write_train_config(tmp_path, steps=2, engine=TP2, optimizer=lora)
+    proc = subprocess.run(_torchrun(2, "train", "--config", str(config)), capture_output=True, text=True,
+                          timeout=900, env=cli_env(), cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_version"] for r in rows] == [1, 2]  # the base, then one adapter per step
+    # step 2 sampled with step 1's adapter, loaded on both shards: the trainer's logprobs (fp32 on both sides)
+    assert all(r["logprob_diff"] < 1e-3 and r["trajectories"] == 12 for r in rows), rows
+    _every_task_once(tmp_path / "run", ranks=2, steps=2, per_rank=2)
