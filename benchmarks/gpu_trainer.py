@@ -15,8 +15,8 @@ For each lever set (`bf16`, `bf16 + activation checkpointing`, `bf16 + checkpoin
   (`agentic_rl.loop.memory_plan.plan_memory` less its CUDA context constant, which the allocator does not count);
 - a weight sync's read: `trainer.named_weights()` (each parameter gathered from its shard) copied into bf16 device
   buffers, as an engine's load copies it, beside one device copy of the same bytes. With vLLM installed (not
-  needed), `--engine` also pushes them into a real in-process `VLLMEngine` and times `update_weights`; without it
-  the engine part is skipped and the output says so.
+  needed), `--engine` also pushes them into a real in-process `VLLMEngine`, times `update_weights` and the engine's
+  rollout rate at tensor parallelism 1; without it the engine part is skipped and the output says so.
 
     python benchmarks/gpu_trainer.py [--steps 3] [--rows 4] [--prompt 512] [--response 512] [--engine] [--out FILE]
     python benchmarks/gpu_trainer.py --device cpu --tiny      # the CPU check of the script itself
@@ -139,9 +139,11 @@ def sync_seconds(trainer: Any, dev: Device) -> tuple[float, float, int]:
     return seconds, memcpy, size
 
 
-def engine_seconds(trainer: Any, shape: dict[str, Any], dev: Device) -> float:
+def engine_seconds(trainer: Any, shape: dict[str, Any], dev: Device) -> tuple[float, float]:
     """Seconds of a real `VLLMEngine.update_weights` from the trainer's shards (the model saved once, bf16, with
-    SmolLM2's tokenizer, for the engine to start from)."""
+    SmolLM2's tokenizer, for the engine to start from), and the engine's rollout rate at tensor parallelism 1 after
+    it: tokens per second sampling 32 prompts x 64 tokens at once, greedy, as `benchmarks/tensor_parallel.py` does
+    on the CPU (one GPU: no TP 2 line)."""
     from transformers import AutoTokenizer
 
     from agentic_rl.engine.vllm_engine import VLLMEngine, VLLMEngineConfig
@@ -155,7 +157,12 @@ def engine_seconds(trainer: Any, shape: dict[str, Any], dev: Device) -> float:
             await engine.update_weights(trainer.named_weights())  # the first loads the engine's scratch
             t0 = time.perf_counter()
             await engine.update_weights(trainer.named_weights())
-            return time.perf_counter() - t0
+            sync = time.perf_counter() - t0
+            prompts = [[100 + (7 * i + j) % 4000 for j in range(32)] for i in range(32)]
+            sampling = {"temperature": 0.0, "max_tokens": 64, "min_tokens": 64}
+            t0 = time.perf_counter()
+            done = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+            return sync, sum(len(g.token_ids) for g in done) / (time.perf_counter() - t0)
         finally:
             await engine.close()
 
@@ -178,7 +185,7 @@ def run_levers(name: str, levers: dict[str, Any], shape: dict[str, Any], rows: l
               "planned_gib": planned_gib(shape, config, args)}  # fmt: skip
     result["sync_seconds"], result["memcpy_seconds"], result["sync_bytes"] = sync_seconds(trainer, dev)
     if args.engine and name == "bf16":
-        result["engine_sync_seconds"] = engine_seconds(trainer, shape, dev)
+        result["engine_sync_seconds"], result["engine_tp1_tokens_per_s"] = engine_seconds(trainer, shape, dev)
     trainer.dist.close()
     return result
 
@@ -218,6 +225,8 @@ def main() -> None:
                  for r in results]))  # fmt: skip
     if not args.engine:
         print("engine part: not run (--engine, with vLLM installed, adds it)")
+    else:
+        print(f"engine rollout at tensor parallelism 1: {results[0]['engine_tp1_tokens_per_s']:.0f} tokens/s")
     save("gpu_trainer", {"device": device_name, "tiny": args.tiny, "plain_seconds": plain, "runs": results}, args.out,
          quick=args.tiny, goal=verdict(note="measured on " + device_name))  # fmt: skip
     sys.stdout.flush()

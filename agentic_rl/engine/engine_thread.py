@@ -131,12 +131,14 @@ class EngineThread:
             aborted (held requests included).
         weight_version: the version of the weights loaded now; only this thread changes it (between two steps).
         paused: while True the thread runs no engine step: requests keep their tokens and KV cache, new ones are
-            added and wait, messages (weight updates included) are still handled. Set from `Call`s on this thread.
+            added and wait, messages (weight updates included) are still handled. Set by `SetPaused` messages.
         stale_cache: True from a weight update whose prefix-cache reset failed until a reset succeeds; meanwhile
             new requests are held back so that none can reuse KV of the old weights. Set by the weight update,
             which runs on this thread.
         scratch: reused by in-place weight sync (`weight_copy.copy_weights`).
         adapters: the LoRA adapters and the requests on each (`adapters.AdapterSlots`); None without LoRA.
+        channel: in a tensor-parallel group, the leader's messages to its followers (`tensor_parallel.GroupChannel`),
+            set before the thread runs; None for an engine of one process.
     """
 
     def __init__(
