@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from support.launch import free_port_pair
 from support.processes import cli_env, wait_until
 from support.train_runs import write_train_config
@@ -98,11 +99,15 @@ def test_one_tp2_engine_over_two_sharded_ranks_trains_and_resumes_after_a_kill(t
 
 @pytest.mark.slow
 def test_four_ranks_form_two_tp2_engines_and_train_every_task_once(tmp_path):
-    config = write_train_config(tmp_path, steps=2, engine=TP2)
+    config = write_train_config(tmp_path, steps=2, engine=TP2, reward="support.toy_rewards:e_share_logged")
+    log = tmp_path / "rewards.log"
     proc = subprocess.run(_torchrun(4, "train", "--config", str(config)), capture_output=True, text=True,
-                          timeout=900, env=cli_env(), cwd=ROOT)  # fmt: skip
+                          timeout=900, env=cli_env(TOY_REWARD_LOG=str(log)), cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "run"
+    scored = [line.split("\t")[1] for line in log.read_text().splitlines()]
+    assert sorted(set(scored)) == ["0", "2"]  # the leaders score; followers run no reward, tool or agent
+    assert len(scored) == 2 * 4 * 2 * 3  # once per trajectory: 2 steps x 4 ranks' shares x 2 tasks x 3 samples
     assert len(_digests(run, 4)) == 1  # one model on every rank
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["weight_version"] for r in rows] == [2, 3]
@@ -122,3 +127,35 @@ def test_a_lora_run_syncs_its_adapter_into_every_shard_of_a_tp2_engine(tmp_path)
     # step 2 sampled with step 1's adapter, loaded on both shards: the trainer's logprobs (fp32 on both sides)
     assert all(r["logprob_diff"] < 1e-3 and r["trajectories"] == 12 for r in rows), rows
     _every_task_once(tmp_path / "run", ranks=2, steps=2, per_rank=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["overlap", "pause"])
+def test_async_runs_with_a_tp2_engine_train_within_their_staleness_and_evaluate(tmp_path, placement):
+    """Bounded staleness: with `overlap` the syncs land while the leader samples (requests in flight recompute their
+    KV on the new weights, in every shard); with `pause` (here with LoRA: each request pinned to its adapter) the
+    engine waits. The held-out evaluation runs on the leader only and is counted once."""
+    optimizer = {"lr": 1.0e-3, "micro_batch_size": 3, **({"lora": {"rank": 8}} if placement == "pause" else {})}
+    data = str(ROOT.parent / "shared/data/gsm8k_train.jsonl")
+    config = write_train_config(tmp_path, steps=3, engine=TP2, optimizer=optimizer, eval_data=data, eval_limit=4,
+                                eval_every=3)  # fmt: skip
+    written = yaml.safe_load(config.read_text())
+    written["rollout"].update(max_staleness=1, placement=placement)
+    config.write_text(yaml.safe_dump(written))
+    proc = subprocess.run(_torchrun(2, "train", "--config", str(config)), capture_output=True, text=True,
+                          timeout=900, env=cli_env(), cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the held-out evaluation before training
+    trained = rows[1:]
+    counts = [(r["trajectories"], r["groups_dropped_stale"]) for r in trained]
+    assert counts == [(12, 0)] * 3, counts
+    assert trained[0]["logprob_diff"] < 1e-3  # step 1 trains what the start weights sampled, in both shards
+    for row in trained:  # every token sampled at most max_staleness versions before the weights its step updated
+        records = (tmp_path / f"run/rollouts/step_{row['step']}.jsonl").read_text().splitlines()
+        versions = {v for r in map(json.loads, records) for v, m in zip(r["weight_versions"], r["response_mask"],
+                                                                        strict=True) if m}  # fmt: skip
+        assert versions and all(row["weight_version"] - 2 <= v <= row["weight_version"] - 1 for v in versions)
+    evaluated = [json.loads(line) for line in (tmp_path / "run/rollouts/eval_step_3.jsonl").read_text().splitlines()]
+    assert len(evaluated) == 4  # the leader's share is every held-out task: one engine
+    _every_task_once(tmp_path / "run", ranks=2, steps=3, per_rank=2)

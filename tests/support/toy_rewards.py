@@ -34,3 +34,10 @@ def e_share_or_constant(task, messages):
     """0.5 for every answer to a question of even length (its groups are constant: GRPO advantage 0), else
     `e_share`: about half the tasks of a run give constant groups, for dynamic sampling."""
     return 0.5 if len(task.get("question", "")) % 2 == 0 else e_share(task, messages)
+
+
+def e_share_logged(task, messages):
+    """`e_share`, and one line `pid<TAB>RANK` appended per call to the file `TOY_REWARD_LOG` names: who scored what."""
+    with open(os.environ["TOY_REWARD_LOG"], "a") as f:
+        f.write(f"{os.getpid()}\t{os.environ.get('RANK', '0')}\n")
+    return e_share(task, messages)
