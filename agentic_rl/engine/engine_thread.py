@@ -279,7 +279,7 @@ class EngineThread:
         pinned, lora = self.adapters.take() if self.adapters is not None else (None, None)
         try:
             params = SamplingParams(output_kind=RequestOutputKind.DELTA, **request.sampling)
-            llm.llm_engine.add_request(request_id, {"prompt_token_ids": request.prompt_ids}, params, lora_request=lora)
+            llm.llm_engine.add_request(request_id, _engine_input(llm, request.prompt_ids), params, lora_request=lora)
         except Exception as exc:  # a bad request fails alone
             del self.pending[request_id]
             request.result.set_exception(EngineRejectedError(f"request rejected by vLLM: {exc}"))
@@ -385,6 +385,16 @@ class EngineThread:
         self.pending.clear()
         if self.adapters is not None:
             self.adapters.fail_parked(exc)
+
+
+def _engine_input(llm: Any, prompt_ids: list[int]) -> Any:
+    """The prompt as vLLM's engine takes it: rendered by the engine's own renderer (`render_cmpl`, which checks the
+    ids as vLLM's `generate` does), not the raw prompt vLLM 0.32 still takes with a deprecation warning."""
+    renderer = getattr(llm.llm_engine, "renderer", None)
+    if renderer is None or not hasattr(renderer, "render_cmpl"):  # an older vLLM: the raw prompt is its API
+        return {"prompt_token_ids": prompt_ids}
+    (engine_input,) = renderer.render_cmpl([{"prompt_token_ids": prompt_ids}])
+    return engine_input
 
 
 def _settle(
