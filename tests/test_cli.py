@@ -117,6 +117,7 @@ def test_engine_start_noise_is_kept_for_verbose_only(tmp_path):
     loud = _serve_stderr(tmp_path, "-v")
     assert [line for line in loud.splitlines() if any(n in line for n in _START_NOISE)], loud  # still there with -v
     assert "Passing raw prompts" not in loud, loud  # requests reach vLLM through its renderer, not its deprecated path
+    assert "Loading safetensors checkpoint shards" not in quiet and "Loading safetensors checkpoint shards" in loud
 
 
 @pytest.mark.slow

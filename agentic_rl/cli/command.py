@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     from agentic_rl.loop.sft import register_derived_models
 
     register_derived_models()  # every command may name smollm2-135m-tools or -research (a model or a merge base)
-    if getattr(args, "no_progress", False):  # the libraries' own bars too (loading and saving weights)
+    if getattr(args, "no_progress", False) or not args.verbose:  # the libraries' bars (loading, saving weights)
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
         from transformers.utils import logging as transformers_logging
 

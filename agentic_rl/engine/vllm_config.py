@@ -14,6 +14,7 @@ from pydantic import Field, StrictInt, field_validator
 from agentic_rl.config import Config
 from agentic_rl.engine.adapters import MAX_LORA_RANKS
 from agentic_rl.engine.base import EngineDtype
+from agentic_rl.engine.load_log import verbose
 
 __all__ = ["VLLMEngineConfig", "llm_kwargs", "on_accelerator"]
 
@@ -136,6 +137,7 @@ def llm_kwargs(config: VLLMEngineConfig) -> dict[str, Any]:
         "max_num_seqs": config.max_num_seqs,
         "enable_prefix_caching": config.enable_prefix_caching,
         "logprobs_mode": f"{config.logprobs_mode}_logprobs",
+        "use_tqdm_on_load": verbose(),  # its weight-loading bar, between the caller's own progress lines
     }
     from ascend.device import current_platform
 
