@@ -334,12 +334,15 @@ def _configure_logging(verbose: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.INFO if verbose else logging.WARNING)
 
 
-def _run_train(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _step_said(row: dict[str, Any]) -> str:
+    """What a training step's progress shows of its metrics row."""
+    return f"reward {row['reward_mean']:.3f} loss {row['loss']:.4f}"
 
+
+def _run_train(args: argparse.Namespace) -> int:
     from agentic_rl.errors import ConfigError
     from agentic_rl.loop import load_run_config, load_train_config, resume_point, run_training
+    from agentic_rl.progress import StepProgress
 
     if (args.config is None) == (args.resume is None):
         raise ConfigError("give --config FILE for a new run, or --resume RUN_DIR to continue one (not both)")
@@ -347,21 +350,10 @@ def _run_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--resume continues {args.resume} with its recorded config; --set cannot change it")
     config = load_run_config(args.resume) if args.resume is not None else load_train_config(args.config, args.set)
     start = resume_point(config) if args.resume is not None else None
-    console = Console(stderr=True)
-    columns = [
-        TextColumn("train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.description}"),
-    ]
-    with Progress(*columns, console=console, disable=args.no_progress) as progress:
-        bar = progress.add_task("", total=config.steps, completed=start.step if start is not None else 0)
-
-        def on_step(row: dict[str, Any]) -> None:
-            progress.update(bar, advance=1, description=f"reward {row['reward_mean']:.3f} loss {row['loss']:.4f}")
-
-        history = run_training(config, on_step=on_step, resume=args.resume is not None)
+    done = start.step if start is not None else 0
+    progress = StepProgress(config.steps, "train", bar=not args.no_progress, done=done, describe=_step_said)
+    with progress:  # a bar on a terminal, else a line with the time left every tenth of the steps
+        history = run_training(config, on_step=progress, resume=args.resume is not None)
     last = history[-1]
     before = start.step if start is not None else 0
     ran = f"trained {_count(len(history) - before, 'step')}" + (f" after {before} done before" if before else "")
@@ -382,7 +374,7 @@ def _count(n: int, noun: str) -> str:
 
 def _run_sft(args: argparse.Namespace) -> int:
     from agentic_rl.loop.sft import SFTConfig, run_sft
-    from agentic_rl.train.sft import SFTProgress
+    from agentic_rl.progress import StepProgress as SFTProgress
 
     config = SFTConfig.from_yaml(args.config, args.set)
     with SFTProgress(config.steps, "sft", bar=not args.no_progress) as progress:  # log lines when no bar
@@ -499,10 +491,11 @@ def main(argv: list[str] | None = None) -> int:
 
     register_derived_models()  # every command may name smollm2-135m-tools or -research (a model or a merge base)
     if getattr(args, "no_progress", False) or not args.verbose:  # the libraries' bars (loading, saving weights)
-        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
-        from transformers.utils import logging as transformers_logging
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # transformers reads it when it is imported
+        if "transformers" in sys.modules:  # imported already: tell it (importing it here would slow `plan`)
+            from transformers.utils import logging as transformers_logging
 
-        transformers_logging.disable_progress_bar()
+            transformers_logging.disable_progress_bar()
     try:
         if args.command == "rollout":
             from agentic_rl.cli.rollout import run_rollout

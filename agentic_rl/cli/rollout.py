@@ -295,8 +295,8 @@ def _generate(plan: _RolloutPlan, spec: Any, console: Any) -> tuple[list[Any], f
         The trajectories of this run and its wall-clock seconds (none and 0.0 when no task was left).
     """
     import anyio
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from agentic_rl.progress import StepProgress
     from agentic_rl.records import trajectory_to_dict
     from agentic_rl.rollout.agent import close_tool_agent
     from agentic_rl.rollout.session import Rollout
@@ -306,7 +306,8 @@ def _generate(plan: _RolloutPlan, spec: Any, console: Any) -> tuple[list[Any], f
     def finished(trajectory: Any) -> None:
         records.write(json.dumps(trajectory_to_dict(trajectory), ensure_ascii=False) + "\n")
         records.flush()
-        progress.advance(bar)
+        count[0] += 1
+        progress({"done": count[0]})
 
     async def rollout() -> tuple[list[Any], float]:
         t0 = time.perf_counter()
@@ -318,9 +319,10 @@ def _generate(plan: _RolloutPlan, spec: Any, console: Any) -> tuple[list[Any], f
             await close_tool_agent(spec, engine=spec.engine)
         return result.trajectories, time.perf_counter() - t0
 
-    columns = [TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with records, Progress(*columns, console=console, disable=plan.args.no_progress) as progress:
-        bar = progress.add_task("rollout", total=len(plan.tasks), completed=len(plan.done))
+    count = [len(plan.done)]
+    progress = StepProgress(len(plan.tasks), "rollout", bar=not plan.args.no_progress, console=console, unit="task",
+                            done=count[0], describe=None)  # fmt: skip
+    with records, progress:  # a bar on a terminal, else a line with the time left every tenth of the tasks
         return anyio.run(rollout, backend_options=_backend_options()) if plan.todo else ([], 0.0)
 
 

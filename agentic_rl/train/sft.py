@@ -2,23 +2,22 @@
 
 The batch is packed by `pack_trajectories`, the same packing the GRPO step uses, and the loss covers exactly the
 tokens with `response_mask == 1` (what the policy writes); prompts, tool observations and template glue are
-context only. `SFTProgress` shows a run's steps to a person: a bar on a terminal, plain log lines elsewhere.
+context only. `SFTProgress` (`agentic_rl.progress.StepProgress`) shows a run's steps to a person.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import nullcontext
-from types import TracebackType
 from typing import Any
 
 import torch
 
 from agentic_rl.errors import ConfigError
+from agentic_rl.progress import StepProgress as SFTProgress
 from agentic_rl.train.loss import response_logprobs
 from agentic_rl.train.optim import adamw
 from agentic_rl.train.packing import pack_trajectories
@@ -142,85 +141,3 @@ class SFTTrainer:
             nll, count = masked_nll(logprobs, micro.response_mask)
             nll_total, tokens = nll_total + float(nll), tokens + float(count)
         return nll_total / max(tokens, 1.0)
-
-
-def _clock(seconds: float) -> str:
-    """`seconds` as ``H:MM:SS``."""
-    whole = max(0, round(seconds))
-    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
-
-
-class SFTProgress:
-    """Shows the steps of an SFT run: step, loss, time spent and time left.
-
-    On a terminal (and with `bar`) a rich progress bar on `console`; otherwise, so that logs and pipes stay
-    readable, one INFO line of this module's logger every `every` steps and at the last step. Lines too when
-    another rich bar is already showing (a training run that builds the tool model): they print above it. Use as
-    a context manager and pass it as the run's `on_step` callback (it reads the row's ``step`` and ``loss``).
-
-    Args:
-        total: steps of the run.
-        label: what the run is, first on the bar and in every line (e.g. ``"fine-tuning for tool calls"``).
-        bar: False never draws a bar (``--no-progress``): lines are logged instead.
-        console: a `rich.console.Console` for the bar (default: one on stderr).
-        every: steps between two lines (default: a tenth of `total`, at least 1).
-    """
-
-    def __init__(
-        self, total: int, label: str = "sft", *, bar: bool = True, console: Any = None, every: int | None = None
-    ) -> None:
-        from rich.console import Console
-
-        self.total, self.label = total, label
-        self.console = console if console is not None else Console(stderr=True)
-        self.every = every if every is not None else max(1, total // 10)
-        self.lines: list[str] = []  # the lines logged so far
-        self._bar: Any = None
-        self._use_bar = bar and self.console.is_terminal
-        self._start = time.monotonic()
-        self._first: tuple[float, int] | None = None  # (time, step) of the first step reported
-
-    def __enter__(self) -> SFTProgress:
-        from rich import progress
-        from rich.file_proxy import FileProxy
-
-        self._start = time.monotonic()
-        if self._use_bar and not isinstance(sys.stderr, FileProxy):  # no second bar inside another one (a run's)
-            columns = [
-                progress.TextColumn(self.label),
-                progress.BarColumn(),
-                progress.TextColumn("step"),
-                progress.MofNCompleteColumn(),
-                progress.TextColumn("loss {task.fields[loss]}"),
-                progress.TimeElapsedColumn(),
-                progress.TextColumn("left"),
-                progress.TimeRemainingColumn(),
-            ]
-            self._bar = progress.Progress(*columns, console=self.console)
-            self._bar.start()
-            self._task = self._bar.add_task("", total=self.total, loss="-")
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def __call__(self, row: Mapping[str, Any]) -> None:
-        """Report one finished step: `row` holds its 1-based ``step`` and its ``loss`` (nats per token)."""
-        step, loss = int(row["step"]), float(row["loss"])
-        if self._bar is not None:
-            self._bar.update(self._task, completed=step, loss=f"{loss:.3f}")
-            return
-        if self._first is None:  # time per step is measured from the first step on, not from set-up
-            self._first = (time.monotonic(), step)
-        if step % self.every and step != self.total:
-            return
-        now = time.monotonic()
-        since, first_step = self._first
-        per_step = (now - since) / (step - first_step) if step > first_step else (now - self._start) / max(step, 1)
-        spent, left = now - self._start, per_step * (self.total - step)
-        line = f"{self.label}: step {step}/{self.total}, loss {loss:.3f}, {_clock(spent)} spent, {_clock(left)} left"
-        self.lines.append(line)
-        logger.info("%s", line)
