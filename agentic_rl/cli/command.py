@@ -1,5 +1,5 @@
 """`agentic-rl`: the parser, logging, and the `train`, `sft`, `merge`, `serve` and `view` commands (the `rollout`
-command is in `agentic_rl.cli.rollout`, `plan` in `agentic_rl.cli.plan`)."""
+command is in `agentic_rl.cli.rollout`, `eval` in `agentic_rl.cli.eval`, `plan` in `agentic_rl.cli.plan`)."""
 
 from __future__ import annotations
 
@@ -233,6 +233,27 @@ def _rollout_parser(sub: Any, *, typed_only: bool) -> None:
             action.default = argparse.SUPPRESS
 
 
+def _eval_parser(sub: Any) -> None:
+    """The `eval` subcommand's options: the rollout's, with `-k/--samples`, `--compare` and `--bootstrap`."""
+    e = sub.add_parser(
+        "eval",
+        help="evaluate a model on tasks: pass@k, avg@K, maj@K over K samples per task (and --compare OTHER)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = e.add_argument
+    _task_options(add)
+    _turn_options(add)
+    _harness_options(add)
+    add("-k", "--samples", type=_bounded(int, 1), default=4, help="samples per task (K); seeds derived from --seed")
+    add("--compare", default=None, metavar="OTHER", help="a second model evaluated on the same tasks and seeds")
+    add("--bootstrap", type=_bounded(int, 1), default=1000, help="bootstrap resamples of the paired difference")
+    add("--dtype", default=None, choices=["bfloat16", "float16", "float32", "auto"], help=_DTYPE_HELP)
+    add("--kv-cache-gib", type=_bounded(float, 0.01), default=1.0, help="KV cache on the CPU, GiB")
+    add("--output-dir", default=None, help="default: runs/eval")
+    add("--no-progress", action="store_true")
+    add("-v", "--verbose", action="store_true")
+
+
 def _merge_parser(sub: Any) -> None:
     """The `merge` subcommand's options."""
     m = sub.add_parser(
@@ -307,6 +328,7 @@ def _parser(*, typed_only: bool = False) -> argparse.ArgumentParser:
         "--set steps=10 --set traces=64",
         required=False,
     )
+    _eval_parser(sub)
     _merge_parser(sub)
     add_plan_parser(sub)
     _serve_parser(sub)
@@ -502,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
 
             typed = vars(_parser(typed_only=True).parse_args(argv)) if args.resume else {}
             return run_rollout(args, typed, defaults=vars(_parser().parse_args(["rollout"])))
+        if args.command == "eval":
+            from agentic_rl.cli.eval import run_eval
+
+            return run_eval(args)
         if args.command == "serve":
             return _run_serve(args)
         if args.command == "train":

@@ -1,0 +1,204 @@
+"""The `agentic-rl eval` command: K samples per task with the rollout's machinery (same harness, tools, reward and
+engine start as `agentic-rl rollout`), scored as pass@k, avg@K and maj@K (`agentic_rl.rewards.passk`), with
+`--compare OTHER`'s paired difference and its bootstrap interval."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from agentic_rl.cli.rollout import (
+    _check_fresh_rollout_dir,
+    _generate,
+    _harness_config,
+    _model_renderer,
+    _read_system_prompt,
+    _RolloutPlan,
+    _sampling_options,
+    _start_agent,
+    _write_json,
+)
+
+__all__ = ["eval_figures", "run_eval", "task_rows"]
+
+
+def _correct(record: dict[str, Any]) -> bool:
+    """A sample is correct when its task reward is > 0 (as the rollout summary's accuracy counts)."""
+    return (record.get("metrics") or {}).get("res_reward", 0.0) > 0
+
+
+def task_rows(
+    tasks: list[dict[str, Any]], records: list[dict[str, Any]], samples: int, reward: str
+) -> list[dict[str, Any]]:
+    """One row per task from its `samples` trajectory records (record `idx` = task * samples + sample): `id`, `n`,
+    `c`, `pass@k` for each k <= n, `avg@K`, the majority answer and whether it is correct, each sample's answer."""
+    from agentic_rl.rewards.passk import majority_vote, pass_at_k, vote_answer
+
+    by_task: list[list[dict[str, Any]]] = [[] for _ in tasks]
+    for record in sorted(records, key=lambda r: r["idx"]):
+        by_task[record["idx"] // samples].append(record)
+    rows = []
+    for i, (task, group) in enumerate(zip(tasks, by_task, strict=True)):
+        correct = [_correct(r) for r in group]
+        answers = [vote_answer(reward, r.get("chat_completions") or []) for r in group]
+        majority, majority_correct = majority_vote(answers, correct)
+        n, c = len(group), sum(correct)
+        rows.append(
+            {
+                "id": task.get("id", i),
+                "n": n,
+                "c": c,
+                "pass@k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
+                "avg@K": c / n if n else 0.0,
+                "majority_answer": majority,
+                "majority_correct": majority_correct,
+                "answers": answers,
+            }
+        )
+    return rows
+
+
+def eval_figures(rows: list[dict[str, Any]], records: list[dict[str, Any]], samples: int) -> dict[str, Any]:
+    """The evaluation's figures: means over tasks of pass@k (k = 1..K), avg@K and maj@K; over the finished samples,
+    the tool-call rate (share with a tool call) and mean turns; failed samples counted by error kind (the text
+    before the first `:` of the trajectory's `error`)."""
+    ok = [r for r in records if not r.get("failed")]
+    failures: dict[str, int] = {}
+    for r in records:
+        if r.get("failed"):
+            kind = str(r.get("error") or r.get("termination_reason") or "unknown").split(":", 1)[0]
+            failures[kind] = failures.get(kind, 0) + 1
+    t = len(rows)
+    return {
+        "tasks": t,
+        "samples": samples,
+        "pass@k": {str(k): sum(row["pass@k"][str(k)] for row in rows) / t for k in range(1, samples + 1)},
+        "avg@K": sum(row["avg@K"] for row in rows) / t,
+        "maj@K": sum(row["majority_correct"] for row in rows) / t,
+        "tool_call_rate": sum((r["metrics"].get("tool_calls", 0) > 0) for r in ok) / len(ok) if ok else 0.0,
+        "mean_turns": sum(r["metrics"].get("steps", 0) for r in ok) / len(ok) if ok else 0.0,
+        "failed": len(records) - len(ok),
+        "failures": failures,
+    }
+
+
+def _evaluate(
+    args: argparse.Namespace, model: str, tasks: list[dict[str, Any]], out_dir: Path, console: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run K samples of each task on `model` as `agentic-rl rollout` runs tasks (trajectories.jsonl in `out_dir`),
+    write tasks.jsonl, and return the task rows and the figures."""
+    from agentic_rl.records import trajectory_to_dict
+    from agentic_rl.rewards.registry import resolve_reward
+
+    k = args.samples
+    run_args = argparse.Namespace(**{**vars(args), "model": model, "output_dir": str(out_dir)})
+    model_dir, renderer = _model_renderer(run_args)
+    judge = args.reward == "llm_judge"
+    expanded = [task for task in tasks for _ in range(k)]  # idx = task * K + sample: distinct seeds (derive_seed)
+    plan = _RolloutPlan(
+        args=run_args,
+        resuming=False,
+        tasks=expanded,
+        done={},
+        todo=list(range(len(expanded))),
+        tool_names=[n.strip() for n in args.tools.split(",") if n.strip()],
+        reward_fn=resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"]),
+        judge=judge,
+        system_prompt=_read_system_prompt(args.system_prompt_file),
+        out_dir=out_dir,
+        harness=_harness_config(run_args),
+        model_dir=model_dir,
+        renderer=renderer,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec, _ = _start_agent(plan, console)
+    trajectories, _ = _generate(plan, spec, console)
+    records = [trajectory_to_dict(t) for t in trajectories]
+    rows = task_rows(tasks, records, k, args.reward)
+    with (out_dir / "tasks.jsonl").open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return rows, {"model": str(model_dir), **eval_figures(rows, records, k)}
+
+
+def _paired(rows: list[dict[str, Any]], other: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The paired difference per task of avg@K (= the unbiased pass@1 with n = K): model minus --compare, its mean
+    and a percentile bootstrap interval over tasks (`bootstrap_interval`, seeded by --seed)."""
+    from agentic_rl.rewards.passk import bootstrap_interval
+
+    diffs = [a["avg@K"] - b["avg@K"] for a, b in zip(rows, other, strict=True)]
+    low, high = bootstrap_interval(diffs, resamples=args.bootstrap, seed=args.seed)
+    return {
+        "metric": "avg@K",
+        "difference": sum(diffs) / len(diffs),
+        "interval_95": [low, high],
+        "bootstrap_resamples": args.bootstrap,
+        "bootstrap_seed": args.seed,
+        "per_task": diffs,
+    }
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """`agentic-rl eval`: evaluate `--model` (and `--compare`) on the tasks, write eval.json, print a table.
+
+    Returns:
+        0, or 1 when every sample failed.
+    """
+    from rich.console import Console
+
+    from agentic_rl.data import load_tasks
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.tools.registry import TOOL_NAMES
+
+    console = Console()
+    unknown = [n.strip() for n in args.tools.split(",") if n.strip() and n.strip() not in TOOL_NAMES]
+    if unknown:
+        raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
+    tasks = load_tasks(args.data, args.limit, columns=args.data_columns)
+    if not tasks:
+        raise ConfigError(f"--data {args.data}: no tasks")
+    out_dir = Path(args.output_dir or "runs/eval")
+    _check_fresh_rollout_dir(out_dir)
+    if (out_dir / "eval.json").exists():
+        raise ConfigError(f"--output-dir {out_dir} already holds an evaluation (eval.json): choose another")
+    rows, figures = _evaluate(args, args.model, tasks, out_dir, console)
+    result: dict[str, Any] = {
+        **figures,
+        "options": {**vars(args), "sampling": _sampling_options(args)},
+        "tie_break": "maj@K: most votes, ties to the answer given first (lowest sample index); no answer: no vote",
+    }
+    if args.compare is not None:
+        other_rows, other = _evaluate(args, args.compare, tasks, out_dir / "compare", console)
+        result["compare"] = {**other, "paired": _paired(rows, other_rows, args)}
+    _write_json(out_dir / "eval.json", result)
+    _print_table(console, out_dir, result)
+    if figures["failed"] == len(tasks) * args.samples:
+        console.print("[red]every sample failed; see the errors in trajectories.jsonl")
+        return 1
+    return 0
+
+
+def _print_table(console: Any, out_dir: Path, result: dict[str, Any]) -> None:
+    """Print the figures (and the compared model's, with the paired difference) as a table."""
+    from rich.table import Table
+
+    table = Table(title=f"eval ({out_dir}): {result['tasks']} tasks x {result['samples']} samples")
+    table.add_column("metric")
+    columns = [result, *([result["compare"]] if "compare" in result else [])]
+    for figures in columns:
+        table.add_column(Path(figures["model"]).name, justify="right")
+    names = [*(f"pass@{k}" for k in result["pass@k"]), "avg@K", "maj@K", "tool_call_rate", "mean_turns", "failed"]
+    for name in names:
+        key = ("pass@k", name[5:]) if name.startswith("pass@") else (name, None)
+        cells = [f["pass@k"][key[1]] if key[1] else f[key[0]] for f in columns]
+        table.add_row(name, *(f"{v:.3f}" if isinstance(v, float) else str(v) for v in cells))
+    console.print(table)
+    if "compare" in result:
+        paired = result["compare"]["paired"]
+        low, high = paired["interval_95"]
+        console.print(
+            f"paired difference of avg@K (model - compare): {paired['difference']:+.3f}, bootstrap 95% interval "
+            f"[{low:+.3f}, {high:+.3f}] ({paired['bootstrap_resamples']} resamples, seed {paired['bootstrap_seed']})"
+        )
