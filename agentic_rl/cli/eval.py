@@ -9,17 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentic_rl.cli.rollout import (
-    _check_fresh_rollout_dir,
-    _generate,
-    _harness_config,
-    _model_renderer,
-    _read_system_prompt,
-    _RolloutPlan,
-    _sampling_options,
-    _start_agent,
-    _write_json,
-)
+from agentic_rl.cli.rollout import run_tasks
 
 __all__ = ["eval_figures", "run_eval", "task_rows"]
 
@@ -90,31 +80,11 @@ def _evaluate(
     """Run K samples of each task on `model` as `agentic-rl rollout` runs tasks (trajectories.jsonl in `out_dir`),
     write tasks.jsonl, and return the task rows and the figures."""
     from agentic_rl.records import trajectory_to_dict
-    from agentic_rl.rewards.registry import resolve_reward
 
     k = args.samples
     run_args = argparse.Namespace(**{**vars(args), "model": model, "output_dir": str(out_dir)})
-    model_dir, renderer = _model_renderer(run_args)
-    judge = args.reward == "llm_judge"
     expanded = [task for task in tasks for _ in range(k)]  # idx = task * K + sample: distinct seeds (derive_seed)
-    plan = _RolloutPlan(
-        args=run_args,
-        resuming=False,
-        tasks=expanded,
-        done={},
-        todo=list(range(len(expanded))),
-        tool_names=[n.strip() for n in args.tools.split(",") if n.strip()],
-        reward_fn=resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"]),
-        judge=judge,
-        system_prompt=_read_system_prompt(args.system_prompt_file),
-        out_dir=out_dir,
-        harness=_harness_config(run_args),
-        model_dir=model_dir,
-        renderer=renderer,
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    spec, _ = _start_agent(plan, console)
-    trajectories, _ = _generate(plan, spec, console)
+    trajectories, model_dir = run_tasks(run_args, expanded, out_dir, console)
     records = [trajectory_to_dict(t) for t in trajectories]
     rows = task_rows(tasks, records, k, args.reward)
     with (out_dir / "tasks.jsonl").open("w", encoding="utf-8") as f:
@@ -150,29 +120,27 @@ def run_eval(args: argparse.Namespace) -> int:
 
     from agentic_rl.data import load_tasks
     from agentic_rl.errors import ConfigError
-    from agentic_rl.tools.registry import TOOL_NAMES
 
     console = Console()
-    unknown = [n.strip() for n in args.tools.split(",") if n.strip() and n.strip() not in TOOL_NAMES]
-    if unknown:
-        raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
     tasks = load_tasks(args.data, args.limit, columns=args.data_columns)
     if not tasks:
         raise ConfigError(f"--data {args.data}: no tasks")
     out_dir = Path(args.output_dir or "runs/eval")
-    _check_fresh_rollout_dir(out_dir)
-    if (out_dir / "eval.json").exists():
-        raise ConfigError(f"--output-dir {out_dir} already holds an evaluation (eval.json): choose another")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--output-dir {out_dir} is a file, not a folder")
+    earlier = [name for name in ("eval.json", "trajectories.jsonl") if (out_dir / name).exists()]
+    if earlier:
+        raise ConfigError(f"--output-dir {out_dir} already holds a run ({', '.join(earlier)}): choose another")
     rows, figures = _evaluate(args, args.model, tasks, out_dir, console)
     result: dict[str, Any] = {
         **figures,
-        "options": {**vars(args), "sampling": _sampling_options(args)},
+        "options": vars(args),
         "tie_break": "maj@K: most votes, ties to the answer given first (lowest sample index); no answer: no vote",
     }
     if args.compare is not None:
         other_rows, other = _evaluate(args, args.compare, tasks, out_dir / "compare", console)
         result["compare"] = {**other, "paired": _paired(rows, other_rows, args)}
-    _write_json(out_dir / "eval.json", result)
+    (out_dir / "eval.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     _print_table(console, out_dir, result)
     if figures["failed"] == len(tasks) * args.samples:
         console.print("[red]every sample failed; see the errors in trajectories.jsonl")

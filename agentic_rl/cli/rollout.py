@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROLLOUT_ARGS", "dtype_option", "run_rollout"]
+__all__ = ["ROLLOUT_ARGS", "dtype_option", "run_rollout", "run_tasks"]
 
 #: The rollout's arguments, recorded in its output folder at start (what `rollout --resume` continues with).
 ROLLOUT_ARGS = "args.json"
@@ -209,6 +209,55 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
         model_dir=model_dir,
         renderer=renderer,
     )
+
+
+def run_tasks(
+    args: argparse.Namespace, tasks: list[dict[str, Any]], out_dir: Path, console: Any
+) -> tuple[list[Any], Path]:
+    """Run one trajectory per entry of `tasks` (`Trajectory.idx` = its position, which offsets its seed) as
+    `agentic-rl rollout` runs tasks: `args`'s model, tools, reward, system prompt, harness and sampling, the same
+    engine start; each trajectory appended to `out_dir/trajectories.jsonl` as it finishes, the engine closed after
+    (`agentic-rl eval` runs its K samples per task here).
+
+    Returns:
+        The trajectories (in the order they finished) and the model's folder.
+
+    Raises:
+        ConfigError, ModelError, TemplateError, FileNotFoundError, OSError: as `agentic-rl rollout`, before the
+        engine starts.
+    """
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.rewards.registry import resolve_reward
+    from agentic_rl.tools.registry import TOOL_NAMES
+
+    tool_names = [n.strip() for n in args.tools.split(",") if n.strip()]
+    unknown = [n for n in tool_names if n not in TOOL_NAMES]
+    if unknown:
+        raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
+    judge = args.reward == "llm_judge"
+    reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"])
+    system_prompt = _read_system_prompt(args.system_prompt_file)
+    harness = _harness_config(args)
+    model_dir, renderer = _model_renderer(args)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plan = _RolloutPlan(
+        args=args,
+        resuming=False,
+        tasks=tasks,
+        done={},
+        todo=list(range(len(tasks))),
+        tool_names=tool_names,
+        reward_fn=reward_fn,
+        judge=judge,
+        system_prompt=system_prompt,
+        out_dir=out_dir,
+        harness=harness,
+        model_dir=model_dir,
+        renderer=renderer,
+    )
+    spec, _ = _start_agent(plan, console)
+    trajectories, _ = _generate(plan, spec, console)
+    return trajectories, model_dir
 
 
 def _harness_config(args: argparse.Namespace) -> Any:
