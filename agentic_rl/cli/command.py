@@ -4,6 +4,7 @@ command is in `agentic_rl.cli.rollout`, `eval` in `agentic_rl.cli.eval`, `plan` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -373,9 +374,12 @@ def _run_train(args: argparse.Namespace) -> int:
     config = load_run_config(args.resume) if args.resume is not None else load_train_config(args.config, args.set)
     start = resume_point(config) if args.resume is not None else None
     done = start.step if start is not None else 0
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun, rank 0 speaks for the run
     progress = StepProgress(config.steps, "train", bar=not args.no_progress, done=done, describe=_step_said)
-    with progress:  # a bar on a terminal, else a line with the time left every tenth of the steps
-        history = run_training(config, on_step=progress, resume=args.resume is not None)
+    with progress if main_rank else contextlib.nullcontext():  # a bar on a terminal, else a line with the time left
+        history = run_training(config, on_step=progress if main_rank else None, resume=args.resume is not None)
+    if not main_rank:
+        return 0
     last = history[-1]
     before = start.step if start is not None else 0
     ran = f"trained {_count(len(history) - before, 'step')}" + (f" after {before} done before" if before else "")
@@ -387,7 +391,9 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _gap(value: float | None) -> str:
-    return "not measured (no row was trained)" if value is None else f"{value:.2e}"
+    return (
+        "not measured (no row was computed: every advantage 0, or nothing trained)" if value is None else f"{value:.2e}"
+    )
 
 
 def _count(n: int, noun: str) -> str:

@@ -44,6 +44,10 @@ VLLM_NOISE = re.compile(
             "The global random seed is set to",
             "does not officially support disabling chunked prefill",
             "Enforce eager set, disabling torch.compile",
+            # vLLM's reload_weights (a tensor-parallel engine's sync) on layers with no weights of their own: the
+            # rotary embedding, and a tied lm_head, which `weight_copy` refreshes from the embedding after it
+            "RotaryEmbedding: Failed to load weights",
+            "ParallelLMHead: Failed to load weights",
             "Inductor compilation was disabled by user settings",
         )
     )

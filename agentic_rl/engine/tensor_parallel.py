@@ -32,7 +32,16 @@ from typing import Any
 from agentic_rl.engine.commands import Command
 from agentic_rl.errors import ConfigError
 
-__all__ = ["EngineGroup", "GroupChannel", "StepDigest", "Watchdog", "fatal", "join_engine_group", "vllm_launch"]
+__all__ = [
+    "EngineGroup",
+    "GroupChannel",
+    "StepDigest",
+    "Watchdog",
+    "fatal",
+    "join_engine_group",
+    "remove_orphaned_segments",
+    "vllm_launch",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +148,7 @@ def vllm_launch(group: EngineGroup) -> Iterator[dict[str, Any]]:
     from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
 
     original = ExecutorWithExternalLauncher._distributed_args
-    ident = f"file:///{group.prefix}-{_job_ident()}"
+    ident = f"file:///{_launch_ident(group)}"
 
     def distributed_args(self: Any) -> tuple[str, int, int]:
         return ident, group.rank, group.local_rank
@@ -151,9 +160,41 @@ def vllm_launch(group: EngineGroup) -> Iterator[dict[str, Any]]:
         ExecutorWithExternalLauncher._distributed_args = original
 
 
-def _job_ident() -> str:
-    """What tells this job's groups from another job's on the node: its store's address."""
-    return f"{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', '0')}".replace("/", "_")
+#: The start of the names of the shared-memory segments vLLM's CPU all-reduce of a group opens in /dev/shm: then
+#: the leader's pid, so that a killed job's segments (vLLM cannot remove them) are known as orphans.
+SEGMENT_PREFIX = "agentic_rl_engine"
+
+
+def _launch_ident(group: EngineGroup) -> str:
+    """The name of this launch's group, the same on each of its ranks: `SEGMENT_PREFIX`, the group, the leader's pid
+    and start time (a killed job's segments, left in /dev/shm under its name, never clash with a later launch's).
+    The leader publishes it in the job's store first, removing the orphaned segments of dead leaders."""
+    import torch.distributed as dist
+
+    store = dist.PrefixStore(f"{group.prefix}_ident", group.store)
+    if group.is_leader:
+        remove_orphaned_segments()
+        store.set("ident", f"{SEGMENT_PREFIX}_{group.index}-{os.getpid()}-{time.time_ns()}")
+    return store.get("ident").decode()
+
+
+def remove_orphaned_segments(folder: str = "/dev/shm") -> list[str]:
+    """Remove the shared-memory segments of groups whose leader process is gone (a killed job's); the names removed.
+    Segments of running leaders, and other files, are left alone."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            if not name.startswith(f"{SEGMENT_PREFIX}_"):
+                continue
+            parts = name.split("-")
+            if len(parts) < 3 or not parts[1].isdigit() or _alive(int(parts[1])):
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+                removed.append(name)
+    if removed:
+        logger.info("removed %d shared-memory segments of killed engine groups from %s", len(removed), folder)
+    return removed
 
 
 @dataclass(frozen=True, slots=True)

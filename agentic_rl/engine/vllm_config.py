@@ -106,6 +106,12 @@ class VLLMEngineConfig(Config):
                 f"{parallel} are set by the engine's tensor-parallel group (VLLMEngine(config, group=...); in a "
                 "training run engine.tensor_parallel_size), not engine_kwargs"
             )
+        other = sorted(key for key in value if key in ("pipeline_parallel_size", "data_parallel_size"))
+        if other:
+            raise ValueError(
+                f"{other}: an in-process engine is one process, or one tensor-parallel group of torchrun ranks "
+                "(engine.tensor_parallel_size); pipeline and data parallelism inside the engine are not supported"
+            )
         return value
 
     @field_validator("logprobs_mode", mode="before")

@@ -177,6 +177,13 @@ class EngineSection(Config):
         "tensor-parallel engine (it must divide the ranks of a node and the model's attention heads); only each "
         "group's first rank rolls out, the others serve its engine and train",
     )
+    group_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="with tensor_parallel_size > 1: seconds a rank of an engine group may give no sign of life "
+        "before the others stop the run, naming it",
+    )
 
 
 class JudgeSection(Config):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import pickle
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,15 +27,24 @@ from agentic_rl.loop.config import TrainConfig
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.groups import TrajectoryGroup
 
-__all__ = ["FollowerFeed", "GroupHandoff", "Share", "engine_group", "rollout_context", "split_shares"]
+__all__ = [
+    "FollowerFeed",
+    "GroupHandoff",
+    "Share",
+    "check_tensor_parallel",
+    "engine_group",
+    "rollout_context",
+    "split_shares",
+]
 
 #: What a leader hands a rank of its group each step: its task groups, and how many of them were dropped as stale
 #: and how many of their trajectories were refused (`loop.run._train_step`).
 Share = tuple[list[TrajectoryGroup], int, int]
 
 
-def engine_group(config: TrainConfig, dist: DistContext, *, timeout_s: float = 600.0) -> EngineGroup | None:
-    """This rank's engine group, or None with `engine.tensor_parallel_size: 1`.
+def engine_group(config: TrainConfig, dist: DistContext) -> EngineGroup | None:
+    """This rank's engine group, or None with `engine.tensor_parallel_size: 1`; a rank of it that dies or stalls
+    stops the others after `engine.group_timeout_s`.
 
     Raises:
         ConfigError: for T > 1 on one process (launch with torchrun), or a T that does not divide the ranks or
@@ -48,7 +58,33 @@ def engine_group(config: TrainConfig, dist: DistContext, *, timeout_s: float = 6
             f"engine.tensor_parallel_size={size} spreads one engine over {size} ranks: launch with torchrun "
             f"--nproc_per_node={size} (or a multiple of it)"
         )
+    timeout_s = config.engine.group_timeout_s
     return EngineGroup.of(size, rank=dist.rank, world_size=dist.world_size, store=dist.store, timeout_s=timeout_s)
+
+
+def check_tensor_parallel(config: TrainConfig, model_dir: str | Path, world_size: int) -> None:
+    """Refuse an `engine.tensor_parallel_size` vLLM would refuse for the model in `model_dir`, before the trainer
+    loads the model (minutes for a large one) and before any engine starts.
+
+    Raises:
+        ConfigError: naming the setting, why (the attention or key/value heads), and the sizes the run allows.
+    """
+    size = config.engine.tensor_parallel_size
+    if size == 1:
+        return
+    from agentic_rl.loop.memory_plan import tensor_parallel_refusal, tensor_parallel_sizes
+    from agentic_rl.loop.model_shape import ModelShape
+
+    try:
+        shape = ModelShape.load(model_dir)
+    except (ConfigError, OSError, ValueError, KeyError):  # a shape the plan cannot read: vLLM's own check stays
+        return
+    why = tensor_parallel_refusal(shape, world_size, size)
+    if why is not None:
+        allowed = ", ".join(map(str, tensor_parallel_sizes(shape, world_size)))
+        raise ConfigError(
+            f"engine.{why}; with {world_size} ranks this model allows engine.tensor_parallel_size {allowed}"
+        )
 
 
 def rollout_context(dist: DistContext, group: EngineGroup | None) -> DistContext:

@@ -50,6 +50,7 @@ __all__ = [
     "plan_for_config",
     "plan_memory",
     "run_memory_plan",
+    "tensor_parallel_refusal",
     "tensor_parallel_sizes",
 ]
 
@@ -295,7 +296,7 @@ def plan_memory(
     """
     _check_inputs(gpus, gpu_memory_gib, max_prompt_length, max_response_length, n_parallel_agents, max_model_len)
     _check_choices(platform, engine_dtype, gpu_memory_utilization, kv_cache_gib)
-    if refusal := _tensor_parallel_refusal(shape, gpus, tensor_parallel_size):
+    if refusal := tensor_parallel_refusal(shape, gpus, tensor_parallel_size):
         raise ConfigError(refusal)
     levers = optimizer if isinstance(optimizer, Levers) else Levers.of(optimizer)
     batch = _micro_batch(optimizer, micro_batch_size, kl_coef, max_prompt_length, max_response_length, platform)
@@ -401,10 +402,10 @@ def tensor_parallel_sizes(shape: ModelShape, gpus: int) -> tuple[int, ...]:
     """The engine tensor parallelisms a run of `shape` on `gpus` ranks allows, smallest first: the divisors of
     `gpus` that vLLM accepts for the model (they divide its attention heads, and its key/value heads or are a
     multiple of them)."""
-    return tuple(tp for tp in range(1, int(gpus) + 1) if not _tensor_parallel_refusal(shape, gpus, tp))
+    return tuple(tp for tp in range(1, int(gpus) + 1) if not tensor_parallel_refusal(shape, gpus, tp))
 
 
-def _tensor_parallel_refusal(shape: ModelShape, gpus: int, tp: int) -> str | None:
+def tensor_parallel_refusal(shape: ModelShape, gpus: int, tp: int) -> str | None:
     """Why an engine cannot spread over `tp` cards of a run on `gpus` ranks (None when it can)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         return f"tensor_parallel_size={tp!r} must be a positive integer"

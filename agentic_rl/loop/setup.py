@@ -25,7 +25,7 @@ from agentic_rl.engine.sampling import SamplingConfig
 from agentic_rl.engine.tensor_parallel import EngineGroup
 from agentic_rl.errors import ConfigError
 from agentic_rl.loop.config import TrainConfig
-from agentic_rl.loop.engine_groups import FollowerFeed, GroupHandoff, rollout_context
+from agentic_rl.loop.engine_groups import FollowerFeed, GroupHandoff, check_tensor_parallel, rollout_context
 from agentic_rl.loop.memory_plan import MemoryPlan, run_memory_plan
 from agentic_rl.loop.plan import RunPlan
 from agentic_rl.loop.ranges import check_model_window
@@ -252,6 +252,7 @@ async def set_up(
     task_ids = _prepare_output(config, dist, first_redone(state), resume=resume)
     model_dir = await anyio.to_thread.run_sync(resolve_model, config.model)  # may build it: off the event loop
     check_model_window(config, model_dir)
+    check_tensor_parallel(config, model_dir, dist.world_size)
     memory = _memory_plan(config, model_dir, dist)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     task_order = TaskOrder(plan.tasks, config.rollout.tasks_per_step * dist.world_size, config.seed)

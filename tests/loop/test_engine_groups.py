@@ -46,3 +46,52 @@ def test_a_leaders_step_is_cut_into_consecutive_shares():
     assert split_shares(list("abcdef"), 2, 3) == [list("abc"), list("def")]
     assert split_shares(list("abcde"), 2, 3) == [list("abc"), list("de")]  # the run's last step may be short
     assert split_shares(list("ab"), 3, 2) == [list("ab"), [], []]
+
+
+def test_a_t_the_models_heads_refuse_is_refused_before_the_trainer_loads(tmp_path):
+    from transformers import LlamaConfig
+
+    from agentic_rl.loop.engine_groups import check_tensor_parallel
+
+    LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=2,
+                intermediate_size=1536, vocab_size=49152).to_json_file(tmp_path / "config.json")  # SmolLM2-135M's heads
+    config = TrainConfig.model_validate({"engine": {"tensor_parallel_size": 2}})
+    with pytest.raises(ConfigError) as info:
+        check_tensor_parallel(config, tmp_path, world_size=2)
+    assert "engine.tensor_parallel_size=2 does not divide the model's num_attention_heads=9" in str(info.value)
+    assert str(info.value).endswith("with 2 ranks this model allows engine.tensor_parallel_size 1")
+    three = TrainConfig.model_validate({"engine": {"tensor_parallel_size": 3}})
+    check_tensor_parallel(three, tmp_path, world_size=3)  # 9 heads, 3 key/value heads: 3 cards take 3 and 1 each
+
+
+def test_the_segments_of_a_killed_groups_leader_are_removed_and_no_others(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from agentic_rl.engine.tensor_parallel import remove_orphaned_segments
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)  # that process has ended and been reaped
+    names = [f"agentic_rl_engine_0-{dead}-17-tp:0-[0-1]-cpushm_0", f"agentic_rl_engine_0-{dead}-17-tp:0-[0-1]-cpushm_1",
+             f"agentic_rl_engine_1-{os.getpid()}-18-tp:0-[0-1]-cpushm_0", "someone_elses_segment"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    assert sorted(remove_orphaned_segments(str(tmp_path))) == sorted(names[:2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+
+
+@pytest.mark.parametrize("key", ["tensor_parallel_size", "distributed_executor_backend", "pipeline_parallel_size",
+                                 "data_parallel_size"])  # fmt: skip
+def test_parallelism_inside_the_engine_is_not_an_engine_kwarg(key):
+    from agentic_rl.engine.vllm_config import VLLMEngineConfig
+
+    with pytest.raises(ConfigError, match=key):
+        VLLMEngineConfig(model="m", engine_kwargs={key: 2})
+
+
+def test_the_group_timeout_reaches_the_engine_group(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    config = TrainConfig.model_validate({"engine": {"tensor_parallel_size": 2, "group_timeout_s": 30}})
+    group = engine_group(config, DistContext(rank=1, world_size=2, store=object()))
+    assert (group.timeout_s, group.rank, group.leader) == (30.0, 1, 0)
