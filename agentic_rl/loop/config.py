@@ -21,6 +21,7 @@ from agentic_rl.errors import ConfigError, EnvStepError
 from agentic_rl.limits import MaxPromptLength, MaxResponseLength, MaxSteps, NParallelAgents
 from agentic_rl.loop.ranges import check_ranges
 from agentic_rl.plugins import PluginRef
+from agentic_rl.tools.mcp import MCPToolsEntry
 from agentic_rl.train.grpo_config import GRPOConfig
 from agentic_rl.train.loggers import LoggerName
 
@@ -231,10 +232,11 @@ class TrainConfig(Config):
         description="which column holds each task field, for data and eval_data (e.g. {question: problem, "
         "answer: solution} or 'question=problem,answer=solution'); default: GSM8K and verl column names",
     )
-    tools: list[str | PluginRef] = Field(
+    tools: list[str | PluginRef | MCPToolsEntry] = Field(
         default_factory=lambda: ["calculator"],
-        description="the tools offered to the model: built-in names (TOOL_NAMES), or Tool / StatefulTool classes of "
-        "your own as 'package.module:Class' or {class: package.module:Class, kwargs: {...}}",
+        description="the tools offered to the model: built-in names (TOOL_NAMES), Tool / StatefulTool classes of "
+        "your own as 'package.module:Class' or {class: package.module:Class, kwargs: {...}}, or an MCP server's "
+        "tools as {mcp: {command: [...] | url: ..., tools: [...], timeout_s, session}} (agentic_rl.tools.mcp)",
     )
     reward: str = Field(
         default="gsm8k",

@@ -213,9 +213,12 @@ def load_classes(*, tools: Sequence[str | PluginRef], environment: PluginRef | N
             name, or the class, method and broken contract (see `rollout.contracts`).
     """
     from agentic_rl.tools.base import Tool
+    from agentic_rl.tools.mcp import MCPToolsEntry
     from agentic_rl.tools.registry import TOOL_NAMES
 
     for i, entry in enumerate(tools):
+        if isinstance(entry, MCPToolsEntry):
+            continue  # its server is started and asked for its tools by `build_tools`
         if isinstance(entry, str) and ":" not in entry:
             if entry not in TOOL_NAMES:
                 raise ConfigError(

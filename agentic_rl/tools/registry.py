@@ -1,5 +1,6 @@
-"""Tools by name, for command lines and config files: a built-in name, or a `Tool` class of your own named
-`package.module:Class` (with keyword arguments: a `PluginRef`)."""
+"""Tools by name, for command lines and config files: a built-in name, a `Tool` class of your own named
+`package.module:Class` (with keyword arguments: a `PluginRef`), or an MCP server (`{"mcp": {...}}`, every tool it
+offers: `agentic_rl.tools.mcp`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from agentic_rl.errors import ConfigError
 from agentic_rl.plugins import PluginRef
 from agentic_rl.tools.base import Tool
+from agentic_rl.tools.mcp import MCPToolsEntry
 
 __all__ = ["TOOL_NAMES", "build_tools"]
 
@@ -17,20 +19,26 @@ __all__ = ["TOOL_NAMES", "build_tools"]
 TOOL_NAMES = ("calculator", "search", "visit", "web_search", "web_visit")
 
 
-def build_tools(names: Sequence[str | PluginRef], *, corpus: str | os.PathLike[str] | None = None) -> list[Tool]:
-    """One new tool instance per entry of `names`.
+def build_tools(
+    names: Sequence[str | PluginRef | MCPToolsEntry | dict[str, Any]], *, corpus: str | os.PathLike[str] | None = None
+) -> list[Tool]:
+    """One new tool instance per entry of `names` (an MCP server's entry: one per tool it offers).
 
     Args:
         names: in the order the model should see them, each a built-in name (`TOOL_NAMES`), a
             `package.module:Class` naming a `Tool` (or `StatefulTool`) subclass built without arguments, or a
-            `PluginRef` (class and keyword arguments).
+            `PluginRef` (class and keyword arguments), or an MCP server (`MCPToolsEntry`, or its dict
+            `{"mcp": {...}}`): its tools are listed now (the server started and asked), in its order.
         corpus: `{id, title, text}` JSON Lines file of the local `search` and `visit` tools (default: the shared
             HotpotQA corpus, `DEFAULT_CORPUS_PATH`).
 
     Raises:
         ConfigError: naming every unknown name and the known ones; for a class of your own, naming the entry and
-            what is missing (module, attribute, not a `Tool` subclass, a constructor that raised).
+            what is missing (module, attribute, not a `Tool` subclass, a constructor that raised); for an MCP
+            server, one that does not start (naming its command and stderr) or lacks a tool named.
     """
+    if any(_is_mcp(entry) for entry in names):
+        return _with_mcp(names, corpus=corpus)
     from agentic_rl.tools.calculator import CalculatorTool
     from agentic_rl.tools.search import DEFAULT_CORPUS_PATH, LocalSearchTool, SerperSearchTool
     from agentic_rl.tools.visit import LocalVisitTool, VisitTool
@@ -61,3 +69,23 @@ def _plugin(entry: str | PluginRef) -> PluginRef | None:
     if isinstance(entry, PluginRef):
         return entry
     return PluginRef.model_validate(entry) if isinstance(entry, str) and ":" in entry else None
+
+
+def _is_mcp(entry: Any) -> bool:
+    return isinstance(entry, MCPToolsEntry) or (isinstance(entry, dict) and "mcp" in entry)
+
+
+def _with_mcp(names: Sequence[Any], *, corpus: str | os.PathLike[str] | None) -> list[Tool]:
+    """`build_tools` over entries some of which name MCP servers: in order; what was started is closed on a failure."""
+    from agentic_rl.tools.mcp import MCPTool, build_mcp_tools
+
+    tools: list[Tool] = []
+    try:
+        for entry in names:
+            tools.extend(build_mcp_tools(entry) if _is_mcp(entry) else build_tools([entry], corpus=corpus))
+    except BaseException:
+        for tool in tools:
+            if isinstance(tool, MCPTool):
+                tool.connection.close()
+        raise
+    return tools
