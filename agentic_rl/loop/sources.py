@@ -210,15 +210,17 @@ def load_classes(*, tools: Sequence[str | PluginRef], environment: PluginRef | N
 
     Raises:
         ConfigError: naming the entry, the path and what is missing (see `load_object`), an unknown built-in tool
-            name, or the class, method and broken contract (see `rollout.contracts`).
+            name, or the class, method and broken contract (see `rollout.contracts`); an MCP server that does not
+            start or lacks a tool named (each MCP entry's server is started, asked for its tools and stopped).
     """
     from agentic_rl.tools.base import Tool
-    from agentic_rl.tools.mcp import MCPToolsEntry
+    from agentic_rl.tools.mcp import MCPToolsEntry, check_mcp_server
     from agentic_rl.tools.registry import TOOL_NAMES
 
     for i, entry in enumerate(tools):
         if isinstance(entry, MCPToolsEntry):
-            continue  # its server is started and asked for its tools by `build_tools`
+            check_mcp_server(entry)  # started, its tools listed, stopped: a broken server fails before the engine
+            continue
         if isinstance(entry, str) and ":" not in entry:
             if entry not in TOOL_NAMES:
                 raise ConfigError(

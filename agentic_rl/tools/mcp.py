@@ -40,7 +40,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from agentic_rl.errors import ConfigError, ToolError
 from agentic_rl.tools.base import StatefulTool
 
-__all__ = ["MCPConnection", "MCPServerConfig", "MCPTool", "MCPToolsEntry", "build_mcp_tools"]
+__all__ = [
+    "MCPConnection",
+    "MCPServerConfig",
+    "MCPTool",
+    "MCPToolsEntry",
+    "build_mcp_tools",
+    "check_mcp_server",
+    "parse_mcp_option",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +110,29 @@ class MCPToolsEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     mcp: MCPServerConfig
+
+
+def parse_mcp_option(text: str) -> MCPToolsEntry:
+    """The server a command line's `--mcp` names: a JSON object of `MCPServerConfig` fields
+    (`'{"command": ["python", "server.py"], "tools": ["add"]}'`), a URL (`http://127.0.0.1:8000/mcp`), or a command
+    line (`'python server.py'`).
+
+    Raises:
+        ConfigError: naming the option and what is wrong.
+    """
+    import json
+
+    from pydantic import ValidationError
+
+    text = text.strip()
+    try:
+        if text.startswith("{"):
+            return MCPToolsEntry(mcp=MCPServerConfig.model_validate(json.loads(text)))
+        if text.startswith(("http://", "https://")):
+            return MCPToolsEntry(mcp=MCPServerConfig(url=text))
+        return MCPToolsEntry(mcp=MCPServerConfig.model_validate({"command": text}))
+    except (ValueError, ValidationError) as exc:
+        raise ConfigError(f"--mcp {text!r}: {exc}") from None
 
 
 @dataclass
@@ -420,6 +451,23 @@ def build_mcp_tools(entry: MCPToolsEntry | MCPServerConfig | dict[str, Any]) -> 
     except BaseException:
         connection.close()
         raise
+    if not wanted:
+        connection.close()
     return [
         MCPTool(connection, name, by_name[name].description or "", dict(by_name[name].input_schema)) for name in wanted
     ]
+
+
+def check_mcp_server(entry: MCPToolsEntry | MCPServerConfig | dict[str, Any]) -> list[str]:
+    """Start the server `entry` names, list its tools, stop it: a training run's check before its engine starts.
+
+    Returns:
+        The names of the tools it would offer.
+
+    Raises:
+        ConfigError: as `build_mcp_tools`.
+    """
+    tools = build_mcp_tools(entry)
+    if tools:
+        tools[0].connection.close()
+    return [tool.name for tool in tools]

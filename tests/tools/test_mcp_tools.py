@@ -173,3 +173,19 @@ def test_streamable_http_shared_session(http_server):
         await add.aclose()
 
     anyio.run(main)
+
+
+def test_the_command_line_and_a_training_config_check_servers_before_the_engine():
+    from agentic_rl.loop.sources import load_classes
+    from agentic_rl.tools.mcp import check_mcp_server, parse_mcp_option
+
+    assert parse_mcp_option("http://127.0.0.1:9/mcp").mcp.url == "http://127.0.0.1:9/mcp"
+    assert parse_mcp_option(f"{sys.executable} {SERVER} stdio").mcp.command == STDIO
+    entry = parse_mcp_option(json.dumps({"command": STDIO, "tools": ["add"], "session": "shared"}))
+    assert entry.mcp.tools == ["add"] and entry.mcp.session == "shared"
+    with pytest.raises(ConfigError, match="--mcp"):
+        parse_mcp_option('{"command": ["x"], "color": "red"}')
+    assert check_mcp_server(entry) == ["add"]
+    broken = MCPToolsEntry.model_validate({"mcp": {"command": [sys.executable, "-c", "raise SystemExit('no license')"]}})
+    with pytest.raises(ConfigError, match="no license"):
+        load_classes(tools=["calculator", broken], environment=None, agent=None)
