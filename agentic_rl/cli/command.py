@@ -136,6 +136,14 @@ def _task_options(add: Any) -> None:
     )
     add("--system-prompt-file", default=None, help="a text file with the system prompt")
     add("--corpus", default=DEFAULT_CORPUS, help="JSONL corpus {id, title, text} of the local search/visit tools")
+    add(
+        "--mcp",
+        action="append",
+        default=None,
+        metavar="SERVER",
+        help="also offer an MCP server's tools (repeatable): a command line ('python server.py', over stdio), a URL "
+        "(streamable HTTP), or a JSON object {command|url, tools, timeout_s, start_timeout_s, session, env, cwd}",
+    )
 
 
 def _turn_options(add: Any) -> None:

@@ -176,6 +176,7 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
     unknown = [n for n in tool_names if n not in TOOL_NAMES]
     if unknown:
         raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
+    _mcp_entries(args)  # a malformed --mcp is refused here
     tasks = load_tasks(args.data, args.limit, columns=args.data_columns)
     if not tasks:
         raise ConfigError(f"--data {args.data}: no tasks")
@@ -234,6 +235,7 @@ def run_tasks(
     unknown = [n for n in tool_names if n not in TOOL_NAMES]
     if unknown:
         raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
+    _mcp_entries(args)  # a malformed --mcp is refused here
     judge = args.reward == "llm_judge"
     reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"])
     system_prompt = _read_system_prompt(args.system_prompt_file)
@@ -301,6 +303,22 @@ def _model_renderer(args: argparse.Namespace) -> tuple[Path, Any]:
     return model_dir, ChatRenderer(tokenizer, history_rewrites=args.template_rewrites == "new_run")
 
 
+def _mcp_entries(args: argparse.Namespace) -> list[Any]:
+    """The MCP servers `--mcp` names (`tools.mcp.parse_mcp_option`); ConfigError for a malformed one."""
+    from agentic_rl.tools.mcp import parse_mcp_option
+
+    return [parse_mcp_option(text) for text in getattr(args, "mcp", None) or []]
+
+
+def _close_mcp(tools: list[Any]) -> None:
+    """Stop the MCP servers among `tools` (the engine did not start)."""
+    from agentic_rl.tools.mcp import MCPTool
+
+    for tool in tools:
+        if isinstance(tool, MCPTool):
+            tool.connection.close()
+
+
 def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     """The `RolloutSpec` of the built-in tool agent over an engine on the model, started unless no task is left to
     run (then None); with the llm_judge reward, judging with the run's own engine.
@@ -316,10 +334,16 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     console.print(f"model {model_dir}, {len(plan.tasks)} tasks from {args.data}{resumed}; starting the engine...")
     if not plan.todo:
         return None, model_dir
+    # built first: an MCP server that does not start fails the run before the engine does
+    tools = build_tools([*plan.tool_names, *_mcp_entries(args)], corpus=args.corpus)
     options = {**dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}
-    engine = start_engine(
-        model_dir, options, max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length
-    )
+    try:
+        engine = start_engine(
+            model_dir, options, max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length
+        )
+    except BaseException:
+        _close_mcp(tools)
+        raise
     reward_fn = plan.reward_fn
     if plan.judge:
         from agentic_rl.rewards.judge import build_judge
@@ -328,7 +352,7 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
     spec = tool_agent_spec(
         renderer,
         engine,
-        tools=build_tools(plan.tool_names, corpus=args.corpus),
+        tools=tools,
         config=plan.harness,
         reward_fn=reward_fn,
         system_prompt=plan.system_prompt,
