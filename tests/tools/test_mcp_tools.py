@@ -189,3 +189,40 @@ def test_the_command_line_and_a_training_config_check_servers_before_the_engine(
     broken = MCPToolsEntry.model_validate({"mcp": {"command": [sys.executable, "-c", "raise SystemExit('no license')"]}})
     with pytest.raises(ConfigError, match="no license"):
         load_classes(tools=["calculator", broken], environment=None, agent=None)
+
+
+def test_a_rollout_offers_the_servers_tools_and_keeps_each_trajectorys_state(tokenizer):
+    """The rollout's own machinery (tool agent, harness, Rollout) over a scripted engine with the real tokenizer and
+    chat template: the schema reaches the prompt, each trajectory calls `count` twice in its own session."""
+    from support.engines import ScriptedEngine
+
+    from agentic_rl.chat import ChatRenderer
+    from agentic_rl.rollout.agent import close_tool_agent, tool_agent_spec
+    from agentic_rl.rollout.harness import HarnessConfig
+    from agentic_rl.rollout.session import Rollout
+
+    def script(question, turn):
+        return '<tool_call>\n{"name": "count", "arguments": {}}\n</tool_call>' if turn < 2 else "The answer is 2."
+
+    renderer = ChatRenderer(tokenizer)
+    tools = build_tools([_stdio(tools=["count"])])
+    config = HarnessConfig(max_steps=4, max_prompt_length=2048, max_response_length=1024)
+    spec = tool_agent_spec(renderer, ScriptedEngine(tokenizer, script), tools=tools, config=config)
+    tasks = [{"id": f"t{i}", "question": f"Count twice ({i}).", "ground_truth": "2"} for i in range(4)]
+
+    async def main():
+        try:
+            return (await Rollout(spec, n_parallel_agents=4).run(tasks)).trajectories
+        finally:
+            await close_tool_agent(spec)
+
+    trajectories = anyio.run(main)
+    pids = set()
+    for traj in trajectories:
+        assert not traj.failed, traj.error
+        observed = [m["content"] for m in traj.chat_completions if m["role"] == "tool"]
+        assert [o.split()[0] for o in observed] == ["1", "2"], observed
+        assert observed[0].split()[1] == observed[1].split()[1]
+        pids.add(observed[0].split()[1])
+        assert '"name": "count"' in renderer.decode(traj.steps[0].prompt_ids)
+    assert len(pids) == 4
