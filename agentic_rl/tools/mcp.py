@@ -187,6 +187,8 @@ class MCPConnection:
         Raises:
             ToolError: the call failed (timeout, dead server, malformed result, a tool error); counted in `errors`.
         """
+        if self._closed:  # its loop has stopped: a call handed to it would never be answered
+            raise ToolError(f"tool {name!r}: the MCP client of {self.config.label!r} is closed")
         key = _SHARED if self.config.session == "shared" else session_id
         future = asyncio.run_coroutine_threadsafe(self._call(key, name, arguments), self._loop)
         return await asyncio.wrap_future(future)

@@ -146,13 +146,13 @@ def http_server():
         except OSError:
             assert time.monotonic() < deadline, "the HTTP MCP server did not listen within 60 s"
             time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
+    yield f"http://127.0.0.1:{port}/mcp", proc
     proc.kill()
     proc.wait()
 
 
 def test_streamable_http_shared_session(http_server):
-    tools = build_mcp_tools({"mcp": {"url": http_server, "tools": ["add", "hang"], "session": "shared", "timeout_s": 2}})
+    tools = build_mcp_tools({"mcp": {"url": http_server[0], "tools": ["add", "hang"], "session": "shared", "timeout_s": 2}})
     assert all(isinstance(t, MCPTool) for t in tools)
     add, hang = tools
 
@@ -171,6 +171,8 @@ def test_streamable_http_shared_session(http_server):
         assert await add.execute_session("t0", {"a": 1, "b": 1}) == "2"
         await add.session_end("t0")
         await add.aclose()
+        with pytest.raises(ToolError, match="closed"):  # never a hang on a closed client
+            await add.execute_session("t1", {"a": 1, "b": 1})
 
     anyio.run(main)
 
@@ -226,3 +228,24 @@ def test_a_rollout_offers_the_servers_tools_and_keeps_each_trajectorys_state(tok
         pids.add(observed[0].split()[1])
         assert '"name": "count"' in renderer.decode(traj.steps[0].prompt_ids)
     assert len(pids) == 4
+
+
+def test_an_http_server_that_dies_or_is_not_there_is_an_error_never_a_hang(http_server):
+    url, proc = http_server
+    (echo,) = build_mcp_tools({"mcp": {"url": url, "tools": ["echo"], "timeout_s": 5, "start_timeout_s": 5}})
+
+    async def main():
+        assert await echo.execute_session("t0", {"text": "hi"}) == "hi"
+        proc.kill()
+        proc.wait()
+        started = time.monotonic()
+        with pytest.raises(ToolError):
+            await echo.execute_session("t0", {"text": "again"})
+        assert time.monotonic() - started < 15
+        await echo.session_end("t0")
+        await echo.aclose()
+
+    anyio.run(main)
+    assert sum(echo.connection.errors.values()) == 1
+    with pytest.raises(ConfigError, match=url.replace("/", ".")):
+        build_mcp_tools({"mcp": {"url": url, "start_timeout_s": 5}})
