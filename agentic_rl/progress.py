@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-__all__ = ["StepProgress"]
+__all__ = ["Heartbeat", "StepProgress"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,3 +123,50 @@ class StepProgress:
         line = ", ".join(part for part in parts if part)
         self.lines.append(line)
         logger.info("%s", line)
+
+
+class Heartbeat:
+    """A line every `every_s` seconds while a long phase runs (a step's rollout, a held-out evaluation), so that a
+    log never goes quiet for long: `label: 12/64 trajectories done, 0:01:30 spent, 0:06:00 left` (the time left at
+    the pace so far; none before the first is done).
+
+    Use as `with Heartbeat(...)`: a daemon thread logs while the block runs (the block's exceptions pass through
+    untouched) and stops with it.
+
+    Args:
+        label: the phase (e.g. ``"step 3 rollout"``).
+        total: units of the phase; `done` reads how many are done (from the heartbeat's thread: a plain count).
+        unit: their name in the line (plural).
+        every_s: seconds between two lines (30 by default).
+    """
+
+    def __init__(self, label: str, total: int, done: Callable[[], int], *, unit: str = "trajectories",
+                 every_s: float = 30.0) -> None:  # fmt: skip
+        self.label, self.total, self.done, self.unit, self.every_s = label, total, done, unit, every_s
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="agentic-rl-heartbeat", daemon=True)
+        self._start = time.monotonic()
+
+    def __enter__(self) -> Heartbeat:
+        self._start = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def line(self) -> str:
+        """The line for now."""
+        done, spent = self.done(), time.monotonic() - self._start
+        parts = [f"{self.label}: {done}/{self.total} {self.unit} done", f"{_clock(spent)} spent"]
+        if 0 < done < self.total:
+            parts.append(f"{_clock(spent / done * (self.total - done))} left")
+        return ", ".join(parts)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            line = self.line()
+            self.lines.append(line)
+            logger.info("%s", line)

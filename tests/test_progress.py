@@ -59,3 +59,27 @@ def test_rollout_tasks_log_the_count_and_the_time_left(monkeypatch):
             bar({"done": done})
     assert bar.lines[0] == "rollout: task 2/20, 0:00:02 spent, 0:00:18 left"
     assert bar.lines[-1] == "rollout: task 20/20, 0:00:20 spent, 0:00:00 left"
+
+
+def test_a_heartbeat_logs_what_is_done_and_left_until_its_block_ends():
+    import threading
+
+    import pytest
+
+    from agentic_rl.progress import Heartbeat
+
+    done = [0]
+    beat = Heartbeat("held-out evaluation", 64, lambda: done[0], every_s=0.01)
+    assert beat.line().startswith("held-out evaluation: 0/64 trajectories done, 0:00:00 spent")  # nothing left yet
+    logged = threading.Event()
+    with beat:
+        done[0] = 16
+        while not any(" 16/64 " in line for line in beat.lines):  # the beat thread logs on its own schedule
+            logged.wait(0.01)
+    assert any(line.startswith("held-out evaluation: 16/64 trajectories done, ") and line.endswith(" left")
+               for line in beat.lines), beat.lines  # fmt: skip
+    count = len(beat.lines)
+    logged.wait(0.05)
+    assert len(beat.lines) == count  # stopped with its block
+    with pytest.raises(ValueError, match="boom"), Heartbeat("x", 1, lambda: 0, every_s=60):
+        raise ValueError("boom")  # the block's own exception, untouched

@@ -11,6 +11,7 @@ under torchrun (one engine per rank, tasks sharded by group, gradients averaged 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -196,7 +197,10 @@ async def _train_step(run: RunState, step: int, started: float) -> StepFigures:
     then one GRPO step on the groups and the new weights into the engine (`_train_and_sync`). Their task ids go to
     the task ids file, in training order."""
     t0 = time.perf_counter()
-    groups, dropped, refused = await _step_groups(run, step)
+    feed, wanted = run.feed, run.config.rollout.tasks_per_step * (run.group.size if run.group else 1)
+    finished = lambda: min(sum(g.finished for g in list(feed.groups)), wanted)  # noqa: E731 (read by the heartbeat)
+    with _heartbeat(run, f"step {step + 1} rollout", wanted, finished, unit="groups"):
+        groups, dropped, refused = await _step_groups(run, step)
     rollout_s = time.perf_counter() - t0
     with run.task_ids.open("a") as f:
         f.write(json.dumps(run.feed.step_record(step, groups, _task_id), default=str) + "\n")
@@ -329,7 +333,9 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float]:
     trajectories = []  # a follower of a tensor-parallel engine evaluates nothing: its leader does the group's share
     if run.rollout is not None:
         tasks = shard(run.eval_tasks, rollout_context(run.dist, run.group))
-        trajectories = await run.rollout.run(tasks, run.eval_sampling)
+        done = [0]
+        with _heartbeat(run, "held-out evaluation", len(tasks), lambda: done[0]):
+            trajectories = await run.rollout.run(tasks, run.eval_sampling, on_result=lambda _: _count(done))
     local = {
         "solved": float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
         "with_tool_calls": float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
@@ -348,16 +354,30 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float]:
     }
 
 
+def _heartbeat(run: RunState, label: str, total: int, done: Callable[[], int], *, unit: str = "trajectories") -> Any:
+    """A line every 30 s while a long phase runs on rank 0 (`progress.Heartbeat`); nothing on the other ranks."""
+    from agentic_rl.progress import Heartbeat
+
+    if not run.dist.is_main or run.rollout is None:
+        return contextlib.nullcontext()
+    return Heartbeat(label, total, done, unit=unit)
+
+
+def _count(box: list[int]) -> None:
+    box[0] += 1
+
+
 def _save_checkpoint(run: RunState, name: str, step: int) -> None:
     """Save `checkpoints/<name>/` after `step` steps: the model (or its LoRA adapter: peft's `save_pretrained` of the
-    trainer's module), the tokenizer and the training state (`RunState.training_state`), by rank 0 (the other ranks
-    do nothing). A sharded trainer's checkpoint is written by every rank, each its own shards
-    (`train.sharded_checkpoints`): every rank calls this."""
+    trainer's module), the tokenizer and the training state (`RunState.training_state`, with every rank's pending
+    groups, gathered first), by rank 0. A sharded trainer's checkpoint is written by every rank, each its own shards
+    (`train.sharded_checkpoints`). Every rank calls this."""
     folder = run.out / "checkpoints" / name
+    rollouts = run.dist.gather_objects(run.feed.checkpoint())  # every rank's pending groups: a collective
     if run.trainer.sharded:
-        save_sharded_checkpoint(folder, run.trainer, run.tokenizer, run.training_state(step))
+        save_sharded_checkpoint(folder, run.trainer, run.tokenizer, run.training_state(step, rollouts))
     elif run.dist.is_main:
-        checkpoints.save_checkpoint(folder, run.trainer.module, run.tokenizer, run.training_state(step))
+        checkpoints.save_checkpoint(folder, run.trainer.module, run.tokenizer, run.training_state(step, rollouts))
 
 
 def _task_id(task: Any) -> Any:

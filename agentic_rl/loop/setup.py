@@ -196,7 +196,7 @@ class RunState:
         """Whether this rank runs the rollout: every rank, or with tensor-parallel engines each group's leader."""
         return self.group is None or self.group.is_leader
 
-    def training_state(self, step: int) -> dict[str, Any]:
+    def training_state(self, step: int, rollouts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The training state saved with a checkpoint after `step` steps, as `training_state.pt`: the optimizer state
         and step counters, the steps done, the task order position, the weight version, the RNG states (Python, NumPy,
         torch; rank 0's, which every rank restores: all ranks seed alike), the metrics rows so far and the world size.
@@ -210,7 +210,9 @@ class RunState:
             "rng": checkpoints.capture_rng_state(),
             "history": self.history,
             "world_size": self.dist.world_size,
-            "rollout": self.feed.checkpoint(),
+            # every rank's admitted but untrained groups (`ContinuousRollout.checkpoint`, gathered by the caller:
+            # `loop.run._save_checkpoint`), each rank's own rolled out again on resuming
+            "rollout": {"ranks": rollouts if rollouts is not None else [self.feed.checkpoint()]},
         }
 
 
@@ -506,7 +508,7 @@ def _feed(
             "rollout.placement 'pause' has no effect in lockstep training (rollout.max_staleness: 0): "
             "nothing is generated while the trainer steps"
         )
-    saved = (state or {}).get("rollout") or {}
+    saved = _rank_rollout((state or {}).get("rollout") or {}, dist.rank)
     sharing = rollout_context(dist, group)
     return ContinuousRollout(
         run=lambda tasks, sampling, indices: rollout.run(tasks, sampling, indices=indices),
@@ -527,6 +529,15 @@ def _feed(
         step_level=config.optimizer.advantage == "step",
         overlong_filter=config.optimizer.overlong_filter,
     )
+
+
+def _rank_rollout(saved: dict[str, Any], rank: int) -> dict[str, Any]:
+    """This rank's part of a checkpoint's rollout state: its own (`ranks`, one per rank), or from a checkpoint of an
+    earlier version (one rank's, rank 0's), that one."""
+    if "ranks" not in saved:
+        return saved
+    ranks = saved["ranks"]
+    return ranks[rank] if rank < len(ranks) else {}
 
 
 def _pending_group(saved: dict[str, Any]) -> PendingGroup:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,10 +72,15 @@ class TrainingRollout(Protocol):
     whole_batches: bool  # `run` must get a whole batch per call (calls do not overlap): see `ContinuousRollout`
 
     async def run(
-        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *, indices: Sequence[int] | None = None
+        self,
+        tasks: Sequence[dict[str, Any]],
+        sampling: SamplingConfig,
+        *,
+        indices: Sequence[int] | None = None,
+        on_result: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """One trajectory per task, in task order; `indices` are the tasks' positions in their batch (which offset
-        their sampling seeds; default 0, 1, ...)."""
+        their sampling seeds; default 0, 1, ...); `on_result` is called with each trajectory as it is done."""
         ...
 
     async def aclose(self) -> None: ...
@@ -91,12 +96,17 @@ class SpecRollout:
     whole_batches: bool = False
 
     async def run(
-        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *, indices: Sequence[int] | None = None
+        self,
+        tasks: Sequence[dict[str, Any]],
+        sampling: SamplingConfig,
+        *,
+        indices: Sequence[int] | None = None,
+        on_result: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         from agentic_rl.rollout.session import Rollout
 
         rollout = Rollout(self.spec.with_sampling(sampling), n_parallel_agents=self.n_parallel_agents)
-        return list((await rollout.run(list(tasks), indices=indices)).trajectories)
+        return list((await rollout.run(list(tasks), indices=indices, on_result=on_result)).trajectories)
 
     async def aclose(self) -> None:
         """The environment's `aclose`, bounded by `close_timeout_s`, a failure logged, never raised."""
@@ -113,10 +123,16 @@ class AgentRollout:
     _lock: anyio.Lock = field(default_factory=anyio.Lock, init=False)
 
     async def run(
-        self, tasks: Sequence[dict[str, Any]], sampling: SamplingConfig, *, indices: Sequence[int] | None = None
+        self,
+        tasks: Sequence[dict[str, Any]],
+        sampling: SamplingConfig,
+        *,
+        indices: Sequence[int] | None = None,
+        on_result: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """The agent's trajectories of `tasks`, in task order; one call at a time, each with its own sampling options
-        (`indices` is not used: the agent seeds its own requests from the options it is given).
+        (`indices` is not used: the agent seeds its own requests from the options it is given; `on_result` gets
+        them all once the agent returns).
 
         Raises:
             TrainingError: if the agent raised or returned a list of another length (the trajectories could not be
@@ -139,6 +155,8 @@ class AgentRollout:
                 reason = f"{name} returned {type(t).__name__}, not a Trajectory"
                 out[i] = failed_trajectory(i, tasks[i], TerminationReason.ERROR, f"refused for training: {reason}")
                 refuse(out[i], reason)
+        for t in out if on_result is not None else ():
+            on_result(t)
         return out
 
     async def aclose(self) -> None:

@@ -213,7 +213,8 @@ class Rollout:
             self._pause = None
             done.set()
         trajectories = [finished[idx] for idx in sorted(finished)]
-        logger.info(
+        logger.log(  # once per group in a training run: at INFO only when work was handed back
+            logging.INFO if len(left) else logging.DEBUG,
             "rollout call ended: %d finished, %d queued, %d suspended",
             len(trajectories),
             len(left.queued),

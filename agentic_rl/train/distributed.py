@@ -204,6 +204,23 @@ class DistContext:
             self.group.broadcast(local, 0).wait()
         return local.tolist()
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's picklable `obj`, in rank order, on every rank (every rank must call it).
+
+        Two all-gathers over the training group: the pickled sizes, then the bytes padded to the longest.
+        """
+        if self.group is None:
+            return [obj]
+        import pickle
+
+        data = pickle.dumps(obj)
+        sizes = [int(n) for (n,) in self.gather_floats([float(len(data))])]
+        local = torch.zeros(max(sizes), dtype=torch.uint8)
+        local[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out = [torch.empty_like(local) for _ in range(self.world_size)]
+        self.group.allgather([out], [local]).wait()
+        return [pickle.loads(t[:n].numpy().tobytes()) for t, n in zip(out, sizes, strict=True)]  # noqa: S301
+
     def gather_floats(self, values: Sequence[float]) -> list[list[float]]:
         """Every rank's `values` (same length on all ranks), in rank order."""
         local = torch.tensor(list(values), dtype=torch.float64)

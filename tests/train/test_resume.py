@@ -233,7 +233,7 @@ def test_async_training_killed_mid_step_resumes_with_every_task_trained_exactly_
         killed.kill()
     start_from = latest_checkpoint(run_dir / "checkpoints", final_step=STEPS)
     state = load_state(start_from.path)
-    assert state["rollout"]["pending"]  # admitted groups were in flight at the checkpoint
+    assert state["rollout"]["ranks"][0]["pending"]  # admitted groups were in flight at the checkpoint
     assert len(_trained_task_ids(run_dir)) >= 2 * 2  # two steps of two tasks at least
     run(cli_command("train", "--resume", str(run_dir), "--no-progress"))
     rows = _rows(run_dir)
