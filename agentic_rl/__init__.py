@@ -27,6 +27,7 @@ __all__ = [
     "EnvStepError",
     "GRPOConfig",
     "Environment",
+    "FailureKind",
     "Generation",
     "HarnessConfig",
     "ModelError",
@@ -54,6 +55,7 @@ __all__ = [
     "ToolCallError",
     "ToolEnvironment",
     "ToolError",
+    "ToolUnavailableError",
     "PausableEngine",
     "TrainableEngine",
     "TrainingError",
@@ -95,6 +97,7 @@ _LAZY = {
             "RewardError",
             "TemplateError",
             "ToolError",
+            "ToolUnavailableError",
             "TrainingError",
             "TrajectoryError",
         ),
@@ -112,7 +115,8 @@ _LAZY = {
     **dict.fromkeys(("StatefulTool", "Tool"), "agentic_rl.tools.base"),
     **dict.fromkeys(("CalculatorTool",), "agentic_rl.tools.calculator"),
     **dict.fromkeys(
-        ("RunRecorder", "Step", "StepTrajectory", "TerminationReason", "TokenRun", "Trajectory"), "agentic_rl.types"
+        ("FailureKind", "RunRecorder", "Step", "StepTrajectory", "TerminationReason", "TokenRun", "Trajectory"),
+        "agentic_rl.types",
     ),
     **dict.fromkeys(("GRPOConfig", "SFTConfig", "TrainConfig", "run_sft", "run_training"), "agentic_rl.loop"),
 }

@@ -12,6 +12,7 @@ Hierarchy::
     │   ├── EngineAbortedError              the engine ended a request without a turn (finish_reason `abort`)
     │   └── EngineRejectedError             the engine refused one request (bad sampling options, prompt too long)
     ├── ToolError                           a tool failed while executing (turned into error text for the model)
+    │   └── ToolUnavailableError            the tool's service failed, not the call (transport, timeout, start-up)
     ├── EnvStepError                        an environment's reset/step failed (fails that trajectory only)
     │   └── EnvTimeoutError                 a reset/step did not return within `env_timeout_s`
     ├── RewardError                         a reward function failed or returned a non-finite value
@@ -41,6 +42,7 @@ __all__ = [
     "RewardError",
     "TemplateError",
     "ToolError",
+    "ToolUnavailableError",
     "TrainingError",
     "TrajectoryError",
 ]
@@ -95,6 +97,15 @@ class EngineRejectedError(EngineError):
 
 class ToolError(AgenticRLError):
     """Raised inside a tool when it cannot complete; the environment turns it into error text."""
+
+
+class ToolUnavailableError(ToolError):
+    """Raised inside a tool when its service failed rather than the call: a transport error or timeout after the
+    tool's own retries, a server that died or could not start, a sandbox that could not start, a malformed reply.
+
+    An infrastructure failure (`types.FailureKind.TOOL`): the model still reads the error text, but the trajectory
+    ends failed and is rolled out again with a fresh sample (`HarnessConfig.max_retries`); it is never trained on, so
+    a failing tool never becomes a reward of 0 for the policy."""
 
 
 class EnvStepError(AgenticRLError):

@@ -53,6 +53,7 @@ def trajectory_to_dict(trajectory: Trajectory) -> dict[str, Any]:
         "termination_reason": str(trajectory.termination_reason),
         "failed": trajectory.failed,
         "error": trajectory.error,
+        "failure_kind": trajectory.failure_kind,
         "refused": trajectory.refused,
     }
     if len(runs) > 1:
@@ -99,6 +100,7 @@ def trajectory_from_dict(record: Mapping[str, Any]) -> Trajectory:
             termination_reason=_reason(record["termination_reason"]),
             failed=record["failed"],
             error=record["error"],
+            failure_kind=record.get("failure_kind"),
             refused=record.get("refused", record["metrics"].get("refused")),  # older records: in their metrics
             runs=runs,
         )

@@ -39,6 +39,7 @@ __all__ = [
     "TerminationReason",
     "TokenRun",
     "Trajectory",
+    "FailureKind",
     "default_metrics",
     "is_finite_number",
     "per_token_versions",
@@ -71,6 +72,19 @@ class TerminationReason(StrEnum):
         """True for the reasons where a limit ended a trajectory the environment had not ended (`max_steps`,
         `truncated`, `context_limit`)."""
         return self in (TerminationReason.MAX_STEPS, TerminationReason.TRUNCATED, TerminationReason.CONTEXT_LIMIT)
+
+
+class FailureKind(StrEnum):
+    """Why a failed trajectory failed, where the cause lies outside the policy and the task: an infrastructure
+    failure (`Trajectory.failure_kind`). Such a trajectory is rolled out again with a fresh sample up to
+    `HarnessConfig.max_retries` times and is never trained on. Failures the policy or the task caused (a prompt too
+    long, an invalid task, an environment that raised) have no kind and are not retried; a malformed call, a limit or a
+    wrong answer is not a failure at all."""
+
+    ENGINE = "engine"  # the engine raised, rejected, aborted or timed out a request, or reported a non-finite logprob
+    TOOL = "tool"  # a tool's transport, timeout or start-up failed (`ToolUnavailableError`), or it crashed
+    ENVIRONMENT = "environment"  # an environment's reset or step past `env_timeout_s`
+    REWARD = "reward"  # the reward (a judge or a reward endpoint) raised, timed out or returned a non-finite value
 
 
 INSERTED_VERSION = -1
@@ -322,6 +336,8 @@ class Trajectory:
         failed: True when the trajectory ended in an error (`error` says which); packing marks it invalid, so it
             is excluded from GRPO group statistics and the loss.
         error: the error message of a failed trajectory.
+        failure_kind: a `FailureKind` (a `str`) when it failed for a reason outside the policy (retried, never
+            trained), None otherwise.
         refused: why training refused its record (its tokens are not exactly what the engine sampled, or are too
             stale), None when it was not refused; a refused trajectory is also `failed`, with the reason in `error`.
             Written by `loop.sources.refuse` alone, read by `train.packing.exclusion_reason`.
@@ -346,6 +362,7 @@ class Trajectory:
     termination_reason: str = ""
     failed: bool = False
     error: str | None = None
+    failure_kind: str | None = None
     refused: str | None = None
     runs: list[TokenRun] = field(default_factory=list, repr=False)
 

@@ -434,6 +434,7 @@ def _print_summary(console: Any, plan: _RolloutPlan, summary: dict[str, Any], wa
     rows = [
         ("tasks", summary["tasks"]),
         ("failed", summary["failed"]),
+        ("failed / retried outside the policy", _by_kind(summary)),
         ("accuracy", f"{summary['accuracy']:.3f}"),
         ("mean reward", f"{summary['mean_reward']:.3f}"),
         ("tool-call rate", f"{summary['tool_call_rate']:.3f}"),
@@ -449,6 +450,17 @@ def _print_summary(console: Any, plan: _RolloutPlan, summary: dict[str, Any], wa
     for name, value in rows:
         table.add_row(name, str(value))
     console.print(table)
+
+
+def _by_kind(summary: dict[str, Any]) -> str:
+    """`kind=failed/retried` for each failure kind that occurred (`rollout.retries.failure_counts`), or `none`."""
+    kinds = sorted({key.split("_", 1)[1] for key in summary if key.startswith(("failed_", "retries_"))})
+    shown = [
+        f"{kind}={summary.get(f'failed_{kind}', 0)}/{summary.get(f'retries_{kind}', 0)}"
+        for kind in kinds
+        if summary.get(f"failed_{kind}", 0) or summary.get(f"retries_{kind}", 0)
+    ]
+    return ", ".join(shown) or "none"
 
 
 def dtype_option(args: argparse.Namespace) -> dict[str, str]:

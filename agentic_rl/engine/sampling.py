@@ -26,7 +26,9 @@ def fold_seed(seed: int) -> int:
     return seed % _SEED_MODULUS
 
 
-def derive_seed(seed: int, *, rank: int = 0, step: int = 0, trajectory: int = 0, turn: int = 0, choice: int = 0) -> int:
+def derive_seed(
+    seed: int, *, rank: int = 0, step: int = 0, trajectory: int = 0, turn: int = 0, choice: int = 0, attempt: int = 0
+) -> int:
     """The seed of one engine request, derived from a run's base seed: the one rule every caller follows.
 
     Each coordinate moves the seed by its own stride, so the samples of a group (trajectories of one task), of the
@@ -40,11 +42,13 @@ def derive_seed(seed: int, *, rank: int = 0, step: int = 0, trajectory: int = 0,
         trajectory: the trajectory's index in its batch (stride 1,000,003).
         turn: the turn's index in its trajectory (stride 7,919).
         choice: the choice of an `n > 1` server request (stride 1).
+        attempt: the attempt of a trajectory rolled out again after an infrastructure failure, 0 for the first
+            (stride 104,729): a retry draws a fresh sample.
 
     Returns:
         `seed` itself at the origin (all coordinates 0); else `(seed + offset) mod (2**31 - 1)`, in [0, 2**31 - 2].
     """
-    offset = 1000 * rank + 7_368_787 * step + 1_000_003 * trajectory + 7_919 * turn + choice
+    offset = 1000 * rank + 7_368_787 * step + 1_000_003 * trajectory + 7_919 * turn + choice + 104_729 * attempt
     if offset == 0:  # the first request of a run samples with the run's own seed
         return seed
     return (seed + offset) % _SEED_MODULUS

@@ -21,7 +21,7 @@ from typing import Any
 
 from agentic_rl.errors import EnvStepError
 
-__all__ = ["Environment", "Sample", "StepResult"]
+__all__ = ["INFRASTRUCTURE_ERRORS_KEY", "Environment", "Sample", "StepResult"]
 
 
 @dataclass(slots=True)
@@ -42,6 +42,12 @@ class Sample:
     messages: list[dict[str, str]] = field(default_factory=list)
     tools: list[dict[str, Any]] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
+
+
+INFRASTRUCTURE_ERRORS_KEY = "infrastructure_errors"
+"""`StepResult.info` key: a list of messages, one per tool call of the turn whose service failed (transport error,
+timeout, start-up, a crash) rather than the call. The turn loop then ends the trajectory as an infrastructure failure
+(`types.FailureKind.TOOL`: retried, never trained); the observation is kept in its messages, for the record."""
 
 
 @dataclass(slots=True)

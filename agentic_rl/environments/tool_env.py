@@ -11,8 +11,8 @@ from typing import Any
 
 import anyio
 
-from agentic_rl.environments.base import Environment, Sample, StepResult
-from agentic_rl.errors import ConfigError, EnvStepError, ToolError
+from agentic_rl.environments.base import INFRASTRUCTURE_ERRORS_KEY, Environment, Sample, StepResult
+from agentic_rl.errors import ConfigError, EnvStepError, ToolError, ToolUnavailableError
 from agentic_rl.parser import ToolCall, parse_tool_calls, tool_call_format
 from agentic_rl.tools.base import StatefulTool, Tool
 from agentic_rl.tools.prompt import tools_system_prompt
@@ -130,15 +130,20 @@ class ToolEnvironment(Environment):
             return StepResult([], True, {"tool_calls": 0, "tool_errors": 0, "well_formed_calls": 0})
         observation = []
         errors = 0
+        unavailable: list[str] = []  # calls whose tool's service failed: not the policy's doing
         for call in calls:
             if isinstance(call, ToolCall):
-                ok, text = await self._run_call(sample, call)
+                ok, text, infrastructure = await self._run_call(sample, call)
+                if infrastructure:
+                    unavailable.append(text.removeprefix("Error: "))
             else:
                 ok, text = False, f"Error: {call.message}"
             errors += not ok
             observation.append({"role": "tool", "content": self._cap(text)})
         well_formed = sum(isinstance(c, ToolCall) and not c.arguments_error for c in calls)
-        info = {"tool_calls": len(calls), "tool_errors": errors, "well_formed_calls": well_formed}
+        info: dict[str, Any] = {"tool_calls": len(calls), "tool_errors": errors, "well_formed_calls": well_formed}
+        if unavailable:
+            info[INFRASTRUCTURE_ERRORS_KEY] = unavailable
         return StepResult(observation, False, info)
 
     async def close(self, sample: Sample) -> None:
@@ -174,14 +179,18 @@ class ToolEnvironment(Environment):
             return await fn(*args)
         return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=self._thread_limiter)
 
-    async def _run_call(self, sample: Sample, call: ToolCall) -> tuple[bool, str]:
+    async def _run_call(self, sample: Sample, call: ToolCall) -> tuple[bool, str, bool]:
+        """`(ok, observation text, whether the tool's service failed)`: a `ToolUnavailableError`, a tool that did
+        not return within its own bound, or a tool that crashed are infrastructure failures; an unknown tool, bad
+        arguments or a `ToolError` are the policy's."""
         tool = self.tools.get(call.name)
         if tool is None:
             known = ", ".join(sorted(self.tools)) or "none"
-            return False, f"Error: unknown tool {call.name!r}; available tools: {known}"
+            return False, f"Error: unknown tool {call.name!r}; available tools: {known}", False
         if call.arguments_error:
             expected = json.dumps(tool.parameters, ensure_ascii=False)
-            return False, f"Error: {call.arguments_error}; {call.name!r} takes a JSON object of arguments: {expected}"
+            text = f"Error: {call.arguments_error}; {call.name!r} takes a JSON object of arguments: {expected}"
+            return False, text, False
         try:
             with anyio.fail_after(tool.call_timeout_s):
                 if isinstance(tool, StatefulTool):
@@ -190,15 +199,15 @@ class ToolEnvironment(Environment):
                 else:
                     result = await self._invoke(tool.execute, call.arguments)
         except TimeoutError:
-            return False, f"Error: tool {call.name!r} timed out after {tool.call_timeout_s:g} s"
+            return False, f"Error: tool {call.name!r} timed out after {tool.call_timeout_s:g} s", True
         except ToolError as exc:
-            return False, f"Error: {exc}"
-        except Exception as exc:  # a broken tool is reported to the model, never fatal to the trajectory
+            return False, f"Error: {exc}", isinstance(exc, ToolUnavailableError)
+        except Exception as exc:  # a broken tool: reported, and an infrastructure failure of the trajectory
             logger.warning("tool %s raised %s: %s", call.name, type(exc).__name__, exc)
-            return False, f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+            return False, f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True
         if not isinstance(result, str):
             result = json.dumps(result, ensure_ascii=False, default=str)
-        return True, result
+        return True, result, False
 
     async def _ensure_session(self, sample_id: str, tool: StatefulTool) -> None:
         with self._lock:

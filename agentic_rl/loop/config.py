@@ -101,6 +101,14 @@ class RolloutSection(Config):
         allow_inf_nan=False,
         description="most seconds an environment's close may take; past it the trajectory fails (not trained)",
     )
+    max_retries: StrictInt = Field(
+        default=2,
+        ge=0,
+        description="most times a trajectory that failed outside the policy (engine error or abort, a tool's transport "
+        "error, timeout or start-up, an environment call past env_timeout_s, a reward that failed or timed out) is "
+        "rolled out again with a fresh sample; retries and what still failed are counted by kind in the metrics row "
+        "(retries_<kind>, failed_<kind>); such a failure is never trained as a reward of 0 (0: no retries)",
+    )
     check_alignment: bool = Field(
         default=True,
         description="compare each finished trajectory's token ids with a full chat-template re-render (metrics "

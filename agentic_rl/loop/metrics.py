@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentic_rl.rollout.retries import failure_counts
 from agentic_rl.train.distributed import DistContext
 from agentic_rl.train.packing import TokenCounts
 from agentic_rl.train.step_stats import StepStats
-from agentic_rl.types import Trajectory
+from agentic_rl.types import FailureKind, Trajectory
 
 __all__ = ["HELDOUT_COUNTS", "TOKEN_KEYS", "StepFigures", "gather", "metrics_row", "row_sources"]
 
@@ -68,6 +69,8 @@ def row_sources(max_staleness: int) -> dict[str, str]:
         "reward_std": "mean",
         "accuracy": "mean",
         "failed": "count",
+        **{f"failed_{kind}": "count" for kind in FailureKind},
+        **{f"retries_{kind}": "count" for kind in FailureKind},
         "refused": "count",
         "loss": "local",
         "pg_loss": "local",
@@ -162,6 +165,7 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
         "reward_std": stats.reward_std,
         "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / max(len(trajectories), 1),
         "failed": sum(t.failed for t in trajectories),
+        **failure_counts(trajectories),
         "refused": figures.refused,
         "response_length": stats.response_length,
         "tokens_per_s": generated / max(figures.step_s, 1e-9),

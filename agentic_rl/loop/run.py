@@ -238,7 +238,7 @@ async def _step_groups(run: RunState, step: int) -> Share:
     engine did not sample). With tensor-parallel engines the group's leader waits for the group's, checks them and
     hands each rank its share (`loop.engine_groups`); a follower receives its share."""
     from agentic_rl.loop.scheduler import drop_stale_groups
-    from agentic_rl.loop.sources import refuse_untrainable
+    from agentic_rl.loop.sources import refuse_lone_samples, refuse_untrainable
 
     if run.rollout is None:
         return await run.feed.receive()
@@ -247,7 +247,8 @@ async def _step_groups(run: RunState, step: int) -> Share:
     shares: list[Share] = []
     for share in split_shares(groups, size, per_rank):
         dropped = drop_stale_groups(share, run.engine.weight_version, run.config.rollout.max_staleness)
-        shares.append((share, dropped, refuse_untrainable(flatten_groups(share)[0], run.rollout.ledger)))
+        refused = refuse_untrainable(flatten_groups(share)[0], run.rollout.ledger) + refuse_lone_samples(share)
+        shares.append((share, dropped, refused))
     return await run.handoff.hand_out(shares) if run.handoff is not None else shares[0]
 
 

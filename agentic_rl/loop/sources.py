@@ -36,6 +36,7 @@ from agentic_rl.rollout.contracts import (
 from agentic_rl.rollout.spec import HarnessConfig, RewardCallable, RolloutSpec
 from agentic_rl.rollout.tasks import failed_trajectory
 from agentic_rl.rollout.wrapper import BaseEngineWrapper, collect_trajectories
+from agentic_rl.train.groups import TrajectoryGroup
 from agentic_rl.types import TerminationReason, Trajectory
 
 __all__ = [
@@ -205,6 +206,24 @@ def refuse_untrainable(trajectories: Sequence[Trajectory], ledger: SampleLedger)
             refuse(t, reason)
             logger.warning("trajectory %s refused for training: %s", t.idx, reason)
     return sum(t.refused is not None for t in trajectories)
+
+
+def refuse_lone_samples(groups: Sequence[TrajectoryGroup]) -> int:
+    """Refuse (`refuse`), in place, the one trainable sample of a group whose other samples all failed or were refused:
+    GRPO weighs a sample against the others of its group, so a group of one has advantage 0 and would train nothing
+    but its KL term. Failed and refused samples are left as they are.
+
+    Returns:
+        How many samples this call refused (each logged).
+    """
+    refused = 0
+    for group in groups:
+        valid = [t for t in group.samples if not t.failed]
+        if len(valid) == 1 and len(group.samples) > 1:
+            refuse(valid[0], f"the only sample of its group left ({len(group.samples) - 1} others failed or refused)")
+            logger.warning("trajectory %s refused for training: %s", valid[0].idx, valid[0].refused)
+            refused += 1
+    return refused
 
 
 def _untrainable_reason(trajectory: Trajectory, ledger: SampleLedger) -> str | None:

@@ -79,6 +79,11 @@ class HarnessConfig(Config):
             that hung never counts as a real 0) and the rollout goes on. An async reward is cancelled there; a sync
             reward's thread cannot be stopped: rewards that can run away bound their own work in worker processes
             (`math_verify_reward`; wrap a function of your own in `rewards.ProcessReward` for the same hard bound).
+        max_retries: most times a trajectory that failed for a reason outside the policy (`types.FailureKind`: the
+            engine, a tool's service, an environment call past its bound, the reward) is rolled out again from the
+            start with a fresh sample (each attempt's seed differs, `derive_seed(attempt=)`); its metrics count the
+            retries by kind (`retries_engine`, ...). One that still fails keeps its `failure_kind` and is never
+            trained on. 0: no retries.
 
     The three weights make the rollout's reward shaping (`shaping()`, see `rewards.shaping`).
 
@@ -101,6 +106,7 @@ class HarnessConfig(Config):
     env_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 600.0
     close_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 30.0
     reward_timeout_s: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 60.0
+    max_retries: Annotated[int, Field(ge=0)] = 2
 
     def shaping(self) -> Shaping:
         """The reward shaping of these weights: `toolcall_weight`, `milestone_weight` and `unfinished_penalty`

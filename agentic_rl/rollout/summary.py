@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentic_rl.parser import LLAMA3_JSON, ToolCall, parse_tool_calls
+from agentic_rl.rollout.retries import failure_counts
 from agentic_rl.types import Trajectory
 
 __all__ = ["summarize"]
@@ -27,7 +28,8 @@ def summarize(
             records); counted in every statistic except the throughput, which `wall_time_s` did not time.
 
     Returns:
-        `tasks`, `failed`, `accuracy` (share of all tasks with `res_reward > 0`), `mean_task_reward` (mean
+        `tasks`, `failed`, `failed_<kind>` and `retries_<kind>` for each `FailureKind` (`rollout.retries.failure_counts`:
+        what still failed outside the policy, and the retries made), `accuracy` (share of all tasks with `res_reward > 0`), `mean_task_reward` (mean
         `res_reward` of finished trajectories: the task reward without format bonuses, e.g. answer F1),
         `tool_call_rate` (share of finished trajectories with at least one tool call), `tool_call_rates` (per tool
         name: share of finished trajectories whose assistant turns call it, as `parse_tool_calls` reads them),
@@ -48,6 +50,7 @@ def summarize(
     return {
         "tasks": n,
         "failed": n - len(ok),
+        **failure_counts(trajectories),
         "accuracy": sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories) / n if n else 0.0,
         "mean_reward": _mean([float(t.trajectory_reward) for t in ok]),
         "mean_task_reward": _mean([float(t.metrics.get("res_reward", 0.0)) for t in ok]),

@@ -58,14 +58,14 @@ def room_left(spec: RolloutSpec, run: TokenRun, extra: int = 0, *, offset: int =
     return budget, f"the response budget (max_response_length) is {max_response_length} tokens, {used} leave {budget}"
 
 
-def turn_sampling(spec: RolloutSpec, idx: int, turn: int, room: int) -> SamplingConfig:
+def turn_sampling(spec: RolloutSpec, idx: int, turn: int, room: int, attempt: int = 0) -> SamplingConfig:
     """The turn's sampling: `max_tokens` clamped to `room` and `min_tokens` to that `max_tokens` (a turn with less
     room than `min_tokens` is cut by the limit, not refused by the engine), the end-of-turn token among the stop
-    ids, and the seed derived for this trajectory and turn."""
+    ids, and the seed derived for this trajectory, turn and attempt (a retry samples afresh)."""
     base = spec.config.sampling
     stop_ids = list(base.stop_token_ids or [])
     if spec.renderer.end_of_turn_id not in stop_ids:
         stop_ids.append(spec.renderer.end_of_turn_id)
     max_tokens = room if base.max_tokens is None else min(base.max_tokens, room)
     update = {"max_tokens": max_tokens, "min_tokens": min(base.min_tokens, max_tokens), "stop_token_ids": stop_ids}
-    return base.model_copy(update=update).derived(trajectory=idx, turn=turn)
+    return base.model_copy(update=update).derived(trajectory=idx, turn=turn, attempt=attempt)

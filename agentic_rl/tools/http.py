@@ -23,7 +23,7 @@ import anyio.lowlevel
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from agentic_rl.errors import ConfigError, ToolError
+from agentic_rl.errors import ConfigError, ToolError, ToolUnavailableError
 
 __all__ = [
     "PerLoop",
@@ -226,8 +226,10 @@ async def request_with_retries(
         The successful response.
 
     Raises:
-        ToolError: on a non-retryable status, after the last failed attempt, or when the deadline is reached; the
-            message names the service, the status or error, and the number of attempts.
+        ToolUnavailableError: after the last failed attempt (transport error, timeout, 429 or 5xx), when the deadline
+            is reached, or when authentication failed: the service failed, not the call (an infrastructure failure,
+            retried by the rollout). The message names the service, the status or error, and the number of attempts.
+        ToolError: on another 4xx status (the request itself was rejected) or an unusable URL.
     """
     schedule = _Schedule(policy, deadline)
     made = 0
@@ -239,7 +241,7 @@ async def request_with_retries(
         if deadline is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ToolError(f"{service}: out of time after {made} attempt(s); last error: {last_error}")
+                raise ToolUnavailableError(f"{service}: out of time after {made} attempt(s); last error: {last_error}")
             timeout = min(timeout, remaining)
         made += 1
         try:
@@ -256,8 +258,8 @@ async def request_with_retries(
 
     def give_up(state: RetryCallState) -> NoReturn:
         if made < policy.attempts:  # stopped by the deadline
-            raise ToolError(f"{service}: out of time after {made} attempt(s); last error: {last_error}")
-        raise ToolError(f"{service}: {last_error} (gave up after {made} attempt{'s' if made > 1 else ''})")
+            raise ToolUnavailableError(f"{service}: out of time after {made} attempt(s); last error: {last_error}")
+        raise ToolUnavailableError(f"{service}: {last_error} (gave up after {made} attempt{'s' if made > 1 else ''})")
 
     retrying = AsyncRetrying(
         stop=stop_after_attempt(policy.attempts) | schedule.out_of_time,
@@ -307,7 +309,7 @@ async def _attempt(
     reason = f"HTTP {status} {response.reason_phrase}".rstrip() + (f": {detail}" if detail else "")
     if status in (401, 403):
         hint = f" {auth_hint}" if auth_hint else ""
-        raise ToolError(f"{service}: authentication failed ({reason}).{hint}")
+        raise ToolUnavailableError(f"{service}: authentication failed ({reason}).{hint}")
     if status != 429 and status < 500:
         raise ToolError(f"{service}: request rejected ({reason})")
     raise _RetryableFailure(reason, retry_after_s(response))

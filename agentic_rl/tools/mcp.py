@@ -16,7 +16,9 @@ Every session lives in one background thread's event loop owned by `MCPConnectio
 are task-bound context managers, so a session is opened and closed by one task there); calls from the rollout's
 event loop are handed over and awaited. Failures never hang: a call past `timeout_s`, a server that died, a
 malformed result or a tool error (`is_error`) ends that call with a `ToolError` (the environment turns it into an
-`Error: ...` observation and counts it in `tool_errors`), and `MCPConnection.errors` counts them by kind. Text
+`Error: ...` observation and counts it in `tool_errors`), and `MCPConnection.errors` counts them by kind. All but a
+tool error are the server's failures, not the call's: `ToolUnavailableError`, which ends the trajectory as an
+infrastructure failure (retried with a fresh sample, never trained on). Text
 content becomes the observation; other content (images, audio, resources) is named, e.g. `[image content:
 image/png]`.
 """
@@ -37,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentic_rl.errors import ConfigError, ToolError
+from agentic_rl.errors import ConfigError, ToolError, ToolUnavailableError
 from agentic_rl.tools.base import StatefulTool
 
 __all__ = [
@@ -303,7 +305,7 @@ class MCPConnection:
             session = await self._session(key)
         except ConfigError as exc:
             self.errors["session_failed"] += 1
-            raise ToolError(str(exc)) from None
+            raise ToolUnavailableError(str(exc)) from None
         call = asyncio.ensure_future(session.client.call_tool(name, arguments))
         died = asyncio.ensure_future(session.dead.wait())
         try:
@@ -317,24 +319,24 @@ class MCPConnection:
             self.errors["server_died" if died_first else "timeout"] += 1
             await self._end(key)  # a dead or stuck server: the next call starts a fresh session
             if died_first:
-                raise ToolError(f"tool {name!r} failed: the MCP server died")
-            raise ToolError(f"tool {name!r} timed out after {self.config.timeout_s:g} s")
+                raise ToolUnavailableError(f"tool {name!r} failed: the MCP server died")
+            raise ToolUnavailableError(f"tool {name!r} timed out after {self.config.timeout_s:g} s")
         try:
             result = call.result()
         except Exception as exc:
             if session.dead.is_set() or "connection closed" in str(exc).lower():
                 self.errors["server_died"] += 1
                 await self._end(key)  # the next call starts a fresh session (a stdio server's state is lost)
-                raise ToolError(f"tool {name!r} failed: the MCP server died ({_describe(exc)})") from None
+                raise ToolUnavailableError(f"tool {name!r} failed: the MCP server died ({_describe(exc)})") from None
             self.errors["malformed"] += 1
-            raise ToolError(f"tool {name!r} failed: {_describe(exc)}") from None
+            raise ToolUnavailableError(f"tool {name!r} failed: {_describe(exc)}") from None
         return self._observation(name, result)
 
     def _observation(self, name: str, result: Any) -> str:
         content = getattr(result, "content", None)
         if not isinstance(content, list):
             self.errors["malformed"] += 1
-            raise ToolError(f"tool {name!r} returned a malformed result (no content list)")
+            raise ToolUnavailableError(f"tool {name!r} returned a malformed result (no content list)")
         parts = [_content_text(block) for block in content]
         if not content and getattr(result, "structured_content", None) is not None:
             import json

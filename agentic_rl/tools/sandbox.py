@@ -80,7 +80,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentic_rl.errors import ConfigError, ToolError
+from agentic_rl.errors import ConfigError, ToolError, ToolUnavailableError
 from agentic_rl.tools import sandbox_worker
 from agentic_rl.tools.base import StatefulTool
 from agentic_rl.tools.sandbox_framing import ProtocolError, read_frame, write_frame
@@ -268,7 +268,9 @@ class SandboxTool(StatefulTool):
         """Creates the session's working directory and starts its interpreter. A no-op for a live session.
 
         Raises:
-            ToolError: if the interpreter cannot be started (or the requested isolation does not work).
+            ToolUnavailableError: if the interpreter or its working directory cannot be started (an infrastructure
+                failure: the trajectory is retried).
+            ToolError: if the requested isolation does not work.
         """
         mode = self._resolve_mode()
         with self._lock:
@@ -384,7 +386,7 @@ class SandboxTool(StatefulTool):
         except OSError as exc:
             if lock_fd is not None:
                 os.close(lock_fd)
-            raise ToolError(f"could not create the sandbox working directory: {exc}") from exc
+            raise ToolUnavailableError(f"could not create the sandbox working directory: {exc}") from exc
         return _Session(session_id, os.path.realpath(workdir), uid, lock_fd, mode)
 
     def _environment(self, workdir: str) -> dict[str, str]:
@@ -428,7 +430,7 @@ class SandboxTool(StatefulTool):
                     bufsize=0,
                 )
             except OSError as exc:
-                raise ToolError(f"could not start the Python sandbox: {exc}") from exc
+                raise ToolUnavailableError(f"could not start the Python sandbox: {exc}") from exc
             session.proc = proc
         assert proc.stdin is not None and proc.stdout is not None
         os.set_blocking(proc.stdin.fileno(), False)
@@ -438,10 +440,10 @@ class SandboxTool(StatefulTool):
         except (TimeoutError, EOFError, ProtocolError) as exc:
             stderr = self._terminate(session)
             what = "timed out" if isinstance(exc, TimeoutError) else "failed"
-            raise ToolError(f"the Python sandbox {what} while starting: {exc} {stderr}".strip()) from exc
+            raise ToolUnavailableError(f"the Python sandbox {what} while starting: {exc} {stderr}".strip()) from exc
         if not hello.get("ready"):
             self._terminate(session)
-            raise ToolError(f"the Python sandbox failed to start: {hello.get('error', 'unknown error')}")
+            raise ToolUnavailableError(f"the Python sandbox failed to start: {hello.get('error', 'unknown error')}")
         session.pids = process_tree(proc.pid)
 
     def _run(self, session: _Session, code: str, timeout_s: float | None = None) -> str:

@@ -1,5 +1,6 @@
-"""Faults injected into a rollout: each affected trajectory ends as failed with its reason (or, for tools, as error
-text the model sees), is excluded from GRPO statistics, its siblings finish normally and `close` runs once.
+"""Faults injected into a rollout: each affected trajectory ends as failed with its reason (a tool's failure also as
+error text the model saw), failures outside the policy with their kind after their retries, is excluded from GRPO
+statistics, its siblings finish normally and `close` runs once per attempt.
 
 The engine is `ScriptedEngine` (deterministic, no model) so that every fault lands on a known turn; the tokenizer,
 chat template, environment, tools, harness, packing and advantages are the real ones.
@@ -139,18 +140,19 @@ async def _rollout(tokenizer, tasks, *, tools, n_parallel_agents=8, **config):
 async def test_each_injected_fault_fails_or_reports_only_its_trajectory_and_close_runs_once(tokenizer, blocking_tool):
     markers = [m for fault in FAULTS for m in (fault, "")]  # every faulty task has a clean sibling after it
     tools = [CalculatorTool(), RaisingTool(), HangingTool(), blocking_tool, HugeTool()]
-    trajs, env, engine = await _rollout(tokenizer, _tasks(markers), tools=tools)
+    trajs, env, engine = await _rollout(tokenizer, _tasks(markers), tools=tools, max_retries=1)
     by_marker = {m: t for m, t in zip(markers, trajs, strict=True) if m}
 
-    # Tool faults are expected outcomes: the model reads an error (or a capped result) and finishes normally.
+    # A tool that crashed or did not return within its bound failed, not the policy: the model read the error, the
+    # trajectory was rolled out once more (the scripted engine writes the same call) and failed with kind "tool".
     for marker, expected in [("[tool:raising]", "Error: tool 'raising' failed: RuntimeError: disk on fire"),
                              ("[tool:hanging]", "Error: tool 'hanging' timed out after 0.2 s"),
                              ("[tool:blocking]", "Error: tool 'blocking' timed out after 0.2 s")]:  # fmt: skip
         t = by_marker[marker]
-        assert not t.failed, t.error
-        assert t.termination_reason == TerminationReason.ENV_DONE
+        assert t.failed and t.failure_kind == "tool", t.error
+        assert t.error == "ToolUnavailableError: " + expected.removeprefix("Error: ")
         assert t.chat_completions[3] == {"role": "tool", "content": expected}
-        assert t.metrics["tool_errors"] == 1 and t.metrics["alignment_mismatches"] == 0
+        assert t.metrics["tool_errors"] == 1 and t.metrics["retries_tool"] == 1
     huge = by_marker["[tool:huge]"]
     assert not huge.failed, huge.error
     observation = huge.chat_completions[3]["content"]
@@ -166,11 +168,15 @@ async def test_each_injected_fault_fails_or_reports_only_its_trajectory_and_clos
         "[fault:reward_raises]": (TerminationReason.ERROR, "ValueError: reward exploded"),
         "[fault:reward_nan]": (TerminationReason.ERROR, "RewardError: reward function returned nan"),
     }
+    kinds = {"[fault:engine_error]": "engine", "[fault:engine_hang]": "engine", "[fault:reward_raises]": "reward",
+             "[fault:reward_nan]": "reward"}  # fmt: skip  (the environment's own failures are not retried)
     for marker, (reason, error) in failed.items():
         t = by_marker[marker]
         assert t.failed, marker
         assert (t.termination_reason, t.error[: len(error)]) == (reason, error)
         assert t.trajectory_reward == 0.0
+        assert t.failure_kind == kinds.get(marker), marker
+        assert t.metrics["retries"] == (marker in kinds), marker
     siblings = [t for m, t in zip(markers, trajs, strict=True) if not m]
     for t in siblings:
         assert not t.failed, t.error
@@ -179,7 +185,9 @@ async def test_each_injected_fault_fails_or_reports_only_its_trajectory_and_clos
         assert t.metrics["res_reward"] == reward(t.task, [])
 
     assert [t.idx for t in trajs] == list(range(len(markers)))
-    assert len(env.closed) == len(markers) and set(env.closed.values()) == {1}
+    retried = sum(t.metrics["retries"] for t in trajs)
+    assert retried == 3 + len(kinds)  # every attempt has its own sample, closed once
+    assert len(env.closed) == len(markers) + retried and set(env.closed.values()) == {1}
     assert engine.in_flight == 0  # the hung request was cancelled (a VLLMEngine aborts it)
     assert env.inner._sessions == {}
 
@@ -275,7 +283,8 @@ async def test_real_engine_rejecting_a_request_fails_only_that_trajectory(engine
     assert trajs[1].termination_reason == TerminationReason.ERROR
     assert trajs[1].error.startswith("EngineRejectedError: request rejected by vLLM")
     assert all(t.num_generated_tokens > 0 for t in (trajs[0], trajs[2]))
-    assert set(env.closed.values()) == {1} and len(env.closed) == 3
+    assert trajs[1].failure_kind == "engine" and trajs[1].metrics["retries_engine"] == 2  # the default max_retries
+    assert set(env.closed.values()) == {1} and len(env.closed) == 5  # task 1: three attempts
     assert engine.in_flight_requests == 0
 
 

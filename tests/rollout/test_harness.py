@@ -324,32 +324,39 @@ class _CountingEnv(Environment):
         await self.inner.close(sample)
 
 
-async def test_raising_environment_and_failing_tool_leave_sibling_trajectories_intact(engine, tokenizer, make_task):
+async def test_raising_environment_and_crashing_tool_fail_only_their_trajectories_and_only_the_tool_is_retried(
+    engine, tokenizer, make_task
+):
     renderer = ChatRenderer(tokenizer)
     env = _CountingEnv(ToolEnvironment([_RaisingTool()]), raise_for={1})
     forced = ForcedCallEngine(engine, tokenizer, forced_turns=1)
     tasks = [make_task(i) for i in range(4)]
+    config = _config(max_retries=1)
 
     async def one(task, idx):
         return await run_trajectory(
-            task,
-            idx,
-            RolloutSpec(engine=forced, environment=env, renderer=renderer, config=_config(), reward_fn=gsm8k_reward),
+            task, idx, RolloutSpec(engine=forced, environment=env, renderer=renderer, config=config, reward_fn=gsm8k_reward)
         )
 
     trajs = await run_tasks(tasks, one, n_parallel_agents=4)
 
     assert [t.idx for t in trajs] == [0, 1, 2, 3]
+    # The environment's own exception is not an infrastructure failure: not retried, no kind.
     assert trajs[1].failed and trajs[1].termination_reason == TerminationReason.ERROR
-    assert "environment exploded" in trajs[1].error
+    assert "environment exploded" in trajs[1].error and trajs[1].failure_kind is None
+    assert trajs[1].metrics["retries"] == 0
+    # A crashing tool is the tool's failure, never the policy's: retried once, then failed with kind "tool" (never
+    # trained as a reward of 0); the record keeps what the model was shown.
     for t in (trajs[0], trajs[2], trajs[3]):
-        assert not t.failed, t.error
-        assert t.chat_completions[3]["content"].startswith(
-            "Error: tool 'calculator' failed: RuntimeError: disk on fire"
-        )
+        assert t.failed and t.failure_kind == "tool", t.error
+        assert t.error.startswith("ToolUnavailableError: tool 'calculator' failed: RuntimeError: disk on fire")
+        assert t.chat_completions[3]["content"].startswith("Error: tool 'calculator' failed: RuntimeError: disk on fire")
+        assert t.metrics["retries"] == t.metrics["retries_tool"] == 1
         assert t.metrics["tool_errors"] >= 1
-        assert t.metrics["alignment_mismatches"] == 0
-    assert sorted(env.closed.values()) == [1, 1, 1, 1]
+    # Each attempt has its own sample id and is closed once.
+    assert sorted(env.closed) == sorted(
+        [f"{i}-{i}" for i in range(4)] + [f"{i}-{i}-retry1" for i in (0, 2, 3)]
+    ) and set(env.closed.values()) == {1}
 
 
 async def test_reward_function_that_raises_fails_only_its_trajectory(engine, tokenizer, make_task):
@@ -367,8 +374,9 @@ async def test_reward_function_that_raises_fails_only_its_trajectory(engine, tok
 
     trajs = await run_tasks([make_task(0), make_task(1)], one, n_parallel_agents=2)
     assert trajs[0].failed and "bad reward" in trajs[0].error
-    assert not trajs[1].failed and trajs[1].metrics["res_reward"] == 1.0
-    assert list(env.closed.values()) == [1, 1]
+    assert trajs[0].failure_kind == "reward" and trajs[0].metrics["retries_reward"] == 2  # the default max_retries
+    assert not trajs[1].failed and trajs[1].metrics["res_reward"] == 1.0 and trajs[1].metrics["retries"] == 0
+    assert sorted(env.closed.values()) == [1, 1, 1, 1]  # task 0: three attempts, each its own sample
 
 
 async def test_close_runs_once_when_trajectory_is_cancelled_mid_generation(engine, tokenizer, make_task):
