@@ -14,34 +14,26 @@ from agentic_rl.cli.rollout import run_tasks
 __all__ = ["eval_figures", "run_eval", "task_rows"]
 
 
-def _correct(record: dict[str, Any]) -> bool:
-    """A sample is correct when its task reward is > 0 (as the rollout summary's accuracy counts)."""
-    return (record.get("metrics") or {}).get("res_reward", 0.0) > 0
-
-
 def task_rows(
     tasks: list[dict[str, Any]], records: list[dict[str, Any]], samples: int, reward: str
 ) -> list[dict[str, Any]]:
     """One row per task from its `samples` trajectory records (record `idx` = task * samples + sample): `id`, `n`,
-    `c`, `pass@k` for each k <= n, `avg@K`, the majority answer and whether it is correct, each sample's answer."""
-    from agentic_rl.rewards.passk import majority_vote, pass_at_k, vote_answer
+    `c`, `pass@k` for each k <= n, `avg@K` (`task_pass_figures`: a sample is correct when `sample_correct`), the
+    majority answer and whether it is correct, each sample's answer."""
+    from agentic_rl.rewards.passk import majority_vote, sample_correct, task_pass_figures, vote_answer
 
     by_task: list[list[dict[str, Any]]] = [[] for _ in tasks]
     for record in sorted(records, key=lambda r: r["idx"]):
         by_task[record["idx"] // samples].append(record)
     rows = []
     for i, (task, group) in enumerate(zip(tasks, by_task, strict=True)):
-        correct = [_correct(r) for r in group]
+        correct = [sample_correct(r.get("metrics")) for r in group]
         answers = [vote_answer(reward, r.get("chat_completions") or []) for r in group]
         majority, majority_correct = majority_vote(answers, correct)
-        n, c = len(group), sum(correct)
         rows.append(
             {
                 "id": task.get("id", i),
-                "n": n,
-                "c": c,
-                "pass@k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
-                "avg@K": c / n if n else 0.0,
+                **task_pass_figures(correct),
                 "majority_answer": majority,
                 "majority_correct": majority_correct,
                 "answers": answers,
@@ -54,6 +46,8 @@ def eval_figures(rows: list[dict[str, Any]], records: list[dict[str, Any]], samp
     """The evaluation's figures: means over tasks of pass@k (k = 1..K), avg@K and maj@K; over the finished samples,
     the tool-call rate (share with a tool call) and mean turns; failed samples counted by error kind (the text
     before the first `:` of the trajectory's `error`)."""
+    from agentic_rl.rewards.passk import mean_pass_at_k
+
     ok = [r for r in records if not r.get("failed")]
     failures: dict[str, int] = {}
     for r in records:
@@ -64,7 +58,7 @@ def eval_figures(rows: list[dict[str, Any]], records: list[dict[str, Any]], samp
     return {
         "tasks": t,
         "samples": samples,
-        "pass@k": {str(k): sum(row["pass@k"][str(k)] for row in rows) / t for k in range(1, samples + 1)},
+        "pass@k": mean_pass_at_k(rows, samples),
         "avg@K": sum(row["avg@K"] for row in rows) / t,
         "maj@K": sum(row["majority_correct"] for row in rows) / t,
         "tool_call_rate": sum((r["metrics"].get("tool_calls", 0) > 0) for r in ok) / len(ok) if ok else 0.0,

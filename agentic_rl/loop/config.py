@@ -302,6 +302,12 @@ class TrainConfig(Config):
         description="0: greedy evaluation; > 0: sampled at this temperature with the same seeds at every evaluation, "
         "so each one draws alike (for policies that loop when greedy, e.g. repeating a search)",
     )
+    eval_samples: int = Field(
+        default=1,
+        ge=1,
+        description="samples per held-out task (K); K > 1 needs eval_temperature > 0 and adds heldout_pass@k "
+        "(k = 1..K, unbiased), heldout_avg@K and heldout_accuracy_stderr to the evaluation's metrics",
+    )
     loggers: list[LoggerName] = Field(
         default_factory=lambda: ["jsonl"],
         description="metric sinks: jsonl (metrics.jsonl), tensorboard (tensorboard/), wandb (offline, wandb/)",
@@ -378,6 +384,16 @@ class TrainConfig(Config):
             raise ValueError(
                 "engine.sleep_while_training needs lockstep training (rollout.max_staleness: 0): a "
                 "sleeping engine cannot keep trajectories in flight; use rollout.placement: pause"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sampled_eval(self) -> TrainConfig:
+        """K > 1 held-out samples per task need sampling: greedy samples of a task are all the same."""
+        if self.eval_samples > 1 and not self.eval_temperature:
+            raise ValueError(
+                f"eval_samples={self.eval_samples} needs eval_temperature > 0 (it is 0: greedy), since greedy "
+                "samples of a task are all the same"
             )
         return self
 

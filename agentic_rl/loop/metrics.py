@@ -17,7 +17,16 @@ from agentic_rl.train.packing import TokenCounts
 from agentic_rl.train.step_stats import StepStats
 from agentic_rl.types import FailureKind, Trajectory
 
-__all__ = ["HELDOUT_COUNTS", "TOKEN_KEYS", "StepFigures", "gather", "metrics_row", "row_sources"]
+__all__ = [
+    "HELDOUT_COUNTS",
+    "TOKEN_KEYS",
+    "StepFigures",
+    "gather",
+    "heldout_pass_figures",
+    "heldout_pass_keys",
+    "metrics_row",
+    "row_sources",
+]
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
 # `tokens_excluded_constant`: the tokens of groups dynamic sampling left out, which never reach the trainer.
@@ -34,6 +43,12 @@ TOKEN_KEYS = (
 )
 # The held-out evaluation's counts, summed over ranks.
 HELDOUT_COUNTS = ("solved", "with_tool_calls", "turns", "trajectories")
+
+
+def heldout_pass_keys(samples: int) -> tuple[str, ...]:
+    """The held-out evaluation's per-task sums with `samples` (K) samples per task, summed over ranks: the tasks,
+    the sum of their accuracies (c / K each) and of its squares, and the sum of their pass@k for k = 1..K."""
+    return ("tasks", "task_accuracy", "task_accuracy_squares", *(f"pass@{k}" for k in range(1, samples + 1)))
 
 
 def _measured_mean(values: Sequence[float]) -> float | None:
@@ -115,6 +130,47 @@ def gather(dist: DistContext, keys: Sequence[str], local: Mapping[str, float]) -
     """Every rank's value of each of `keys` (gathered in that order, the same on every rank), in rank order."""
     ranks = dist.gather_floats([local[key] for key in keys])
     return {key: [rk[i] for rk in ranks] for i, key in enumerate(keys)}
+
+
+def heldout_pass_figures(
+    dist: DistContext, correct_by_task: Sequence[Sequence[bool]], samples: int
+) -> dict[str, float | None]:
+    """The held-out evaluation's figures over K = `samples` samples per task, over the tasks of every rank (each
+    rank's per-task sums gathered and summed, `heldout_pass_keys`; every rank calls this, with the same K).
+
+    Args:
+        dist: the run's ranks.
+        correct_by_task: for each of this rank's tasks, whether each of its K samples is correct
+            (`rewards.passk.sample_correct`, as `agentic-rl eval` decides); empty on a rank that evaluated nothing.
+        samples: K, the samples per task (>= 1).
+
+    Returns:
+        `heldout_pass@k` for k = 1..K (mean over tasks of the unbiased pass@k estimate, `rewards.passk.pass_at_k`),
+        `heldout_avg@K` (mean over tasks of the share of correct samples) and `heldout_accuracy_stderr` (the
+        standard error over tasks of that share: sample standard deviation / sqrt(tasks); None for fewer than 2
+        tasks). All in [0, 1]; 0.0 (stderr None) when no rank evaluated a task.
+    """
+    from agentic_rl.rewards.passk import task_pass_figures
+
+    rows = [task_pass_figures(correct) for correct in correct_by_task]
+    local = {
+        "tasks": float(len(rows)),
+        "task_accuracy": sum(row["avg@K"] for row in rows),
+        "task_accuracy_squares": sum(row["avg@K"] ** 2 for row in rows),
+        **{f"pass@{k}": sum(row["pass@k"][str(k)] for row in rows) for k in range(1, samples + 1)},
+    }
+    totals = {key: sum(values) for key, values in gather(dist, heldout_pass_keys(samples), local).items()}
+    tasks = totals["tasks"]
+    mean = totals["task_accuracy"] / max(tasks, 1.0)
+    stderr = None
+    if tasks >= 2:
+        variance = max(totals["task_accuracy_squares"] - tasks * mean**2, 0.0) / (tasks - 1)
+        stderr = math.sqrt(variance / tasks)
+    return {
+        **{f"heldout_pass@{k}": totals[f"pass@{k}"] / max(tasks, 1.0) for k in range(1, samples + 1)},
+        "heldout_avg@K": mean,
+        "heldout_accuracy_stderr": stderr,
+    }
 
 
 @dataclass(frozen=True, slots=True)

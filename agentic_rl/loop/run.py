@@ -25,7 +25,7 @@ import anyio
 from agentic_rl.loop.config import EngineSection, RolloutSection, TrainConfig, load_run_config, load_train_config
 from agentic_rl.loop.engine_groups import Share, engine_group, rollout_context, split_shares
 from agentic_rl.loop.memory_plan import measured_line
-from agentic_rl.loop.metrics import HELDOUT_COUNTS, StepFigures, gather, metrics_row
+from agentic_rl.loop.metrics import HELDOUT_COUNTS, StepFigures, gather, heldout_pass_figures, metrics_row
 from agentic_rl.loop.plan import plan_run
 from agentic_rl.loop.rewards import reward_figures, reward_keys
 from agentic_rl.loop.setup import (
@@ -320,25 +320,31 @@ def _log(run: RunState, row: dict[str, Any], *, step: int) -> None:
         sink.log(row, step=step)
 
 
-async def _evaluate(run: RunState, records: Path) -> dict[str, float]:
+async def _evaluate(run: RunState, records: Path) -> dict[str, float | None]:
     """Greedy (or `eval_temperature`) rollout of the held-out tasks through the same rollout path (this rank's
-    shard; ranks gathered), its trajectories written (rank 0's) to `records`.
+    shard; ranks gathered), `eval_samples` (K) samples of each task (task-major: this rank's trajectory
+    i * K + s is sample s of its task i, and its index offsets its seed, so each sample draws its own and every
+    evaluation draws alike), its trajectories written (rank 0's) to `records`.
 
     Returns:
-        `heldout_accuracy` (share with a positive task reward: with the LLM judge, the judge's accuracy),
-        `heldout_tool_call_rate`, `heldout_mean_turns`, and `reward_figures` prefixed `heldout_` (e.g.
-        `heldout_hotpotqa_f1`, `heldout_judge_failures`).
+        `heldout_accuracy` (share of all samples with a positive task reward: with the LLM judge, the judge's
+        accuracy), `heldout_tool_call_rate`, `heldout_mean_turns`; with K > 1, `heldout_pass@k` for k = 1..K,
+        `heldout_avg@K` and `heldout_accuracy_stderr` (`heldout_pass_figures`); and `reward_figures` prefixed
+        `heldout_` (e.g. `heldout_hotpotqa_f1`, `heldout_judge_failures`).
     """
+    from agentic_rl.rewards.passk import sample_correct
     from agentic_rl.train.distributed import shard
 
+    k = run.config.eval_samples
     trajectories = []  # a follower of a tensor-parallel engine evaluates nothing: its leader does the group's share
     if run.rollout is not None:
-        tasks = shard(run.eval_tasks, rollout_context(run.dist, run.group))
+        tasks = [task for task in shard(run.eval_tasks, rollout_context(run.dist, run.group)) for _ in range(k)]
         done = [0]
         with _heartbeat(run, "held-out evaluation", len(tasks), lambda: done[0]):
             trajectories = await run.rollout.run(tasks, run.eval_sampling, on_result=lambda _: _count(done))
+    correct = [sample_correct(t.metrics) for t in trajectories]
     local = {
-        "solved": float(sum(t.metrics.get("res_reward", 0.0) > 0 for t in trajectories)),
+        "solved": float(sum(correct)),
         "with_tool_calls": float(sum(t.metrics.get("tool_calls", 0) > 0 for t in trajectories)),
         "turns": float(sum(t.metrics.get("steps", 0) for t in trajectories)),
         "trajectories": float(len(trajectories)),
@@ -347,10 +353,12 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float]:
     n = max(totals["trajectories"], 1.0)
     if run.dist.is_main:
         write_trajectories(records, trajectories)
+    by_task = [correct[i : i + k] for i in range(0, len(correct), k)]
     return {
         "heldout_accuracy": totals["solved"] / n,
         "heldout_tool_call_rate": totals["with_tool_calls"] / n,
         "heldout_mean_turns": totals["turns"] / n,
+        **(heldout_pass_figures(run.dist, by_task, k) if k > 1 else {}),
         **reward_figures(run.dist, trajectories, reward_keys(run.config), prefix="heldout_"),
     }
 

@@ -561,7 +561,8 @@ def step_sampling(config: TrainConfig, rank: int, step: int | None) -> SamplingC
     `derive_seed(config.seed, rank, step)`, which the turn loop offsets per trajectory and turn, so a resumed run
     samples what the uninterrupted one would have), or with `step=None` the held-out evaluation's (greedy and
     unseeded; or at `config.eval_temperature` with a seed of its own (`step=-1`: no training step's), the same at
-    every evaluation)."""
+    every evaluation, which the turn loop offsets per trajectory: each of `eval_samples` samples of a task draws its
+    own)."""
     from agentic_rl.engine.sampling import derive_seed
 
     if step is None:

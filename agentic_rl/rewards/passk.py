@@ -1,17 +1,26 @@
-"""Evaluation statistics over K samples per task: pass@k, avg@K, maj@K, the answer a sample votes for, and a
-seeded bootstrap interval of a paired difference. Pure Python (`agentic-rl eval` computes its figures here)."""
+"""Evaluation statistics over K samples per task: whether a sample is correct, a task's pass@k and avg@K, their
+means over tasks, maj@K, the answer a sample votes for, and a seeded bootstrap interval of a paired difference. Pure
+Python (`agentic-rl eval` and a training run's held-out evaluation compute their figures here)."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from agentic_rl.rewards.answers import extract_number_answer, extract_short_answer, final_answer_text, last_boxed
 
-__all__ = ["bootstrap_interval", "majority_vote", "pass_at_k", "vote_answer"]
+__all__ = [
+    "bootstrap_interval",
+    "majority_vote",
+    "mean_pass_at_k",
+    "pass_at_k",
+    "sample_correct",
+    "task_pass_figures",
+    "vote_answer",
+]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -30,6 +39,43 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def sample_correct(metrics: Mapping[str, Any] | None) -> bool:
+    """Whether a sample is correct: its task reward (`metrics["res_reward"]`, a trajectory's or its record's) is > 0,
+    as the rollout summary's accuracy counts; a sample without one (e.g. failed) is not."""
+    return (metrics or {}).get("res_reward", 0.0) > 0
+
+
+def task_pass_figures(correct: Sequence[bool]) -> dict[str, Any]:
+    """The figures of one task from whether each of its n samples is correct (`sample_correct`).
+
+    Returns:
+        `n` (samples), `c` (correct ones), `pass@k` (`{str(k): pass_at_k(n, c, k)}` for k = 1..n; empty when n = 0)
+        and `avg@K` (c / n, the share of correct samples; 0.0 when n = 0).
+    """
+    n, c = len(correct), sum(bool(x) for x in correct)
+    return {
+        "n": n,
+        "c": c,
+        "pass@k": {str(k): pass_at_k(n, c, k) for k in range(1, n + 1)},
+        "avg@K": c / n if n else 0.0,
+    }
+
+
+def mean_pass_at_k(rows: Sequence[Mapping[str, Any]], samples: int) -> dict[str, float]:
+    """The mean over tasks of pass@k for k = 1..`samples`, from per-task rows (`task_pass_figures`) that each hold
+    `pass@k` up to at least `samples`.
+
+    Returns:
+        `{str(k): mean}` for k = 1..samples.
+
+    Raises:
+        ValueError: for no rows; KeyError: for a row with fewer than `samples` samples.
+    """
+    if not rows:
+        raise ValueError("pass@k needs at least one task")
+    return {str(k): sum(row["pass@k"][str(k)] for row in rows) / len(rows) for k in range(1, samples + 1)}
 
 
 def majority_vote(answers: Sequence[str | None], correct: Sequence[bool]) -> tuple[str | None, bool]:

@@ -41,3 +41,10 @@ def e_share_logged(task, messages):
     with open(os.environ["TOY_REWARD_LOG"], "a") as f:
         f.write(f"{os.getpid()}\t{os.environ.get('RANK', '0')}\n")
     return e_share(task, messages)
+
+
+def e_count_odd(task, messages):
+    """1.0 when the final answer holds an odd number of the letter 'e', else 0.0: a right-or-wrong reward that
+    varies across random samples of the same task, for pass@k."""
+    text = messages[-1]["content"] if messages else ""
+    return float(text.count("e") % 2)
