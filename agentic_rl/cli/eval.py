@@ -44,16 +44,19 @@ def task_rows(
 
 def eval_figures(rows: list[dict[str, Any]], records: list[dict[str, Any]], samples: int) -> dict[str, Any]:
     """The evaluation's figures: means over tasks of pass@k (k = 1..K), avg@K and maj@K; over the finished samples,
-    the tool-call rate (share with a tool call) and mean turns; failed samples counted by error kind (the text
-    before the first `:` of the trajectory's `error`)."""
+    the tool-call rate (share with a tool call) and mean turns; failed samples counted by kind (`failure_kind` for a
+    failure outside the policy, e.g. `tool`; else the text before the first `:` of the trajectory's `error`) and the
+    retries such failures caused, by kind."""
     from agentic_rl.rewards.passk import mean_pass_at_k
+    from agentic_rl.types import FailureKind
 
     ok = [r for r in records if not r.get("failed")]
     failures: dict[str, int] = {}
     for r in records:
         if r.get("failed"):
-            kind = str(r.get("error") or r.get("termination_reason") or "unknown").split(":", 1)[0]
-            failures[kind] = failures.get(kind, 0) + 1
+            kind = r.get("failure_kind") or str(r.get("error") or r.get("termination_reason") or "unknown")
+            failures[kind.split(":", 1)[0]] = failures.get(kind.split(":", 1)[0], 0) + 1
+    retries = {kind.value: sum(int(r["metrics"].get(f"retries_{kind}", 0)) for r in records) for kind in FailureKind}
     t = len(rows)
     return {
         "tasks": t,
@@ -65,6 +68,7 @@ def eval_figures(rows: list[dict[str, Any]], records: list[dict[str, Any]], samp
         "mean_turns": sum(r["metrics"].get("steps", 0) for r in ok) / len(ok) if ok else 0.0,
         "failed": len(records) - len(ok),
         "failures": failures,
+        "retries": {kind: n for kind, n in retries.items() if n},
     }
 
 
