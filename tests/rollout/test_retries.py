@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support.engines import DelegatingEngine, ForcedCallEngine
+from support.engines import ForcedCallEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.tool_env import ToolEnvironment
