@@ -207,6 +207,13 @@ def _harness_options(add: Any) -> None:
     )
     add("--close-timeout-s", type=seconds, default=harness.close_timeout_s, help="most seconds of environment.close")
     add("--reward-timeout-s", type=seconds, default=harness.reward_timeout_s, help="most seconds of one reward call")
+    add(
+        "--max-retries",
+        type=_bounded(int, 0),
+        default=harness.max_retries,
+        help="most times a trajectory that failed outside the policy (engine, a tool's service, an environment call "
+        "past its bound, the reward) is rolled out again with a fresh seed",
+    )
 
 
 def _rollout_parser(sub: Any, *, typed_only: bool) -> None:
