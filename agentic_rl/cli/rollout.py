@@ -434,7 +434,7 @@ def _print_summary(console: Any, plan: _RolloutPlan, summary: dict[str, Any], wa
     rows = [
         ("tasks", summary["tasks"]),
         ("failed", summary["failed"]),
-        ("failed / retried outside the policy", _by_kind(summary)),
+        ("failed/retried by kind", _by_kind(summary)),
         ("accuracy", f"{summary['accuracy']:.3f}"),
         ("mean reward", f"{summary['mean_reward']:.3f}"),
         ("tool-call rate", f"{summary['tool_call_rate']:.3f}"),

@@ -327,8 +327,9 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         engine: an already built engine to use instead of building one from `model`.
         engine_options: extra `VLLMEngineConfig` fields (`dtype`, `kv_cache_gib`, `max_model_len`, ...).
         toolcall_weight, milestone_weight, unfinished_penalty, check_alignment, template_rewrites, turn_timeout_s,
-            env_timeout_s, close_timeout_s, reward_timeout_s: the `HarnessConfig` fields of those names (the reward
-            shaping, the template re-render check, what a template that rewrites history does, and the timeouts),
+            env_timeout_s, close_timeout_s, reward_timeout_s, max_retries: the `HarnessConfig` fields of those names
+            (the reward shaping, the template re-render check, what a template that rewrites history does, the
+            timeouts, and the retries of failures outside the policy),
             with its defaults; `harness_config` holds them with the
             limits and sampling.
         serve: start the OpenAI-compatible server of each engine in `initialize()` (see `server_addresses`).
@@ -371,6 +372,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
         close_timeout_s: float = 30.0,
         reward_timeout_s: float = 60.0,
         template_rewrites: str = "new_run",
+        max_retries: int = 2,
     ) -> None:
         super().__init__(
             agent_name,
@@ -408,6 +410,7 @@ class ToolAgentEngineWrapper(BaseEngineWrapper):
             close_timeout_s=close_timeout_s,
             reward_timeout_s=reward_timeout_s,
             template_rewrites=template_rewrites,
+            max_retries=max_retries,
         )
         self.serve = serve
         self.memory_config = memory

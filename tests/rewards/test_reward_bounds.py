@@ -151,7 +151,10 @@ async def test_a_reward_that_never_returns_fails_only_its_trajectory_with_a_rewa
     assert exclusion_reason(hung) == "failed"  # never trained on: a hung reward is not a real 0
     scored = [(t.failed, t.metrics["res_reward"], "reward_error" in t.metrics) for t in siblings]
     assert scored == [(False, 1.0, False)] * 2
-    assert sorted(env.closed.values()) == [1, 1, 1]
+    # A reward that failed is not the policy's doing: the trajectory was rolled out again (the default 2 retries, each
+    # attempt closed once) and still failed, with its kind.
+    assert hung.failure_kind == "reward" and hung.metrics["retries_reward"] == 2
+    assert sorted(env.closed.values()) == [1] * 5
 
 
 async def test_math_reward_on_a_nested_power_fails_its_trajectory_and_siblings_score(tokenizer, monkeypatch):
@@ -165,7 +168,8 @@ async def test_math_reward_on_a_nested_power_fails_its_trajectory_and_siblings_s
     assert hung.failed and "RewardError: math_verify did not finish within 1 s" in hung.error
     assert hung.metrics["reward_error"] == hung.error and exclusion_reason(hung) == "failed"
     assert [(t.failed, t.metrics["res_reward"]) for t in siblings] == [(False, 1.0), (False, 1.0)]
-    assert sorted(env.closed.values()) == [1, 1, 1]
+    assert hung.failure_kind == "reward" and hung.metrics["retries_reward"] == 2
+    assert sorted(env.closed.values()) == [1] * 5
 
 
 async def test_cancelling_a_rollout_while_its_reward_runs_does_not_wait_for_the_reward(tokenizer):

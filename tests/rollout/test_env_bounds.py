@@ -41,9 +41,8 @@ class StuckEnvironment(Environment):
 
 async def test_a_hanging_reset_or_step_fails_its_trajectory_with_timeout_and_the_siblings_finish(engine, tokenizer):
     env = StuckEnvironment()
-    config = HarnessConfig(
-        max_steps=2, max_response_length=64, sampling={"temperature": 0.0, "max_tokens": 8}, env_timeout_s=1.0
-    )
+    config = HarnessConfig(max_steps=2, max_response_length=64, sampling={"temperature": 0.0, "max_tokens": 8},
+                           env_timeout_s=1.0, max_retries=1)  # fmt: skip
     short = SteeredEngine(engine, tokenizer, lambda turn: {"regex": "Hi\\."})  # a closed turn, so its step runs
     spec = RolloutSpec(engine=short, environment=env, renderer=ChatRenderer(tokenizer), config=config)
     tasks = [
@@ -65,8 +64,11 @@ async def test_a_hanging_reset_or_step_fails_its_trajectory_with_timeout_and_the
     assert len(hung_step.steps) == 1  # the turn was generated; its step was cancelled
     fine = by_id["fine"]
     assert not fine.failed and fine.termination_reason == TerminationReason.ENV_DONE, fine.error
-    # a reset that never returned left nothing to close; the others were closed once each
-    assert sorted(env.closed) == ["fine-2", "step-1"]
+    # An environment call past its bound is an infrastructure failure: retried once (with a sample id of its own),
+    # then failed with its kind. A reset that never returned left nothing to close; the others were closed once each.
+    assert hung_reset.failure_kind == hung_step.failure_kind == "environment" and fine.failure_kind is None
+    assert hung_reset.metrics["retries_environment"] == hung_step.metrics["retries_environment"] == 1
+    assert sorted(env.closed) == ["fine-2", "step-1", "step-1-retry1"]
 
 
 def test_env_timeout_s_reaches_the_harness_from_the_training_config_the_command_line_and_the_wrapper(tokenizer):

@@ -269,10 +269,12 @@ async def test_an_aborted_turn_fails_its_trajectory_alone_and_is_never_trained(
     assert not trajs[0].failed and trajs[0].termination_reason != reason
     assert trajs[1].failed and trajs[1].termination_reason == reason
     assert f"finish_reason {finish_reason!r}" in trajs[1].error and "never trained" in trajs[1].error
-    (aborted_prompt,) = [p for p, _, _ in steered.calls
-                         if "task one" in tokenizer.decode(p) and tokenizer.decode(p).count("<|im_start|>assistant") == 2]  # fmt: skip
+    aborted_prompts = [p for p, _, _ in steered.calls
+                       if "task one" in tokenizer.decode(p) and tokenizer.decode(p).count("<|im_start|>assistant") == 2]  # fmt: skip
+    # An aborted turn is the engine's failure: retried (each attempt aborted again), then failed with its kind.
+    assert trajs[1].failure_kind == "engine" and len(aborted_prompts) == 1 + trajs[1].metrics["retries_engine"] == 3
     # The record ends where the aborted turn began: nothing of it is kept.
-    assert trajs[1].prompt_tokens.tolist() + trajs[1].response_tokens.tolist() == aborted_prompt
+    assert trajs[1].prompt_tokens.tolist() + trajs[1].response_tokens.tolist() == aborted_prompts[-1]
     batch = pack_trajectories(trajs, pad_token_id=tokenizer.pad_token_id)
     assert batch.valid.tolist() == [True, False]
     assert batch.response_mask[1].sum() == 0 and batch.response_mask[0].sum() > 0
