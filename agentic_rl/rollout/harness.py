@@ -75,7 +75,9 @@ async def run_trajectory(
         aborted) and the error message; a failing or hanging `environment.close` also fails the trajectory. A
         failure outside the policy (`rollout.retries.failure_kind`) is rolled out again from the start, with a
         fresh sample, up to `config.max_retries` times (the environment closed and reset in between); the result
-        counts the retries by kind in its metrics and, if it still failed, names the kind in `failure_kind`.
+        counts the retries by kind in its metrics (`retries`, `retries_<kind>`; the failed attempts' seconds and
+        sampled tokens in `retried_time_s`, `retried_generated_tokens`, which the other times and counts, of the
+        last attempt, leave out) and, if it still failed, names the kind in `failure_kind`.
         Cancellation still propagates after `environment.close` ran (once).
     """
     state = checkpoint._state if checkpoint is not None else TrajectoryState(task, idx)
@@ -84,7 +86,14 @@ async def run_trajectory(
         checkpoint = None
         if isinstance(result, TrajectoryCheckpoint) or not _retry(spec, state, result):
             return result
-        state = TrajectoryState(state.task, state.idx, attempt=state.attempt + 1, retries=state.retries)
+        state = TrajectoryState(
+            state.task,
+            state.idx,
+            attempt=state.attempt + 1,
+            retries=state.retries,
+            retried_s=state.retried_s + float(result.metrics["total_time"]),
+            retried_tokens=state.retried_tokens + result.num_generated_tokens,
+        )
 
 
 def _retry(spec: RolloutSpec, state: TrajectoryState, result: StepTrajectory) -> bool:
@@ -225,6 +234,8 @@ def _finish(
         generated_tokens=sum(run.num_sampled for run in state.recorder.runs),
         **retry_counts(state.retries),
     )
+    if state.retries:  # the failed attempts' work, which the times and token counts above leave out
+        metrics.update(retried_time_s=state.retried_s, retried_generated_tokens=state.retried_tokens)
     if state.steps:
         state.steps[-1].done = True
     messages = list(state.sample.messages) if state.sample is not None else []

@@ -46,6 +46,8 @@ class TrajectoryState:
     budget_offset: int = 0  # response-budget tokens the current run's prompt holds (a run a template rewrite began)
     attempt: int = 0  # 0, then 1, 2, ... for each retry after an infrastructure failure (`run_trajectory`)
     retries: dict[str, int] = field(default_factory=dict)  # retries so far, by `FailureKind`
+    retried_s: float = 0.0  # wall-clock seconds of the failed attempts before this one
+    retried_tokens: int = 0  # tokens the engine sampled in the failed attempts before this one
 
 
 @dataclass(slots=True)

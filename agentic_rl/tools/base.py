@@ -69,7 +69,12 @@ class Tool(abc.ABC):
             The observation text for the model.
 
         Raises:
-            ToolError: for a failure whose message the model should see; any other exception is reported too.
+            ToolError: for a failure the call caused (bad arguments, a query with no result): the model reads the
+                message and the trajectory goes on.
+            ToolUnavailableError: for a failure of the tool's service, not the call (transport error, timeout,
+                start-up): the model reads the message, and the trajectory ends as an infrastructure failure
+                (retried, never trained). Any other exception, and a call past `call_timeout_s`, counts as this too:
+                a tool wraps the errors its input can cause in `ToolError`.
         """
 
 

@@ -100,6 +100,7 @@ async def test_one_failure_in_n_is_retried_with_a_fresh_sample_and_every_traject
     for t in trajs:
         assert not t.failed, t.error
         assert t.failure_kind is None and t.metrics["alignment_mismatches"] == 0
+        assert ("retried_time_s" in t.metrics) == (t.metrics["retries"] > 0)
         assert t.metrics["retries"] == t.metrics.get(f"retries_{fault}", 0)  # only this kind was retried
     assert sum(t.metrics["retries"] for t in trajs) == counter.failures  # each failure retried once, counted by kind
     summary = summarize(trajs, 1.0)
@@ -139,3 +140,4 @@ async def test_a_retried_failure_that_keeps_failing_ends_with_its_kind_after_max
     t = await run_trajectory({"id": 0, "question": "What is 2 + 2?", "ground_truth": "4"}, 0, spec)
     assert t.failed and t.failure_kind == "engine" and t.trajectory_reward == 0.0
     assert t.metrics["retries"] == t.metrics["retries_engine"] == 3 and counter.calls == 4
+    assert t.metrics["retried_time_s"] > 0 and t.metrics["retried_generated_tokens"] == 0  # no request got through
