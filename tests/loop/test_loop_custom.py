@@ -126,8 +126,10 @@ def test_records_an_agent_tampers_with_are_refused_and_counted_from_the_python_a
     for r in rows:
         records = _records(run, r["step"])
         is_refused = [(t["error"] or "").startswith("refused for training: ") for t in records]
-        for i, t in enumerate(records):  # tampered records are refused unless they failed already; the others pass
-            assert is_refused[i] == (i % 3 != 2 and not (t["failed"] and not is_refused[i])), (i, t["error"])
+        for i, t in enumerate(records):  # tampered records are refused unless they failed already; the others pass,
+            # unless the tampering left them the only sample of their group (GRPO needs two: refused as such)
+            lone = (t["error"] or "").startswith("refused for training: the only sample of its group left")
+            assert is_refused[i] == (i % 3 != 2 and not (t["failed"] and not is_refused[i])) or lone, (i, t["error"])
         refused = [t for t, no in zip(records, is_refused, strict=True) if no]
         assert r["refused"] == len(refused) > 0
         assert r["tokens_excluded_refused"] == sum(sum(t["response_mask"]) for t in refused)
