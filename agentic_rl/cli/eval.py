@@ -54,8 +54,9 @@ def eval_figures(rows: list[dict[str, Any]], records: list[dict[str, Any]], samp
     failures: dict[str, int] = {}
     for r in records:
         if r.get("failed"):
-            kind = r.get("failure_kind") or str(r.get("error") or r.get("termination_reason") or "unknown")
-            failures[kind.split(":", 1)[0]] = failures.get(kind.split(":", 1)[0], 0) + 1
+            cause = r.get("failure_kind") or str(r.get("error") or r.get("termination_reason") or "unknown")
+            kind = cause.split(":", 1)[0]
+            failures[kind] = failures.get(kind, 0) + 1
     retries = {kind.value: sum(int(r["metrics"].get(f"retries_{kind}", 0)) for r in records) for kind in FailureKind}
     t = len(rows)
     return {

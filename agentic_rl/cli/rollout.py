@@ -454,12 +454,12 @@ def _print_summary(console: Any, plan: _RolloutPlan, summary: dict[str, Any], wa
 
 def _by_kind(summary: dict[str, Any]) -> str:
     """`kind=failed/retried` for each failure kind that occurred (`rollout.retries.failure_counts`), or `none`."""
-    kinds = sorted({key.split("_", 1)[1] for key in summary if key.startswith(("failed_", "retries_"))})
-    shown = [
-        f"{kind}={summary.get(f'failed_{kind}', 0)}/{summary.get(f'retries_{kind}', 0)}"
-        for kind in kinds
-        if summary.get(f"failed_{kind}", 0) or summary.get(f"retries_{kind}", 0)
+    from agentic_rl.types import FailureKind
+
+    counts = [
+        (kind, summary.get(f"failed_{kind}", 0), summary.get(f"retries_{kind}", 0)) for kind in sorted(FailureKind)
     ]
+    shown = [f"{kind}={failed}/{retried}" for kind, failed, retried in counts if failed or retried]
     return ", ".join(shown) or "none"
 
 
