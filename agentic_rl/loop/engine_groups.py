@@ -111,7 +111,7 @@ class GroupHandoff:
 
         self.group = group
         store = dist.PrefixStore(f"agentic_rl_handoff_{group.index}", group.store)
-        self._pg = dist.ProcessGroupGloo(store, group.rank, group.size, datetime.timedelta(days=7))
+        self._pg: Any = dist.ProcessGroupGloo(store, group.rank, group.size, datetime.timedelta(days=7))
 
     async def hand_out(self, shares: list[Share]) -> Share:
         """(Leader) send every rank of the group its share (`shares[r]` to group rank r); the leader's own."""
@@ -123,8 +123,23 @@ class GroupHandoff:
         shares = await anyio.to_thread.run_sync(self._broadcast, None)
         return shares[self.group.rank]
 
+    def close(self) -> None:
+        """Release the group's gloo process group (closing twice does nothing).
+
+        Called at the end of a run on every rank, finished or failed, with no broadcast in flight: a gloo group
+        still held when the interpreter shuts down may abort the process as its threads are torn down ("terminate
+        called without an active exception", exit status -6), after a run that trained well.
+        """
+        pg, self._pg = self._pg, None
+        if pg is not None and hasattr(pg, "shutdown"):
+            pg.shutdown()  # joins its worker threads now, not during the interpreter's exit
+        del pg
+
     def _broadcast(self, obj: Any) -> Any:
         import torch
+
+        if self._pg is None:
+            raise RuntimeError("the group hand-off is closed")
 
         data = pickle.dumps(obj) if self.group.is_leader else b""
         size = torch.tensor([len(data)], dtype=torch.int64)

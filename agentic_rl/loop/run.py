@@ -160,6 +160,8 @@ async def _tear_down(run: RunState) -> None:
                 logger.exception("closing the metric sink %s failed", type(sink).__name__)
         await close_rollout(run.rollout)
         await close_engine(run.engine)
+        if run.handoff is not None:
+            run.handoff.close()
         run.trainer.close()
         try:
             run.sync.close()
