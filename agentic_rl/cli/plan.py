@@ -162,7 +162,7 @@ def _note(plan: Any, name: str) -> str:
     if name == "activations":
         return f"full {t.activations_full:.2f}, checkpointed {t.activations_checkpointed:.2f}"
     if name == "reference" and not t.resident["reference"] and not t.host.get("reference"):
-        return "none: kl_coef 0 or LoRA"
+        return "none: kl_coef 0 (no track_kl) or LoRA"
     if name == "gradient all-reduce":
         return "instead of the fwd/bwd parts"
     return ""

@@ -258,8 +258,9 @@ class TrainConfig(Config):
     )
     reward_metrics: list[str] = Field(
         default_factory=list,
-        description="reward functions (names as for reward) reported, not rewarded, for every trajectory: their mean "
-        "in each metrics row and, prefixed heldout_, in evaluation (e.g. [hotpotqa_f1]; not with an agent of your own)",
+        description="reward functions (names as for reward) or diagnostics (answer_words, quotes_passage, searches, "
+        "visits, found_support: rewards.research) reported, not rewarded, for every trajectory: their mean in each "
+        "metrics row and, prefixed heldout_, in evaluation (e.g. [hotpotqa_f1]; not with an agent of your own)",
     )
     environment: PluginRef | None = Field(
         default=None,

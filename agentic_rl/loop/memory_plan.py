@@ -468,7 +468,8 @@ def _micro_batch(
     kl = kl if kl is not None else getattr(optimizer, "kl_coef", 0.0)
     if rows < 1 or kl < 0:
         raise ConfigError(f"micro_batch_size={rows} must be >= 1 and kl_coef={kl} >= 0")
-    return MicroBatch(rows, prompt + response, response, kl > 0, platform)
+    reference = kl > 0 or bool(getattr(optimizer, "track_kl", False))  # a reference measured, not in the loss
+    return MicroBatch(rows, prompt + response, response, reference, platform)
 
 
 def _options(

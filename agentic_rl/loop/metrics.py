@@ -26,6 +26,7 @@ __all__ = [
     "heldout_pass_keys",
     "metrics_row",
     "row_sources",
+    "sampled_figures",
 ]
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
@@ -96,6 +97,8 @@ def row_sources(max_staleness: int) -> dict[str, str]:
         "dual_clip_fraction": "local",
         "kl_clamp_fraction": "local",
         "response_length": "mean",
+        "entropy": "measured",
+        "answer_tokens": "measured",
         "tokens_per_s": "sum",
         "samples_per_s": "sum",
         "rollout_seconds": "mean",
@@ -224,6 +227,7 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
         **failure_counts(trajectories),
         "refused": figures.refused,
         "response_length": stats.response_length,
+        **sampled_figures(trajectories),
         "tokens_per_s": generated / max(figures.step_s, 1e-9),
         "samples_per_s": sum(not t.failed for t in trajectories) / max(figures.step_s, 1e-9),
         "rollout_seconds": figures.rollout_s,
@@ -245,6 +249,36 @@ def _local_values(figures: StepFigures, max_staleness: int) -> dict[str, float]:
     }
 
 
+def sampled_figures(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """What the policy sampled, over the trajectories that did not fail (NaN where none measured it).
+
+    Returns:
+        `entropy`: the per-token entropy of the distribution the engine sampled from (tempered, truncated), in
+        nats, estimated as the mean of -log p over every sampled response token: unbiased, since
+        E_{x~p}[-log p(x)] = H(p) (the engine records the logprob of that distribution: `logprobs_mode="processed"`).
+        `answer_tokens`: the mean tokens of the final turn of the trajectories that end with an answer (a final
+        assistant message that calls no tool, `rewards.final_answer_text`), its end-of-turn token included.
+    """
+    import torch
+
+    from agentic_rl.rewards.answers import final_answer_text
+
+    surprise, sampled, answers = 0.0, 0, []
+    for t in trajectories:
+        if t.failed:
+            continue
+        mask = t.response_masks.bool()
+        if t.response_logprobs is not None and bool(mask.any()):
+            surprise -= float(t.response_logprobs[mask].double().sum())
+            sampled += int(mask.sum())
+        if final_answer_text(t.chat_completions):
+            answers.append(int(torch.cumprod(mask.flip(0).int(), 0).sum()))  # the trailing run of sampled tokens
+    return {
+        "entropy": surprise / sampled if sampled else math.nan,
+        "answer_tokens": sum(answers) / len(answers) if answers else math.nan,
+    }
+
+
 def _token_accounting(counts: TokenCounts, left_out: Sequence[Trajectory]) -> dict[str, int]:
     """The trainer's token accounting with the tokens of the groups dynamic sampling left out added as excluded
     (`tokens_excluded_constant`), so that `tokens_sampled == tokens_trained + tokens_excluded` covers every sampled
@@ -263,7 +297,8 @@ def metrics_row(
     """The metrics row of step `step` (0-based), with the keys of `row_sources` in its order.
 
     It holds the rewards, the accuracy (share of trajectories with a positive task reward) and the failed trajectories,
-    the GRPO step's losses, KL, gradient norm and clip fractions, the response length, throughput (`tokens_per_s` and
+    the GRPO step's losses, KL, gradient norm and clip fractions, the response length, the sampling entropy and the
+    final answers' length (`sampled_figures`), throughput (`tokens_per_s` and
     `samples_per_s`: generated tokens and trajectories trained (not failed) per second of the step, end to end: wait,
     train and sync; summed over ranks. With max_staleness > 0 a step whose groups were ready waits for nothing, so
     single steps vary widely: compare sums over the run) and timings, `logprob_diff` (the engine-trainer logprob gap,

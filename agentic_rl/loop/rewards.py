@@ -61,7 +61,7 @@ def check_reward(config: TrainConfig) -> RewardPlan | None:
         ConfigError: naming the unknown reward or metric, the unset API key variable, or a function of your own
             that cannot be called as `reward_fn(task, messages)` (`rollout.contracts.check_reward`).
     """
-    from agentic_rl.rewards.registry import resolve_reward
+    from agentic_rl.rewards.registry import resolve_metric, resolve_reward
     from agentic_rl.rollout.contracts import check_reward as check_callable
 
     if config.agent is not None:
@@ -72,7 +72,7 @@ def check_reward(config: TrainConfig) -> RewardPlan | None:
     metrics = {}
     for i, name in enumerate(config.reward_metrics):
         try:
-            metrics[name] = resolve_reward(name)
+            metrics[name] = resolve_metric(name)
         except ConfigError as exc:
             raise ConfigError(f"TrainConfig.reward_metrics: {exc}") from None
         check_callable(metrics[name], what=f"reward_metrics[{i}]", path=name if ":" in name else None)

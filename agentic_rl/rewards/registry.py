@@ -10,8 +10,9 @@ from agentic_rl.errors import ConfigError
 from agentic_rl.rewards.base import RewardCallable, RewardWithMetrics, call_reward
 from agentic_rl.rewards.math import gsm8k_reward, has_number_reward, math_reward
 from agentic_rl.rewards.qa import hotpotqa_em_reward, hotpotqa_f1_reward
+from agentic_rl.rewards.research import RESEARCH_METRICS
 
-__all__ = ["REWARDS", "MetricsReward", "resolve_reward"]
+__all__ = ["METRICS", "REWARDS", "MetricsReward", "resolve_metric", "resolve_reward"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,22 @@ REWARDS = {
     "hotpotqa_f1": hotpotqa_f1_reward,
     "hotpotqa_em": hotpotqa_em_reward,
 }
+
+
+METRICS = {**REWARDS, **RESEARCH_METRICS}
+"""What `TrainConfig.reward_metrics` may name besides `package.module:function`: every reward, and diagnostics that
+are reported, never rewarded (`rewards.research`)."""
+
+
+def resolve_metric(name: str) -> RewardCallable:
+    """A metric function by name: a key of `METRICS`, or `package.module:function` (`resolve_reward`).
+
+    Raises:
+        ConfigError: if the name is unknown or the import fails.
+    """
+    if name in METRICS:
+        return METRICS[name]
+    return resolve_reward(name, also=sorted(set(METRICS) - set(REWARDS)))
 
 
 def resolve_reward(name: str, *, also: Sequence[str] = ()) -> RewardCallable:

@@ -83,6 +83,9 @@ class GRPOConfig(Config):
         clip_ratio_c: dual-clip bound (> 1) on the ratio of negative-advantage tokens (Ye et al. 2020; see
             `grpo_loss`).
         kl_coef: weight of the k3 KL to the reference (the model at the start of training); 0 = no reference.
+        track_kl: with `kl_coef` 0, still keep the reference and report the k3 KL to it (the metrics row's `kl`:
+            how far the policy moved from where it started), at the cost of a reference forward per micro-batch
+            (and the reference's memory without LoRA); it never enters the loss.
         loss_agg_mode: `token-mean` or `sequence-mean` (a trajectory's runs form one sequence).
         scale_by_std: GRPO's division by the group std (False: mean baseline only).
         std_floor: floor on the group std.
@@ -136,6 +139,7 @@ class GRPOConfig(Config):
     clip_high: float = Field(default=0.2, ge=0)
     clip_ratio_c: float = Field(default=3.0, gt=1)
     kl_coef: float = Field(default=0.0, ge=0)
+    track_kl: bool = False
     loss_agg_mode: Literal["token-mean", "sequence-mean"] = "token-mean"
     scale_by_std: bool = True
     std_floor: float = Field(default=0.1, gt=0)
@@ -154,6 +158,11 @@ class GRPOConfig(Config):
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     lora: LoRAConfig | None = None
+
+    @property
+    def measures_kl(self) -> bool:
+        """Whether training measures the KL to its start: a KL term in the loss (`kl_coef` > 0) or `track_kl`."""
+        return self.kl_coef > 0 or self.track_kl
 
     @model_validator(mode="after")
     def _schedule_is_consistent(self) -> GRPOConfig:

@@ -297,7 +297,8 @@ def grpo_loss(
         response_mask: (B, R) float or bool, 1 on the tokens that enter the loss (sampled tokens of valid rows).
         clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high].
         clip_ratio_c: dual-clip bound (> 1) on the ratio of negative-advantage tokens.
-        ref_logprobs: (B, R) reference-policy logprobs (nats), or None.
+        ref_logprobs: (B, R) reference-policy logprobs (nats), or None; with `kl_coef` 0 the KL is still measured
+            (the output's `kl`), not in the loss.
         kl_coef: weight of the KL term.
         loss_agg_mode: `token-mean` or `sequence-mean`.
         sequence_ids: (B,) int, rows with one id are parts of one sequence for `sequence-mean` and `sequence`-level
@@ -326,7 +327,7 @@ def grpo_loss(
     )
     objective, ratio_clipped, dual = _objective(log_ratio_prox, adv, weights, clip_low, clip_high, clip_ratio_c)
     pg_loss = _aggregate(-objective, mask, loss_agg_mode, sequence_ids, normalizer)
-    kl, kl_clamped = _k3_kl(new, ref_logprobs if kl_coef else None, mask, loss_agg_mode, sequence_ids, normalizer)
+    kl, kl_clamped = _k3_kl(new, ref_logprobs, mask, loss_agg_mode, sequence_ids, normalizer)
     loss, clipped = pg_loss + kl_coef * kl, ratio_clipped | dual
     return _loss_output(
         loss, pg_loss, kl, log_ratio, mask, clipped=clipped, dual=dual, kl_clamped=kl_clamped, weights=weights

@@ -34,6 +34,17 @@ METRIC_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sampled tokens: trained and excluded", ("tokens_trained", "tokens_excluded")),
     ("grad norm", ("grad_norm",)),
     ("engine vs trainer logprob gap (nats)", ("logprob_diff",)),
+    ("policy entropy (nats per sampled token)", ("entropy",)),
+    ("final answer length (tokens)", ("answer_tokens",)),
+    ("importance ratios", ("is_weight_mean", "is_weight_max")),
+    ("groups drawn and kept (dynamic sampling)", ("groups_drawn", "groups_kept")),
+    ("answers: exact match, quoting a passage, support found", ("hotpotqa_em", "quotes_passage", "found_support")),
+    ("tool calls and answer words per trajectory", ("searches", "visits", "answer_words")),
+    (
+        "held-out answers",
+        ("heldout_hotpotqa_em", "heldout_quotes_passage", "heldout_found_support", "heldout_accuracy_stderr"),
+    ),
+    ("held-out tool calls and answer words", ("heldout_searches", "heldout_visits", "heldout_answer_words")),
 )
 
 

@@ -121,7 +121,7 @@ class GRPOTrainer:
         self.pad_token_id = pad_token_id
         if cfg.activation_checkpointing:
             enable_activation_checkpointing(self.module)
-        if self.config.kl_coef > 0 and reference is None and self.config.lora is None:
+        if self.config.measures_kl and reference is None and self.config.lora is None:
             import copy
 
             reference = copy.deepcopy(self.module).eval().requires_grad_(False)
@@ -283,8 +283,9 @@ class GRPOTrainer:
 
     @property
     def _with_kl(self) -> bool:
-        """Whether the loss has a KL term (`kl_coef` > 0 and a reference model, or a LoRA adapter to disable)."""
-        return self.config.kl_coef > 0 and (self.reference is not None or self.config.lora is not None)
+        """Whether the step measures the KL to the start (`GRPOConfig.measures_kl`: a KL term in the loss, or
+        `track_kl`) and has a reference for it (a model, or a LoRA adapter to disable)."""
+        return self.config.measures_kl and (self.reference is not None or self.config.lora is not None)
 
     @property
     def _policy(self) -> torch.nn.Module:

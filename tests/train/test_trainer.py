@@ -72,6 +72,19 @@ async def test_kl_to_the_initial_model_is_zero_before_any_update(fp32_engine, to
     assert second["kl"] > 0
 
 
+async def test_tracked_kl_is_measured_and_never_enters_the_loss(fp32_engine, tokenizer, hf_model):
+    trajs = await _group(fp32_engine, tokenizer, [1.0, 0.0])
+    tracked, plain = copy.deepcopy(hf_model), copy.deepcopy(hf_model)
+    trainers = [GRPOTrainer(model, pad_token_id=tokenizer.pad_token_id, config=GRPOConfig(lr=1e-4, track_kl=track))
+                for model, track in ((tracked, True), (plain, False))]  # fmt: skip
+    steps = [[trainer.train_step(trajs).as_metrics() for _ in range(2)] for trainer in trainers]
+    assert steps[0][0]["kl"] == pytest.approx(0.0, abs=1e-6) and steps[0][1]["kl"] > 0  # moved from the start
+    assert steps[1][1]["kl"] == 0.0  # not measured without a reference
+    for with_kl, without in zip(steps[0], steps[1], strict=True):
+        assert with_kl["loss"] == with_kl["pg_loss"] == without["loss"]  # kl_coef 0: the KL is only reported
+    assert all(torch.equal(a, b) for a, b in zip(tracked.parameters(), plain.parameters(), strict=True))
+
+
 async def _rewritten(engine, tokenizer, reward: float, i: int) -> StepTrajectory:
     """Three turns sampled by the fp32 engine in two runs: memory replaced the history with a summary before turn 2."""
 
