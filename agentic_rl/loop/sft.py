@@ -468,7 +468,7 @@ def build_tool_model(base_dir: Path, out_dir: Path) -> dict[str, Any]:
 
 
 #: The recipe of `smollm2-135m-research`: the checkout's research SFT config (its paths relative to the checkout).
-RESEARCH_SFT_CONFIG = Path(__file__).resolve().parents[1] / "examples" / "sft_research.yaml"
+RESEARCH_SFT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "sft_research.yaml"
 
 
 def _research_config(base_dir: Path) -> SFTConfig:

@@ -13,6 +13,8 @@ from pathlib import Path
 import anyio
 import pytest
 from support.fake_web import OPENAI_KEY, Fault, fake_web_fixture, fake_web_server_fixture  # noqa: F401
+from support.match_judge import MODEL as MATCH_JUDGE
+from support.match_judge import match_judge_fixture  # noqa: F401
 from support.processes import cli_env
 
 from agentic_rl.data import load_tasks
@@ -123,8 +125,13 @@ def test_reward_figures_sum_judge_counts_and_average_the_rest():
 def test_the_research_config_trains_on_the_second_half_and_holds_out_the_first(monkeypatch):
     monkeypatch.chdir(ROOT)
     config = load_train_config(CONFIG)
-    assert config.reward == "llm_judge" and config.judge.base_url is None and config.reward_metrics == ["hotpotqa_f1"]
-    assert reward_keys(config) == ["judge_calls", "judge_failures", "hotpotqa_f1"]
+    assert config.reward == "llm_judge" and config.judge.base_url is None
+    diagnostics = ["answer_words", "quotes_passage", "searches", "visits", "found_support"]
+    assert config.reward_metrics == ["hotpotqa_f1", "hotpotqa_em", *diagnostics]
+    assert reward_keys(config) == ["judge_calls", "judge_failures", *config.reward_metrics]
+    # The instrument: >= 100 held-out questions, K >= 2 samples each at fixed seeds, so a standard error is logged.
+    assert config.eval_limit >= 100 and config.eval_samples >= 2 and config.eval_temperature > 0
+    assert config.optimizer.track_kl and config.optimizer.kl_coef == 0
     rows = [json.loads(line) for line in HOTPOTQA.read_text().splitlines()]
     train, held_out = load_tasks(config.data), load_tasks(config.eval_data, limit=config.eval_limit)
     assert [t["id"] for t in train] == [r["id"] for r in rows[len(rows) // 2 :]]  # the research SFT's half
@@ -223,7 +230,7 @@ def test_research_judge_config_trains_two_steps_on_the_tiny_model_with_the_in_pr
         records = [
             json.loads(line) for line in (out / "rollouts" / f"eval_step_{row['step']}.jsonl").read_text().splitlines()
         ]
-        assert len(records) == 2
+        assert len(records) == 2 * 2  # eval_samples 2
         assert row["heldout_judge_calls"] == sum(r["metrics"].get("judge_calls", 0) for r in records)
         assert row["heldout_judge_failures"] == sum(r["metrics"].get("judge_failures", 0) for r in records)
         f1 = [r["metrics"]["hotpotqa_f1"] for r in records if "hotpotqa_f1" in r["metrics"]]
@@ -248,6 +255,54 @@ def test_research_judge_config_trains_two_steps_on_the_tiny_model_with_the_in_pr
         assert 0 <= row["judge_failures"] <= row["judge_calls"]
         calls += row["judge_calls"]
     assert calls > 0  # the judge was asked
+
+
+def test_the_match_judge_endpoint_says_yes_to_a_normalized_match_only(match_judge):
+    judge = LLMJudgeReward(match_judge.base_url, model=MATCH_JUDGE, max_retries=0)
+    said = [{"role": "assistant", "content": "<answer>" + text + "</answer>"} for text in ("The Paris.", "Paris, France")]
+    assert [anyio.run(judge, TASK, [message]) for message in said] == [1.0, 0.0]
+    assert match_judge.verdicts == [("The Paris.", "Paris", True), ("Paris, France", "Paris", False)]
+
+
+@pytest.mark.slow
+def test_research_judge_config_trains_with_a_judge_endpoint_and_reports_its_diagnostics(tmp_path, match_judge):
+    """The config as shipped, its judge a real endpoint on loopback (`judge.base_url`), on the tiny model: every
+    verdict is the endpoint's (a match judge: the reward is the answer's exact match), and the metrics row carries
+    the research diagnostics, the sampling entropy, the KL to the start and the held-out standard error."""
+    out = tmp_path / "run"
+    overrides = ["model=tiny-random-smollm2", f"output_dir={out}", "steps=2", "eval_limit=2", "checkpoint_every=0",
+                 "rollout.tasks_per_step=1", "rollout.group_size=2", "rollout.max_steps=2",
+                 "rollout.max_response_length=256", "rollout.sampling.max_tokens=24", "engine.kv_cache_gib=0.1",
+                 "optimizer.micro_batch_size=2", f"judge.base_url={match_judge.base_url}",
+                 f"judge.model={MATCH_JUDGE}"]  # fmt: skip
+    cmd = [sys.executable, "-m", "agentic_rl.cli", "train", "--config", str(CONFIG), "--no-progress"]
+    for override in overrides:
+        cmd += ["--set", override]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=cli_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    files = [out / "rollouts" / f"eval_step_{s}.jsonl" for s in (0, 2)] + sorted(out.glob("rollouts/step_*.jsonl"))
+    records = [json.loads(line) for path in files for line in path.read_text().splitlines()]
+    assert len([r for r in records if r.get("failed")]) == 0
+    for r in records:
+        metrics = r["metrics"]
+        assert metrics["judge_failures"] == 0  # the endpoint gave every verdict
+        assert metrics["res_reward"] == metrics["hotpotqa_em"]  # a match judge's verdict is the exact match
+        assert metrics["judge_calls"] == int(metrics["answer_words"] > 0)
+        assert metrics["searches"] + metrics["visits"] <= metrics["tool_calls"]
+        assert metrics["quotes_passage"] in (0.0, 1.0) and metrics["found_support"] in (0.0, 1.0)
+    assert len(match_judge.verdicts) == sum(r["metrics"]["judge_calls"] for r in records) > 0
+    for row in rows[1:]:
+        assert row["entropy"] > 0 and row["kl"] >= 0  # track_kl: measured with kl_coef 0
+        for key in ("hotpotqa_em", "answer_words", "quotes_passage", "searches", "visits", "found_support",
+                    "groups_drawn", "groups_kept", "is_weight_mean"):  # fmt: skip
+            assert key in row, key
+    assert rows[1]["kl"] == pytest.approx(0.0, abs=1e-6)  # the first step trains the start model itself
+    for row in (rows[0], rows[2]):  # 2 questions x eval_samples 2
+        assert row["heldout_accuracy_stderr"] is not None and "heldout_pass@2" in row
+        assert row["heldout_answer_words"] is not None and row["heldout_found_support"] is not None
+    assert (out / "metrics.png").stat().st_size > 0
 
 
 def test_the_judge_sees_the_prediction_as_one_quoted_line_it_cannot_close():

@@ -240,3 +240,18 @@ def test_bf16_autocast_auto_follows_the_cpus_native_bf16_and_the_fingerprint_rec
     with pytest.raises(ConfigError, match="bf16_autocast"):
         SFTConfig(bf16_autocast="sometimes")
     assert SFTConfig(bf16_autocast=" Auto").bf16_autocast is SFTConfig().bf16_autocast  # any case
+
+
+def test_the_package_finds_the_checkouts_files_it_builds_models_and_tools_from(tmp_path):
+    """The paths a module computes from its own place in the checkout (moved modules once pointed inside the
+    package): the research SFT recipe, with its system prompt and data, the shared data and the search corpus."""
+    from agentic_rl.data import SHARED_DATA
+    from agentic_rl.loop.sft import RESEARCH_SFT_CONFIG, research_model_fingerprint
+    from agentic_rl.tools.corpus import DEFAULT_CORPUS_PATH
+
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    assert RESEARCH_SFT_CONFIG.is_file() and RESEARCH_SFT_CONFIG.parent.name == "examples"
+    assert DEFAULT_CORPUS_PATH.is_file()
+    fingerprint = research_model_fingerprint(tmp_path)  # reads the recipe, its prompt file and the data it names
+    assert fingerprint["sources"] and all(len(digest) == 64 for digest in fingerprint["sources"].values())
