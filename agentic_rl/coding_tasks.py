@@ -53,6 +53,7 @@ from agentic_rl.errors import ConfigError
 __all__ = [
     "HUMANEVAL_SPEC",
     "LAYOUT_VERSION",
+    "SOLUTION_FILE",
     "TEST_COMMAND",
     "TEST_FILE",
     "TEST_TIMEOUT_S",
@@ -68,7 +69,8 @@ __all__ = [
 
 #: The data spec of the generated HumanEval source (a row range may follow: `humaneval[:20]`).
 HUMANEVAL_SPEC = "humaneval"
-#: Bumped whenever what a cached code base holds changes; part of the cache folder's name.
+#: Part of the cache folder's name (`layout1-<digest>`): bumped when the cache's structure changes in a way the
+#: digest of the files' contents does not show.
 LAYOUT_VERSION = 1
 #: The hidden test's file name in the workspace root.
 TEST_FILE = "test_humaneval.py"
