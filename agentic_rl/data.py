@@ -9,6 +9,7 @@ A data spec names where tasks come from (`load_tasks`):
 | `json:FILES`, `csv:FILES`, `parquet:FILES` (a path or glob) | `datasets.load_dataset(KIND, data_files=FILES, split="train")` |
 | `FILE.json`, `FILE.csv` | as `json:FILE`, `csv:FILE` |
 | `arithmetic:SPLIT:COUNT[:STEPS]` | generated (`agentic_rl.synthetic`) |
+| `humaneval` | the 164 HumanEval problems as coding-workspace tasks (`agentic_rl.coding_tasks`) |
 | anything else, e.g. `FILE.jsonl` | JSON Lines, line by line |
 
 Any spec may end with a row range `[START:END]` (Python slice bounds, either may be left out):
@@ -33,6 +34,7 @@ from typing import Any
 
 from pydantic import model_validator
 
+from agentic_rl.coding_tasks import parse_humaneval_spec
 from agentic_rl.config import Config
 from agentic_rl.errors import ConfigError
 from agentic_rl.synthetic import parse_arithmetic_spec
@@ -350,6 +352,21 @@ def _read_parquet(path: Path) -> Any:
         raise ConfigError(f"{path}: cannot be read as parquet: {exc}") from exc
 
 
+def _generated(spec: str) -> list[dict[str, Any]] | None:
+    """The tasks of a named generated source (`arithmetic:...`, `humaneval`), else None for any other spec.
+
+    Raises:
+        ConfigError: for a malformed `arithmetic:` or `humaneval:` spec, or a source whose package is missing.
+    """
+    try:
+        generated = parse_arithmetic_spec(spec)
+        return generated if generated is not None else parse_humaneval_spec(spec)
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def load_tasks(
     path: str | Path, limit: int | None = None, columns: DataColumns | Mapping[str, str] | str | None = None
 ) -> list[dict[str, Any]]:
@@ -360,15 +377,16 @@ def load_tasks(
     else from the first of `DEFAULT_COLUMNS` present: `ground_truth` from `ground_truth`, `answer` (GSM8K) or
     `reward_model.ground_truth` (verl); `id` from `id` or `extra_info.index`, else the row number (JSON Lines: the
     line number minus one). A question that is a list of chat messages (verl's `prompt`) gives its user message as
-    `question` and its system messages as `system_prompt` (see `prompt_messages`). `columns` does not apply to an
-    `arithmetic:` spec.
+    `question` and its system messages as `system_prompt` (see `prompt_messages`). `columns` does not apply to a
+    generated source (`arithmetic:`, `humaneval`). `humaneval` writes its code bases into the cache once (see
+    `agentic_rl.coding_tasks`).
 
     JSON Lines rows are not validated here: a malformed row becomes a failed trajectory with a clear error. A table
     (parquet, `datasets`) is checked once for its columns.
 
     Args:
-        path: a data spec: a file, a `save_to_disk` folder, `KIND:FILES` or `arithmetic:SPLIT:COUNT[:STEPS]`,
-            optionally followed by a row range `[START:END]`.
+        path: a data spec: a file, a `save_to_disk` folder, `KIND:FILES`, `arithmetic:SPLIT:COUNT[:STEPS]` or
+            `humaneval`, optionally followed by a row range `[START:END]`.
         limit: keep the first `limit` rows (of the range).
         columns: which column holds each task field.
 
@@ -379,7 +397,9 @@ def load_tasks(
         FileNotFoundError: if `path` does not exist.
         ConfigError: for a line that is not JSON (naming the line), a malformed spec or column mapping, a column
             the mapping names (or a table's question / ground truth) that is not there (naming it and the columns
-            present), a chat-message prompt of another shape, or a file the library cannot read.
+            present), a chat-message prompt of another shape, a file the library cannot read, or a generated source
+            whose package is missing.
+        OSError: if `humaneval`'s code bases cannot be written into the cache.
     """
     spec = str(path)
     ranged = _ROW_RANGE.match(spec)
@@ -387,10 +407,7 @@ def load_tasks(
         start, end = (int(ranged[key]) if ranged[key] else None for key in ("start", "end"))
         rows = load_tasks(ranged["spec"], columns=columns)[start:end]
         return rows[:limit] if limit is not None else rows
-    try:
-        generated = parse_arithmetic_spec(spec)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    generated = _generated(spec)
     if generated is not None:
         return generated[:limit] if limit is not None else generated
     fields = columns if isinstance(columns, DataColumns) else DataColumns.model_validate(columns or {})

@@ -113,7 +113,7 @@ def _task_options(add: Any) -> None:
         default=DEFAULT_DATA,
         help="tasks: JSON Lines (GSM8K rows work as they are), parquet (verl's layout works as it is), a datasets "
         "save_to_disk folder, json:FILES / csv:FILES / parquet:FILES (datasets' loaders), or "
-        "arithmetic:SPLIT:COUNT[:STEPS]",
+        "arithmetic:SPLIT:COUNT[:STEPS] or humaneval (coding-workspace tasks); any of them with a row range [START:END]",
     )
     add(
         "--data-columns",

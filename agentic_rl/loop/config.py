@@ -233,7 +233,8 @@ class TrainConfig(Config):
     data: str = Field(
         default="../shared/data/gsm8k_train.jsonl",
         description="training tasks: JSON Lines, parquet (verl's layout), a datasets save_to_disk folder, "
-        "json:/csv:/parquet:FILES, or a generated family such as 'arithmetic:train:4096' (see agentic_rl.data)",
+        "json:/csv:/parquet:FILES, or a generated family such as 'arithmetic:train:4096' or 'humaneval[:144]' "
+        "(see agentic_rl.data)",
     )
     data_columns: DataColumns = Field(
         default_factory=DataColumns,
