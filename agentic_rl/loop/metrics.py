@@ -27,6 +27,7 @@ __all__ = [
     "metrics_row",
     "row_sources",
     "sampled_figures",
+    "standard_error",
 ]
 
 # Token accounting of a training step (`TokenCounts`), summed over ranks in each metrics row.
@@ -135,6 +136,15 @@ def gather(dist: DistContext, keys: Sequence[str], local: Mapping[str, float]) -
     return {key: [rk[i] for rk in ranks] for i, key in enumerate(keys)}
 
 
+def standard_error(count: float, total: float, squares: float) -> float | None:
+    """The standard error of a mean from its values' count, sum and sum of squares: sample standard deviation
+    (n - 1) / sqrt(n); None for fewer than 2 values."""
+    if count < 2:
+        return None
+    mean = total / count
+    return math.sqrt(max(squares - count * mean**2, 0.0) / (count - 1) / count)
+
+
 def heldout_pass_figures(
     dist: DistContext, correct_by_task: Sequence[Sequence[bool]], samples: int
 ) -> dict[str, float | None]:
@@ -165,10 +175,7 @@ def heldout_pass_figures(
     totals = {key: sum(values) for key, values in gather(dist, heldout_pass_keys(samples), local).items()}
     tasks = totals["tasks"]
     mean = totals["task_accuracy"] / max(tasks, 1.0)
-    stderr = None
-    if tasks >= 2:
-        variance = max(totals["task_accuracy_squares"] - tasks * mean**2, 0.0) / (tasks - 1)
-        stderr = math.sqrt(variance / tasks)
+    stderr = standard_error(tasks, totals["task_accuracy"], totals["task_accuracy_squares"])
     return {
         **{f"heldout_pass@{k}": totals[f"pass@{k}"] / max(tasks, 1.0) for k in range(1, samples + 1)},
         "heldout_avg@K": mean,

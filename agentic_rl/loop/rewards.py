@@ -24,6 +24,7 @@ __all__ = [
     "check_reward",
     "reward_figures",
     "reward_keys",
+    "task_stderr_figures",
     "train_reward",
 ]
 
@@ -154,4 +155,34 @@ def reward_figures(dist: Any, trajectories: Sequence[Any], keys: Sequence[str], 
     for i, key in enumerate(keys):
         total, count = sum(r[2 * i] for r in ranks), sum(r[2 * i + 1] for r in ranks)
         figures[prefix + key] = int(total) if key in JUDGE_COUNTS else (total / count if count else None)
+    return figures
+
+
+def task_stderr_figures(
+    dist: Any, trajectories: Sequence[Any], keys: Sequence[str], samples: int, *, prefix: str = "heldout_"
+) -> dict[str, float | None]:
+    """The standard error of each averaged metric of `keys` (not the judge's counts) over the tasks of every rank:
+    each task's mean over its `samples` consecutive trajectories (task-major, as the held-out evaluation runs them;
+    those that recorded the metric), then the sample standard deviation of the task means / sqrt(tasks). The K
+    samples of a task are not independent, so the task, not the trajectory, is the unit.
+
+    Returns:
+        `{prefix + key + "_stderr": float | None}` (None with fewer than 2 tasks that recorded the metric).
+    """
+    from agentic_rl.loop.metrics import standard_error
+
+    averaged = [key for key in keys if key not in JUDGE_COUNTS]
+    local: list[float] = []
+    for key in averaged:
+        means = []
+        for start in range(0, len(trajectories), samples):
+            values = [float(t.metrics[key]) for t in trajectories[start : start + samples] if key in t.metrics]
+            if values:
+                means.append(sum(values) / len(values))
+        local += [float(len(means)), sum(means), sum(m * m for m in means)]
+    ranks = dist.gather_floats(local) if local else []
+    figures: dict[str, float | None] = {}
+    for i, key in enumerate(averaged):
+        count, total, squares = (sum(r[3 * i + j] for r in ranks) for j in range(3))
+        figures[f"{prefix}{key}_stderr"] = standard_error(count, total, squares)
     return figures

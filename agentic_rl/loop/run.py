@@ -27,7 +27,7 @@ from agentic_rl.loop.engine_groups import Share, engine_group, rollout_context, 
 from agentic_rl.loop.memory_plan import measured_line
 from agentic_rl.loop.metrics import HELDOUT_COUNTS, StepFigures, gather, heldout_pass_figures, metrics_row
 from agentic_rl.loop.plan import plan_run
-from agentic_rl.loop.rewards import reward_figures, reward_keys
+from agentic_rl.loop.rewards import reward_figures, reward_keys, task_stderr_figures
 from agentic_rl.loop.setup import (
     RunState,
     close_engine,
@@ -331,8 +331,9 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float | None]:
     Returns:
         `heldout_accuracy` (share of all samples with a positive task reward: with the LLM judge, the judge's
         accuracy), `heldout_tool_call_rate`, `heldout_mean_turns`; with K > 1, `heldout_pass@k` for k = 1..K,
-        `heldout_avg@K` and `heldout_accuracy_stderr` (`heldout_pass_figures`); and `reward_figures` prefixed
-        `heldout_` (e.g. `heldout_hotpotqa_f1`, `heldout_judge_failures`).
+        `heldout_avg@K` and `heldout_accuracy_stderr` (`heldout_pass_figures`); `reward_figures` prefixed
+        `heldout_` (e.g. `heldout_hotpotqa_f1`, `heldout_judge_failures`), each average with its standard error
+        over tasks (`heldout_hotpotqa_f1_stderr`: `task_stderr_figures`).
     """
     from agentic_rl.rewards.passk import sample_correct
     from agentic_rl.train.distributed import shard
@@ -362,6 +363,7 @@ async def _evaluate(run: RunState, records: Path) -> dict[str, float | None]:
         "heldout_mean_turns": totals["turns"] / n,
         **(heldout_pass_figures(run.dist, by_task, k) if k > 1 else {}),
         **reward_figures(run.dist, trajectories, reward_keys(run.config), prefix="heldout_"),
+        **task_stderr_figures(run.dist, trajectories, reward_keys(run.config), k),
     }
 
 

@@ -68,6 +68,24 @@ def test_pass_figures_are_over_the_tasks_of_every_rank():
     assert heldout_pass_figures(_Recording(), tasks[:1], 3)["heldout_accuracy_stderr"] is None  # one task: undefined
 
 
+def test_a_metrics_standard_error_takes_the_task_as_its_unit_over_every_rank():
+    from types import SimpleNamespace
+
+    from agentic_rl.loop.rewards import task_stderr_figures
+
+    f1 = [[0.0, 0.5], [1.0, 1.0], [0.2, None], [0.0, 0.0], [None, None]]  # None: the metric was not recorded
+    trajectories = [SimpleNamespace(metrics={} if v is None else {"hotpotqa_f1": v, "judge_calls": 1})
+                    for task in f1 for v in task]  # fmt: skip
+    keys = ["judge_calls", "hotpotqa_f1"]
+    whole = task_stderr_figures(_Recording(), trajectories, keys, 2)
+    means = [0.25, 1.0, 0.2, 0.0]  # the last task recorded nothing
+    assert whole == {"heldout_hotpotqa_f1_stderr": pytest.approx(statistics.stdev(means) / math.sqrt(4))}
+    second = _Recording()
+    task_stderr_figures(second, trajectories[6:], keys, 2)
+    assert task_stderr_figures(_TwoRanks(second.values), trajectories[:6], keys, 2) == pytest.approx(whole)
+    assert task_stderr_figures(_Recording(), trajectories[:2], keys, 2) == {"heldout_hotpotqa_f1_stderr": None}
+
+
 def test_eval_samples_keep_their_seeds_at_every_evaluation(tmp_path):
     from agentic_rl.engine.sampling import derive_seed
     from agentic_rl.loop import load_train_config

@@ -302,6 +302,7 @@ def test_research_judge_config_trains_with_a_judge_endpoint_and_reports_its_diag
     for row in (rows[0], rows[2]):  # 2 questions x eval_samples 2
         assert row["heldout_accuracy_stderr"] is not None and "heldout_pass@2" in row
         assert row["heldout_answer_words"] is not None and row["heldout_found_support"] is not None
+        assert row["heldout_hotpotqa_f1_stderr"] is not None  # over the 2 questions' means
     assert (out / "metrics.png").stat().st_size > 0
 
 
