@@ -17,6 +17,7 @@ __all__ = [
     "ground_truth",
     "last_boxed",
     "marked_answer",
+    "tagged_answer",
 ]
 
 MAX_ANSWER_CHARS = 2000
@@ -132,7 +133,7 @@ def _rest_after(text: str, match: re.Match[str], limit: int | None = None) -> st
     return rest.lstrip() if rest.startswith("\n") else rest
 
 
-def _last_tagged(text: str) -> str | None:
+def tagged_answer(text: str) -> str | None:
     """The content of the last `<answer>...</answer>` of `text` (any case), stripped; None when there is none.
 
     Found from the end with `rfind` (linear: a regex would go quadratic on many unclosed tags)."""
@@ -150,7 +151,7 @@ def marked_answer(text: str) -> str | None:
     marker is taken whole. None when nothing marks an answer.
 
     A marker is looked for anywhere in the text, so an answer followed by a long explanation is found."""
-    for find in (last_boxed, _last_tagged, lambda t: _last_after(t, _HASHES), lambda t: _last_after(t, _ANSWER_IS)):
+    for find in (last_boxed, tagged_answer, lambda t: _last_after(t, _HASHES), lambda t: _last_after(t, _ANSWER_IS)):
         span = find(text)
         if span:
             return span
@@ -191,7 +192,7 @@ def extract_short_answer(text: str) -> str:
     """The short answer in a final message: `<answer>...</answer>`, else the last `\\boxed{}`, else the rest of the
     line after the last "answer is" / "answer:" (markdown emphasis dropped; the next line when the marker ends its
     line), else the last non-empty line."""
-    for marked in (_last_tagged(text), last_boxed(text)):
+    for marked in (tagged_answer(text), last_boxed(text)):
         if marked is not None:
             return marked
     for match in reversed(list(_ANSWER_IS.finditer(text))):

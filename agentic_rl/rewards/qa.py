@@ -9,9 +9,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentic_rl.errors import RewardError
-from agentic_rl.rewards.answers import extract_short_answer, final_answer_text
+from agentic_rl.rewards.answers import extract_short_answer, final_answer_text, tagged_answer
 
-__all__ = ["answer_f1", "hotpotqa_em_reward", "hotpotqa_f1_reward", "normalize_answer"]
+__all__ = [
+    "SHORT_ANSWER_WORDS",
+    "answer_f1",
+    "hotpotqa_em_reward",
+    "hotpotqa_f1_reward",
+    "hotpotqa_short_f1_reward",
+    "normalize_answer",
+]
+
+SHORT_ANSWER_WORDS = 10
+"""The most words a short answer may have (`hotpotqa_short_f1_reward`), or the reference's own count if larger: 99 %
+of HotpotQA references have at most 9 (median 2)."""
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
@@ -54,3 +65,24 @@ def hotpotqa_em_reward(task: dict[str, Any], messages: Sequence[dict[str, str]])
     if task.get("ground_truth") is None:
         raise RewardError("task has no 'ground_truth'")
     return answer_f1(extract_short_answer(final_answer_text(messages)), str(task["ground_truth"]))[0]
+
+
+def hotpotqa_short_f1_reward(task: dict[str, Any], messages: Sequence[dict[str, str]]) -> float:
+    """Token F1 of a short final answer in the form the research prompt asks for, 0 for any other form.
+
+    The answer-format rule: the final message holds its answer inside `<answer></answer>` (the last such span is
+    read), of at most `SHORT_ANSWER_WORDS` words (or as many as the reference has, if more). An answer without the
+    tags, or longer, scores 0 whatever it quotes: token F1 pays a long answer that contains the reference its recall,
+    so a policy trained on plain F1 can raise its share of answers with F1 > 0 by answering with passages instead of
+    names. Otherwise the score is `hotpotqa_f1_reward`'s.
+
+    Raises:
+        RewardError: if the task has no ground truth.
+    """
+    if task.get("ground_truth") is None:
+        raise RewardError("task has no 'ground_truth'")
+    gold = str(task["ground_truth"])
+    answer = tagged_answer(final_answer_text(messages))
+    if answer is None or len(answer.split()) > max(SHORT_ANSWER_WORDS, len(gold.split())):
+        return 0.0
+    return answer_f1(answer, gold)[1]

@@ -9,7 +9,7 @@ from typing import Any
 from agentic_rl.errors import ConfigError
 from agentic_rl.rewards.base import RewardCallable, RewardWithMetrics, call_reward
 from agentic_rl.rewards.math import gsm8k_reward, has_number_reward, math_reward
-from agentic_rl.rewards.qa import hotpotqa_em_reward, hotpotqa_f1_reward
+from agentic_rl.rewards.qa import hotpotqa_em_reward, hotpotqa_f1_reward, hotpotqa_short_f1_reward
 from agentic_rl.rewards.research import RESEARCH_METRICS
 
 __all__ = ["METRICS", "REWARDS", "MetricsReward", "resolve_metric", "resolve_reward"]
@@ -54,6 +54,7 @@ REWARDS = {
     "math": math_reward,
     "hotpotqa_f1": hotpotqa_f1_reward,
     "hotpotqa_em": hotpotqa_em_reward,
+    "hotpotqa_short_f1": hotpotqa_short_f1_reward,
 }
 
 

@@ -91,7 +91,8 @@ def test_the_training_runs_judge_is_built_from_its_judge_section(tokenizer, monk
     config = load_train_config(CONFIG, ["judge.timeout_s=12", "judge.max_tokens=6"])
     engine = ScriptedEngine(tokenizer, _judge_script)
     reward = train_reward(config, engine=engine, renderer=ChatRenderer(tokenizer))
-    assert isinstance(reward, MetricsReward) and list(reward.metrics) == ["hotpotqa_f1"]
+    assert isinstance(reward, MetricsReward) and list(reward.metrics) == config.reward_metrics
+    assert config.reward_metrics[0] == "hotpotqa_f1"
     judge = reward.reward_fn
     assert isinstance(judge, LLMJudgeReward) and judge.on_failure == "zero" and judge.max_tokens == 6
     assert judge.chat_client.engine is engine and judge.chat_client.timeout_s == 12

@@ -118,3 +118,24 @@ def test_sampled_figures_estimate_the_entropy_and_measure_the_final_answer():
     assert figures["entropy"] == pytest.approx((0.5 + 1.5 + 1.0 + 2.0 + 3.0 + 4 * 1.0) / 9)
     assert figures["answer_tokens"] == 3.0
     assert all(math.isnan(v) for v in sampled_figures(trajectories[2:]).values())
+
+
+def test_short_f1_pays_only_a_tagged_answer_in_the_form_the_prompt_asks_for():
+    from agentic_rl.rewards.qa import SHORT_ANSWER_WORDS, hotpotqa_short_f1_reward
+
+    def said(text):
+        return _conversation(text)
+
+    assert hotpotqa_short_f1_reward(TASK, said("Found it. <answer>Tim Burton</answer>")) == 1.0
+    assert hotpotqa_short_f1_reward(TASK, said("<answer>director Tim Burton</answer>")) == pytest.approx(0.8)
+    assert hotpotqa_short_f1_reward(TASK, said("The answer is Tim Burton")) == 0.0  # untagged: plain F1 pays it
+    assert hotpotqa_f1_reward(TASK, said("The answer is Tim Burton")) == 1.0
+    long = " ".join(["Tim", "Burton"] + ["word"] * (SHORT_ANSWER_WORDS - 1))
+    assert hotpotqa_short_f1_reward(TASK, said(f"<answer>{long}</answer>")) == 0.0  # a passage, not a name
+    assert hotpotqa_f1_reward(TASK, said(f"<answer>{long}</answer>")) > 0.0
+    wordy = {**TASK, "ground_truth": " ".join(["w"] * (SHORT_ANSWER_WORDS + 2))}  # a reference longer than the rule
+    assert hotpotqa_short_f1_reward(wordy, said(f"<answer>{wordy['ground_truth']}</answer>")) == 1.0
+    assert hotpotqa_short_f1_reward(TASK, _conversation(_call("search", query="Tim Burton"))) == 0.0  # no answer
+    with pytest.raises(RewardError, match="ground_truth"):
+        hotpotqa_short_f1_reward({"question": "q"}, said("<answer>x</answer>"))
+    assert REWARDS["hotpotqa_short_f1"] is hotpotqa_short_f1_reward
