@@ -110,6 +110,9 @@ class WorkspaceEnvironment(ToolEnvironment):
             key = await anyio.to_thread.run_sync(self.workspaces.register, sample.id, source)
         except ConfigError as exc:
             raise EnvStepError(str(exc)) from None
+        except BaseException:  # cancelled (past env_timeout_s) once the thread had registered it: no close follows
+            self.workspaces.release(sample.id, ENVIRONMENT_HOLDER)
+            raise
         sample.task = {**sample.task, "workspace_session": key}
         return sample
 

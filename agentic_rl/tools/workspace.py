@@ -62,6 +62,7 @@ __all__ = [
     "WorkspaceSandbox",
     "Workspaces",
     "live_workspace",
+    "owner_marker",
     "run_workspace_tests",
     "sweep_stale_workspaces",
 ]
@@ -69,7 +70,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 OWNER_FILE = "owner.json"
-"""The marker in each run folder: ``{"pid", "start_ticks"}`` of the process that owns it."""
+"""The marker in each run folder: ``{"pid", "start_ticks", "boot_id", "pid_namespace"}`` of the process owning it."""
 ENVIRONMENT_HOLDER = "environment"
 """The holder name `register` gives the environment (tools hold a workspace under their own names)."""
 _PRELOAD = "agentic_rl_workspace_ops"
@@ -133,8 +134,16 @@ class _Workspace:
     closed: bool = False
 
 
-def _owner_marker() -> dict[str, int]:
-    return {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid()) or 0}
+def owner_marker(pid: int | None = None) -> dict[str, Any]:
+    """What names the process `pid` (default: this one) across pid reuse, PID namespaces and reboots."""
+    pid = os.getpid() if pid is None else pid
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+        pid_namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        boot, pid_namespace = "", 0
+    return {"pid": pid, "start_ticks": start_ticks(pid), "boot_id": boot, "pid_namespace": pid_namespace}
 
 
 def _mount_points() -> list[str]:
@@ -147,10 +156,20 @@ def _mount_points() -> list[str]:
     return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4]) for line in lines]
 
 
+def _owner_dead(owner: dict[str, Any], here: dict[str, Any]) -> bool | None:
+    """Whether the process an ``owner.json`` names is gone (None: unknown, a process of another PID namespace)."""
+    if owner.get("boot_id") != here["boot_id"]:
+        return True  # the machine restarted since
+    if owner.get("pid_namespace") != here["pid_namespace"]:
+        return None
+    return start_ticks(int(owner["pid"])) != owner["start_ticks"]
+
+
 def sweep_stale_workspaces(root: str | os.PathLike[str]) -> list[str]:
     """Removes the run folders under `root` that a dead process left: those whose ``owner.json`` names a process
-    that no longer runs (its pid gone, or reused by a process that started later). A live owner's folders, folders
-    without a marker (not ours, or being made) and folders with a mount below them are left alone.
+    that no longer runs (its pid gone or reused by a later process, or the machine restarted since). A live
+    owner's folders, those of an owner in another PID namespace (which cannot be told), folders without a marker
+    (not ours, or being made) and folders with a mount below them are left alone.
 
     Returns:
         The folders removed.
@@ -161,25 +180,24 @@ def sweep_stale_workspaces(root: str | os.PathLike[str]) -> list[str]:
         entries = list(os.scandir(root))
     except OSError:
         return removed
-    mounts = None
+    mounts, here = None, owner_marker()
     for entry in entries:
         if not entry.is_dir(follow_symlinks=False):
             continue
         try:
             with open(os.path.join(entry.path, OWNER_FILE), encoding="utf-8") as fh:
                 owner = json.load(fh)
-            pid, ticks = int(owner["pid"]), int(owner["start_ticks"])
+            if not _owner_dead(owner, here):
+                continue  # its owner still runs, or it cannot be told
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if start_ticks(pid) == ticks:
-            continue  # its owner still runs
         mounts = _mount_points() if mounts is None else mounts
         if any(m == entry.path or m.startswith(entry.path + "/") for m in mounts):
             logger.warning("stale workspace folder %s still has a mount below it; left in place", entry.path)
             continue
         remove_tree(entry.path)
         removed.append(entry.path)
-        logger.info("removed the stale workspace folder %s of dead process %d", entry.path, pid)
+        logger.info("removed the stale workspace folder %s of dead process %s", entry.path, owner["pid"])
     return removed
 
 
@@ -223,7 +241,7 @@ class Workspaces:
         self.run_root = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root)
         os.chmod(self.run_root, 0o711)  # a per-session uid (mode "uid") must reach its workspace below it
         with open(os.path.join(self.run_root, OWNER_FILE), "w", encoding="utf-8") as fh:
-            json.dump(_owner_marker(), fh)
+            json.dump(owner_marker(), fh)
         self._codebases = CodebaseCache(os.path.join(self.run_root, "codebases"), int(config.max_codebase_mb * 2**20))
         self._starts = threading.BoundedSemaphore(config.max_concurrent_starts)
         self._workspaces: dict[str, _Workspace] = {}

@@ -220,7 +220,8 @@ def insert(root: str, args: dict[str, Any]) -> str:
     """Inserts `new_str` as whole lines after line `insert_line` (0: at the top)."""
     path, shown = resolve(root, args["path"])
     text = _read_text(path, shown)
-    lines = text.splitlines(keepends=True)
+    parts = text.split("\n")  # lines as `view` counts them: only "\n" ends one
+    lines = [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
     after = args["insert_line"]
     if not 0 <= after <= len(lines):
         raise OpError(
@@ -228,7 +229,7 @@ def insert(root: str, args: dict[str, Any]) -> str:
             f"or 1 to {len(lines)} to insert after that line"
         )
     new = args["new_str"] if args["new_str"].endswith("\n") else args["new_str"] + "\n"
-    if after == len(lines) and lines and not lines[-1].endswith(("\n", "\r")):
+    if after == len(lines) and lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     lines[after:after] = [new]
     text = "".join(lines)

@@ -1,13 +1,15 @@
 """`WorkspaceEnvironment` and the ``workspace_tests`` reward: a coding task in its own workspace, tests as the reward.
 
-Real sandboxes and real test runs (pytest inside the workspace's sandbox); the harness test drives the real harness,
-chat template and tokenizer with `ScriptedEngine`, whose turns are a fixed tool call and a final answer.
+Real sandboxes and real test runs (pytest inside the workspace's sandbox); the harness tests drive the real harness,
+chat template and tokenizer with `ScriptedEngine` (a fixed tool call, then a final answer) and with the real engine
+on SmolLM2-135M (its first turn constrained to the same call, which it would not write by itself).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from support.engines import ScriptedEngine
+from support.engines import ScriptedEngine, SteeredEngine
 
 from agentic_rl.chat import ChatRenderer
 from agentic_rl.environments.base import Environment
@@ -166,3 +168,20 @@ async def test_a_rollout_through_the_harness_fixes_the_code_and_is_rewarded_by_i
     assert trajectory.task["workspace_session"].endswith("/fix-0")
     assert trajectory.trajectory_reward >= 1.0 and trajectory.metrics["alignment_mismatches"] == 0
     assert env.workspaces.info("fix-0") is None  # closed with the trajectory
+
+
+async def test_the_real_engine_rolls_out_a_workspace_task_through_the_harness(engine, tokenizer, env, codebase):
+    call = f"<tool_call>\n{json.dumps(FIX)}\n</tool_call>"
+    forced = re.sub(r"([.^$*+?{}\[\]\\|()])", r"\\\1", call)  # the call, and nothing else, as a regex
+    steered = SteeredEngine(engine, tokenizer, lambda turn: {"regex": forced} if turn == 0 else {"max_tokens": 16})
+    spec = RolloutSpec(steered, env, ChatRenderer(tokenizer),
+                       HarnessConfig(max_steps=2, max_prompt_length=2048, max_response_length=512, reward_timeout_s=120),
+                       reward_fn=resolve_reward("workspace_tests"))  # fmt: skip
+    task = {"id": "real", "question": "Fix add in calc.py.", "workspace": str(codebase),
+            "test_files": {"test_calc.py": TESTS}, "fail_to_pass": ["test_calc.py::test_add"]}  # fmt: skip
+    trajectory = await run_trajectory(task, 0, spec)
+    assert not trajectory.failed, trajectory.error
+    assert trajectory.chat_completions[2]["content"] == call  # sampled by the engine, token by token
+    assert trajectory.chat_completions[3]["content"].startswith("Edited calc.py")
+    assert trajectory.metrics["tests_passed_share"] == 1.0 and trajectory.metrics["alignment_mismatches"] == 0
+    assert env.workspaces.info("real-0") is None

@@ -23,7 +23,7 @@ import pytest
 
 from agentic_rl.errors import ConfigError, ToolError
 from agentic_rl.tools.sandbox_processes import start_ticks
-from agentic_rl.tools.workspace import OWNER_FILE, Workspaces, sweep_stale_workspaces
+from agentic_rl.tools.workspace import OWNER_FILE, Workspaces, owner_marker, sweep_stale_workspaces
 from agentic_rl.tools.workspace_config import TestSpec
 from agentic_rl.tools.workspace_tools import workspace_tools
 
@@ -212,6 +212,7 @@ def test_bash_keeps_the_working_directory_and_reports_the_exit_code(session):
     assert session("bash", command="cd /nonexistent").endswith("[exit code: 1]")
     assert session("bash", command="pwd").splitlines()[0].endswith("/pkg")
     assert session("bash", command="true") == "(no output)\n[exit code: 0]"
+    assert session("bash", command="cd ..; ls -A") == ".hidden\nlink_inside\nnotes.txt\npkg\n[exit code: 0]"  # nothing of the tools
 
 
 def test_bash_past_its_timeout_kills_the_command_group_but_the_session_survives(session):
@@ -304,6 +305,10 @@ def test_insert_adds_lines_after_the_given_line(session):
     with pytest.raises(ToolError) as error:
         session("insert", path="notes.txt", insert_line=9, new_str="x")
     assert "insert_line 9 is out of bounds: notes.txt has 6 lines; give 0 to insert at the top, or 1 to 6" in str(error.value)
+    session("create", path="feed.txt", file_text="a\fb\nc")  # a form feed ends no line; a last line without "\n"
+    session("insert", path="feed.txt", insert_line=1, new_str="x")
+    session("insert", path="feed.txt", insert_line=3, new_str="end")
+    assert session("view", path="feed.txt") == "     1\ta\fb\n     2\tx\n     3\tc\n     4\tend"
 
 
 # --------------------------------------------------------------------------------------------------- tests as reward
@@ -385,7 +390,7 @@ def _dead_owner() -> dict[str, int]:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         assert _wait_until(lambda: start_ticks(proc.pid) is not None)
-        return {"pid": proc.pid, "start_ticks": start_ticks(proc.pid)}
+        return owner_marker(proc.pid)
     finally:
         proc.kill()
         proc.wait()
@@ -399,12 +404,16 @@ def test_sweep_removes_only_what_dead_owners_left(tmp_path):
             (folder / OWNER_FILE).write_text(json.dumps(owner))
         return folder
 
+    me = owner_marker()
     dead = run_folder("dead", _dead_owner())
-    reused = run_folder("reused", {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid()) - 1})
-    live = run_folder("live", {"pid": os.getpid(), "start_ticks": start_ticks(os.getpid())})
+    reused = run_folder("reused", {**me, "start_ticks": me["start_ticks"] - 1})  # this pid, an earlier process
+    rebooted = run_folder("rebooted", {**me, "boot_id": "an-earlier-boot"})
+    live = run_folder("live", me)
+    elsewhere = run_folder("elsewhere", {**me, "pid_namespace": me["pid_namespace"] + 1})  # cannot be told
     unmarked = run_folder("unmarked", None)
-    assert sorted(sweep_stale_workspaces(tmp_path)) == sorted([str(dead), str(reused)])
-    assert live.exists() and unmarked.exists() and not dead.exists() and not reused.exists()
+    assert sorted(sweep_stale_workspaces(tmp_path)) == sorted(map(str, [dead, reused, rebooted]))
+    assert live.exists() and elsewhere.exists() and unmarked.exists()
+    assert not dead.exists() and not reused.exists() and not rebooted.exists()
 
 
 def test_a_killed_owner_leaves_no_process_or_mount_and_its_folder_is_swept(tmp_path, codebase):
