@@ -4,7 +4,9 @@
 worker's ``preload`` option) in every interpreter of a workspace; each tool call is one cell that calls `main` with
 the request as JSON, and `main` prints one reply. Everything here runs as the sandbox's user inside its isolation,
 so paths and symbolic links resolve exactly as the model's own commands see them, and no path outside the
-workspace is read or written by a file tool.
+workspace is read or written by a file tool. These checks give the model clear errors; the boundary is the sandbox
+(a process the model left running could swap a folder for a link between a check and its use, and would reach only
+what the sandbox's own commands reach).
 
 Only the standard library is imported, plus the worker's own helpers (the worker makes itself importable as
 ``agentic_rl_sandbox_worker``; on the host the package's module is used). Importing the module has no side effects.
