@@ -75,7 +75,7 @@ ENVIRONMENT_HOLDER = "environment"
 """The holder name `register` gives the environment (tools hold a workspace under their own names)."""
 _PRELOAD = "agentic_rl_workspace_ops"
 _OPS_PATH = os.path.abspath(workspace_ops.__file__)
-_GRACE_S = 15.0  # beyond a command's own timeout: the interpreter's reply, or its start
+_GRACE_S = 15.0  # beyond the test command's own time limit: killing it, reading the report, the reply
 _LIVE: dict[str, tuple[weakref.ref[Workspaces], str]] = {}  # workspace_session key -> (manager, session id)
 _LIVE_LOCK = threading.Lock()
 _OVERLAY: dict[tuple[str, str], tuple[bool, str]] = {}  # (isolation mode, root) -> (overlay works, why not)
@@ -358,7 +358,7 @@ class Workspaces:
         self.sandbox.restart(session_id)
         started = time.perf_counter()
         args = {"command": spec.command, "files": spec.files, "listed": list(spec.listed), "timeout_s": spec.timeout_s}
-        result = self.call(session_id, "run_tests", args, timeout_s=spec.timeout_s + self.config.startup_timeout_s)
+        result = self.call(session_id, "run_tests", args, timeout_s=spec.timeout_s + _GRACE_S)  # its start: apart
         return TestRun(
             returncode=result["returncode"],
             report=bool(result["report"]),
