@@ -62,6 +62,9 @@ __all__ = [
     "Trajectory",
     "TrajectoryCheckpoint",
     "TrajectoryError",
+    "WorkspaceConfig",
+    "WorkspaceEnvironment",
+    "Workspaces",
     "check_alignment",
     "final_answer_text",
     "gsm8k_reward",
@@ -83,6 +86,7 @@ _LAZY = {
     **dict.fromkeys(("SamplingConfig",), "agentic_rl.engine.sampling"),
     **dict.fromkeys(("Environment", "Sample", "StepResult"), "agentic_rl.environments.base"),
     **dict.fromkeys(("ToolEnvironment",), "agentic_rl.environments.tool_env"),
+    **dict.fromkeys(("WorkspaceEnvironment",), "agentic_rl.environments.workspace"),
     **dict.fromkeys(
         (
             "AgenticRLError",
@@ -114,6 +118,8 @@ _LAZY = {
     **dict.fromkeys(("BaseEngineWrapper", "ToolAgentEngineWrapper"), "agentic_rl.rollout.wrapper"),
     **dict.fromkeys(("StatefulTool", "Tool"), "agentic_rl.tools.base"),
     **dict.fromkeys(("CalculatorTool",), "agentic_rl.tools.calculator"),
+    **dict.fromkeys(("Workspaces",), "agentic_rl.tools.workspace"),
+    **dict.fromkeys(("WorkspaceConfig",), "agentic_rl.tools.workspace_config"),
     **dict.fromkeys(
         ("FailureKind", "RunRecorder", "Step", "StepTrajectory", "TerminationReason", "TokenRun", "Trajectory"),
         "agentic_rl.types",

@@ -4,6 +4,7 @@
 A training config names a user's environment, tools or agent this way. The module is imported as Python imports
 it; when its top-level package is not found, the current directory is tried too (as `python -m` would), so a
 config run from a project's root can name the project's own modules (e.g. `examples.guess_game:GuessEnvironment`).
+A few built-in classes also have a short name (`SHORT_NAMES`: ``environment: workspace``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agentic_rl.errors import ConfigError
 
-__all__ = ["PluginRef", "load_object"]
+__all__ = ["SHORT_NAMES", "PluginRef", "load_object"]
+
+SHORT_NAMES = {"workspace": "agentic_rl.environments.workspace:WorkspaceEnvironment"}
+"""Built-in classes a config may name by a short name instead of `package.module:Name` (`PluginRef`, `load_object`)."""
 
 
 def _split(path: str, what: str) -> tuple[str, str]:
@@ -71,7 +75,7 @@ def load_object(path: str, *, what: str, base: type | None = None) -> Any:
     """The object `path` (`package.module:Name`) names.
 
     Args:
-        path: `package.module:Name`; `Name` may be dotted (`Outer.Inner`).
+        path: `package.module:Name` (`Name` may be dotted: `Outer.Inner`), or a key of `SHORT_NAMES`.
         what: what the object is for, as the error messages name it (e.g. `"environment"`, `"tools[1]"`).
         base: when given, the object must be a subclass of it.
 
@@ -79,7 +83,7 @@ def load_object(path: str, *, what: str, base: type | None = None) -> Any:
         ConfigError: naming `what`, the path and what is missing: a malformed path, a module that cannot be
             imported (or raised while importing), a missing attribute, or a class of the wrong kind.
     """
-    module_name, name = _split(path, what)
+    module_name, name = _split(SHORT_NAMES.get(path, path), what)
     obj: Any = _import(module_name, what, path)
     for part in name.split("."):
         if not hasattr(obj, part):
@@ -95,7 +99,7 @@ class PluginRef(BaseModel):
     """A class named in a config, and the keyword arguments to build it with.
 
     Written as `{class: package.module:Name, kwargs: {...}}`, or as the bare string `package.module:Name` (no
-    keyword arguments).
+    keyword arguments); a key of `SHORT_NAMES` may stand for `package.module:Name`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
@@ -110,7 +114,7 @@ class PluginRef(BaseModel):
 
     @model_validator(mode="after")
     def _dotted(self) -> PluginRef:
-        _split(self.path, "class")
+        _split(SHORT_NAMES.get(self.path, self.path), "class")
         return self
 
     def load(self, *, what: str, base: type | None = None) -> Any:

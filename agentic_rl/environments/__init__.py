@@ -1,6 +1,7 @@
-"""Environments: the reset/step/close contract and the tool-calling environment."""
+"""Environments: the reset/step/close contract, the tool-calling environment and the coding-workspace one."""
 
 from agentic_rl.environments.base import Environment, Sample, StepResult
 from agentic_rl.environments.tool_env import ToolEnvironment
+from agentic_rl.environments.workspace import WorkspaceEnvironment
 
-__all__ = ["Environment", "Sample", "StepResult", "ToolEnvironment"]
+__all__ = ["Environment", "Sample", "StepResult", "ToolEnvironment", "WorkspaceEnvironment"]

@@ -11,6 +11,7 @@ from agentic_rl.rewards.base import RewardCallable, RewardWithMetrics, call_rewa
 from agentic_rl.rewards.math import gsm8k_reward, has_number_reward, math_reward
 from agentic_rl.rewards.qa import hotpotqa_em_reward, hotpotqa_f1_reward, hotpotqa_short_f1_reward
 from agentic_rl.rewards.research import RESEARCH_METRICS
+from agentic_rl.rewards.workspace import workspace_tests_reward
 
 __all__ = ["METRICS", "REWARDS", "MetricsReward", "resolve_metric", "resolve_reward"]
 
@@ -55,6 +56,7 @@ REWARDS = {
     "hotpotqa_f1": hotpotqa_f1_reward,
     "hotpotqa_em": hotpotqa_em_reward,
     "hotpotqa_short_f1": hotpotqa_short_f1_reward,
+    "workspace_tests": workspace_tests_reward,  # a coding task's tests in its workspace (WorkspaceEnvironment)
 }
 
 

@@ -10,7 +10,9 @@ between the calls of a session; `session_end` kills every process of the session
 This module holds `SandboxTool` (sessions: start, call, kill, clean up). Its pieces live beside it:
 `agentic_rl.tools.sandbox_isolation` (the isolation modes and the probe that picks one),
 `agentic_rl.tools.sandbox_processes` (per-session uid reservation and ``/proc`` scans),
-`agentic_rl.tools.sandbox_framing` (the parent's side of the frame protocol) and the worker program itself.
+`agentic_rl.tools.sandbox_framing` (the parent's side of the frame protocol) and the worker program itself. A
+subclass may run a session in a directory it owns (the `_placement` hook and `SessionPlacement`: a code workspace,
+`agentic_rl.tools.workspace`); `run_code` and `restart` serve such owners.
 
 Isolation: the strongest mode that works on the machine is chosen once per process (`isolation="auto"`) by
 starting a real probe worker, and a warning is logged once for whatever is missing:
@@ -65,12 +67,10 @@ in modes ``"uid"`` and ``"none"`` orphaned children are reaped by the host's ini
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -89,14 +89,17 @@ from agentic_rl.tools.sandbox_isolation import (
     PROBE_CODE,
     IsolationMode,
     SandboxIsolation,
+    SessionPlacement,
     resolve_isolation,
 )
 from agentic_rl.tools.sandbox_processes import (
     SANDBOX_UID_BASE,
     SANDBOX_UID_COUNT,
+    describe_exit,
     parent_pid,
     pid_alive,
     process_tree,
+    remove_tree,
     reserve_uid,
     sweep_uid,
 )
@@ -107,6 +110,7 @@ __all__ = [
     "SandboxIsolation",
     "SandboxSessionInfo",
     "SandboxTool",
+    "SessionPlacement",
 ]
 
 logger = logging.getLogger(__name__)
@@ -137,13 +141,6 @@ class SandboxSessionInfo:
 # ------------------------------------------------------------------------------------------------- the tool
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 @dataclass
 class _Session:
     session_id: str
@@ -156,6 +153,7 @@ class _Session:
     proc: subprocess.Popen[bytes] | None = None
     pids: tuple[int, ...] = ()
     closed: bool = False
+    placement: SessionPlacement | None = None  # the owner keeps the directory and the uid
 
 
 class SandboxTool(StatefulTool):
@@ -309,6 +307,23 @@ class SandboxTool(StatefulTool):
             raise ToolError("the 'code' argument must be a string of Python source code")
         if len(code.encode("utf-8", "surrogatepass")) > self.max_code_bytes:
             raise ToolError(f"code is longer than {self.max_code_bytes} bytes")
+        return self.run_code(session_id, code)
+
+    def run_code(self, session_id: str, code: str, *, timeout_s: float | None = None) -> str:
+        """Runs `code` in the session's interpreter (started first if it is not running): `execute_session` without
+        its checks of the argument, for code of the caller's own (no `max_code_bytes` bound).
+
+        Args:
+            session_id: a started session.
+            code: Python source.
+            timeout_s: wall-clock limit of this call in seconds (None: `timeout_s`).
+
+        Returns:
+            What `execute_session` returns.
+
+        Raises:
+            ToolError: as `execute_session`; `ToolUnavailableError` when the interpreter cannot start.
+        """
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None:
@@ -320,7 +335,16 @@ class SandboxTool(StatefulTool):
                 self._spawn(session)
             if session.closed:
                 raise ToolError("the session was closed")
-            return self._run(session, code)
+            return self._run(session, code, timeout_s)
+
+    def restart(self, session_id: str) -> None:
+        """Kills the session's interpreter and every process of the session; the next call starts a fresh one in
+        the same working directory (its files are kept). Nothing happens for an unknown session."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is not None:
+            with session.lock:
+                self._terminate(session)
 
     def session_end(self, session_id: str) -> None:
         """Kills every process of the session, waits for them, and removes its working directory. Idempotent.
@@ -375,7 +399,15 @@ class SandboxTool(StatefulTool):
 
     # ------------------------------------------------------------------------------------------ sessions
 
+    def _placement(self, session_id: str, mode: IsolationMode) -> SessionPlacement | None:
+        """Where session `session_id` runs when an owner keeps its directory (a subclass's hook), or None: in a
+        fresh temporary directory with a uid of its own, both removed by `session_end`."""
+        return None
+
     def _new_session(self, session_id: str, mode: IsolationMode) -> _Session:
+        placement = self._placement(session_id, mode)
+        if placement is not None:
+            return _Session(session_id, placement.workdir, placement.uid, None, mode, placement=placement)
         uid = lock_fd = None
         if mode.drop_uid:
             uid, lock_fd = reserve_uid()
@@ -390,7 +422,9 @@ class SandboxTool(StatefulTool):
         return _Session(session_id, os.path.realpath(workdir), uid, lock_fd, mode)
 
     def _environment(self, workdir: str) -> dict[str, str]:
-        path = os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"]))
+        venv_bin = os.path.join(os.path.realpath(sys.prefix), "bin")  # where a private root shows a symlinked venv
+        dirs = [os.path.dirname(sys.executable), venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]
+        path = os.pathsep.join(dict.fromkeys(dirs))
         env = {"PATH": path, "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
         # BLAS/OpenMP pools would exceed RLIMIT_NPROC / RLIMIT_AS on many-core machines
         env.update(dict.fromkeys(["OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"], "1"))
@@ -410,7 +444,11 @@ class SandboxTool(StatefulTool):
             "max_processes": self.max_processes if mode.isolation.process_limit else None,
             "max_file_mb": self.max_file_mb,
             "max_output_bytes": min(self.max_output_bytes, self.max_file_mb * 1024 * 1024),
+            **(session.placement.worker_options if session.placement is not None else {}),
         }
+        env = self._environment(session.workdir)
+        if session.placement is not None and session.placement.tmpdir is not None:
+            env["TMPDIR"] = env["HOME"] = session.placement.tmpdir
         command = [*mode.unshare_args, "--", sys.executable, "-I", _WORKER_PATH, json.dumps(config)]
         if not mode.unshare_args:
             command = command[1:]
@@ -423,7 +461,7 @@ class SandboxTool(StatefulTool):
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    env=self._environment(session.workdir),
+                    env=env,
                     cwd=session.workdir,
                     start_new_session=True,
                     close_fds=True,
@@ -475,7 +513,7 @@ class SandboxTool(StatefulTool):
             if session.closed:
                 raise ToolError("the session was closed") from None
             raise ToolError(
-                f"the Python process {self._describe_exit(session.mode, returncode, exc)}; it will be restarted "
+                f"the Python process {describe_exit(returncode, exc, session.mode.isolation.pid_namespace, self.cpu_time_limit_s)}; it will be restarted "
                 "fresh: all variables and imports are lost (files in the working directory are kept)"
             ) from None
         output = reply.get("output")
@@ -491,24 +529,6 @@ class SandboxTool(StatefulTool):
         if dropped > 0:
             output += f"\n[output truncated: {dropped} more bytes not shown (limit {self.max_output_bytes} bytes)]"
         return output if output else "(no output)"
-
-    def _describe_exit(self, mode: IsolationMode, returncode: int | None, exc: BaseException) -> str:
-        if returncode is None:
-            return f"stopped answering ({type(exc).__name__}: {exc})"
-        number = None
-        if returncode < 0:
-            number = -returncode
-        elif mode.isolation.pid_namespace and 128 < returncode < 128 + 65:
-            number = returncode - 128  # the PID-1 supervisor reports the executor's death by signal n as 128 + n
-        if number is None:
-            return f"exited with status {returncode}"
-        hints = {
-            signal.SIGXCPU: f"CPU time limit of {self.cpu_time_limit_s:g} s exceeded",
-            signal.SIGKILL: "killed, e.g. past the CPU time limit or by the kernel's out-of-memory killer",
-            signal.SIGSEGV: "segmentation fault",
-        }
-        hint = hints.get(number)  # type: ignore[call-overload]
-        return f"died ({_signal_name(number)}{': ' + hint if hint else ''})"
 
     def _terminate(self, session: _Session) -> str:
         """Kills the session's process group and every process of its uid / PID namespace, and reaps them.
@@ -554,24 +574,11 @@ class SandboxTool(StatefulTool):
         return stderr.decode("utf-8", "replace").strip()
 
     def _destroy(self, session: _Session) -> None:
-        """Kills the interpreter, removes the working directory and releases the uid. Caller holds `session.lock`."""
+        """Kills the interpreter, removes the working directory and releases the uid (unless an owner keeps them:
+        `SessionPlacement`). Caller holds `session.lock`."""
         self._terminate(session)
-
-        def retry_writable(function: Any, path: str, _exc: Any) -> None:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.dirname(path), 0o700)
-                os.chmod(path, 0o700)
-            with contextlib.suppress(FileNotFoundError):
-                function(path)
-
-        try:
-            if sys.version_info >= (3, 12):
-                shutil.rmtree(session.workdir, onexc=retry_writable)
-            else:
-                shutil.rmtree(session.workdir, onerror=retry_writable)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:
-                logger.warning("could not remove sandbox directory %s: %s", session.workdir, exc)
+        if session.placement is None:
+            remove_tree(session.workdir)
         if session.uid_lock_fd is not None:
             os.close(session.uid_lock_fd)
             session.uid_lock_fd = None

@@ -6,6 +6,7 @@
 ``"auto"`` the strongest that works (``"namespaces"``, ``"uid"``, ``"none"`` as root; ``"userns"``, ``"none"``
 otherwise). Whether a mode works is learnt by starting a real probe worker in it, once per mode and process (the
 answer is cached and shared by every tool), and a warning is logged once for each guarantee the chosen mode lacks.
+`SessionPlacement` is where a session runs when its owner, not the sandbox, keeps its working directory.
 """
 
 from __future__ import annotations
@@ -14,12 +15,20 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from agentic_rl.errors import ToolError
 
-__all__ = ["ISOLATION_MODES", "PROBE_CODE", "IsolationMode", "SandboxIsolation", "resolve_isolation"]
+__all__ = [
+    "ISOLATION_MODES",
+    "PROBE_CODE",
+    "IsolationMode",
+    "SandboxIsolation",
+    "SessionPlacement",
+    "resolve_isolation",
+]
 
 logger = logging.getLogger("agentic_rl.tools.sandbox")  # the sandbox tool's logger, one name for all its records
 
@@ -67,6 +76,27 @@ class IsolationMode:
     isolation: SandboxIsolation
     unshare_args: tuple[str, ...]
     drop_uid: bool
+
+
+@dataclass(frozen=True)
+class SessionPlacement:
+    """Where a sandbox session runs when its owner keeps the working directory (e.g. a code workspace).
+
+    `SandboxTool` then neither creates nor removes the directory nor reserves a uid: the owner made them before
+    `session_start` and removes them after `session_end`.
+
+    Attributes:
+        workdir: the session's working directory, an existing directory given as its real absolute host path.
+        uid: the unprivileged uid the owner reserved for the session (modes with `IsolationMode.drop_uid`), or None.
+        tmpdir: ``TMPDIR`` and ``HOME`` of the session; None: the working directory.
+        worker_options: more keys of the worker's JSON config (see `agentic_rl.tools.sandbox_worker.setup` and
+            `executor`): ``overlay``, ``own_workdir``, ``preload``, ``import_workdir``.
+    """
+
+    workdir: str
+    uid: int | None
+    tmpdir: str | None = None
+    worker_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def isolation_mode(name: str, unshare: str | None) -> IsolationMode:

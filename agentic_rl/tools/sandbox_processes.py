@@ -7,29 +7,37 @@ leftover of a crashed process) is skipped. Because the uid belongs to one sessio
 found in ``/proc`` and killed when the session ends.
 
 The ``/proc`` scans (`process_tree`, `parent_pid`, `pid_alive`) let `SandboxTool` find the process tree of a
-session's interpreter (with the PID 1 of its PID namespace) and wait until it is gone.
+session's interpreter (with the PID 1 of its PID namespace) and wait until it is gone; `remove_tree` removes the
+files a session leaves behind, also those it made unreadable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import random
+import shutil
 import signal
+import sys
 import tempfile
 import time
+from typing import Any
 
 from agentic_rl.errors import ToolError
 
 __all__ = [
     "SANDBOX_UID_BASE",
     "SANDBOX_UID_COUNT",
+    "describe_exit",
     "parent_pid",
     "pid_alive",
     "process_tree",
+    "remove_tree",
     "reserve_uid",
+    "start_ticks",
     "sweep_uid",
     "uid_processes",
 ]
@@ -130,6 +138,13 @@ def parent_pid(pid: int) -> int | None:
     return None if after_name is None else int(after_name.split()[1])
 
 
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks after boot (``/proc/<pid>/stat`` field 22), or None if it is gone: with
+    the pid, it names one process even after the pid is reused."""
+    after_name = _stat_after_name(pid)
+    return None if after_name is None else int(after_name.split()[19])
+
+
 def pid_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     after_name = _stat_after_name(pid)
@@ -171,3 +186,58 @@ def sweep_uid(uid: int, deadline: float) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.005)
+
+
+def remove_tree(path: str) -> None:
+    """Removes the directory `path` and everything in it, without following symbolic links; a missing `path` is
+    fine. Entries the sandboxed code made unreadable (``chmod 000``; an overlay's kernel-made work directory) are
+    made accessible and retried; what still cannot be removed is logged as a warning, never raised.
+    """
+
+    def retry_writable(function: Any, failed: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(failed), 0o700)
+            if not os.path.islink(failed):  # a link's target may be any file of the host
+                os.chmod(failed, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            function(failed)
+
+    try:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(path, onexc=retry_writable)
+        else:
+            shutil.rmtree(path, onerror=retry_writable)
+    except OSError as exc:
+        if exc.errno != errno.ENOENT:
+            logger.warning("could not remove sandbox directory %s: %s", path, exc)
+
+
+def describe_exit(returncode: int | None, exc: BaseException, pid_namespace: bool, cpu_time_limit_s: float) -> str:
+    """How a sandbox interpreter ended, for an error message (``"died (SIGKILL: ...)"``).
+
+    Args:
+        returncode: its exit status (negative: killed by that signal), or None when it did not exit (yet).
+        exc: what reading its answer raised.
+        pid_namespace: True when a PID-1 supervisor reports the interpreter's death by signal n as status 128 + n.
+        cpu_time_limit_s: the CPU time limit, in seconds, named for SIGXCPU.
+    """
+    if returncode is None:
+        return f"stopped answering ({type(exc).__name__}: {exc})"
+    number = None
+    if returncode < 0:
+        number = -returncode
+    elif pid_namespace and 128 < returncode < 128 + 65:
+        number = returncode - 128
+    if number is None:
+        return f"exited with status {returncode}"
+    hints = {
+        signal.SIGXCPU: f"CPU time limit of {cpu_time_limit_s:g} s exceeded",
+        signal.SIGKILL: "killed, e.g. past the CPU time limit or by the kernel's out-of-memory killer",
+        signal.SIGSEGV: "segmentation fault",
+    }
+    hint = hints.get(number)  # type: ignore[call-overload]
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    return f"died ({name}{': ' + hint if hint else ''})"

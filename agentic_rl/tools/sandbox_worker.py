@@ -1,10 +1,10 @@
 """The worker program of `agentic_rl.tools.sandbox`: one persistent, sandboxed Python interpreter.
 
 `SandboxTool` runs this file by path, ``[sys.executable, "-I", <this file>, <JSON config>]`` (behind ``unshare``
-in the namespace modes). It sets up the sandbox (a minimal read-only root, rlimits, ``no_new_privs``, the drop to
-the session's uid), answers a ``{"ready": ...}`` frame, then executes each ``{"code": ...}`` frame read from stdin in
-one persistent globals dict and answers ``{"output": ..., "dropped": ...}`` with the captured stdout + stderr.
-Frames are a 4-byte big-endian length followed by that many bytes of UTF-8 JSON.
+in the namespace modes). It sets up the sandbox (an overlay on the working directory if asked, a minimal read-only
+root, rlimits, ``no_new_privs``, the drop to the session's uid), answers a ``{"ready": ...}`` frame, then executes
+each ``{"code": ...}`` frame read from stdin in one persistent globals dict and answers ``{"output": ...,
+"dropped": ...}`` with the captured stdout + stderr. Frames are a 4-byte big-endian length, then UTF-8 JSON.
 
 Constraints, because the program runs isolated (``-I``: no environment variables, no user site, not even this
 file's directory on ``sys.path``), possibly as another uid inside new namespaces:
@@ -13,11 +13,10 @@ file's directory on ``sys.path``), possibly as another uid inside new namespaces
 * importing the module has no side effects (`main` runs only under ``__name__ == "__main__"``), so tests import its
   helpers directly; the user's code runs in a fresh ``__main__`` module with no file, so a ``spawn`` child does
   not look for this one (it is not inside the sandbox's root);
-* the file is read from where the package is installed, with no copy: the interpreter opens and compiles it at
-  start-up, as the user that runs `SandboxTool` and before `setup` changes mounts or drops privileges, so the
-  session's unprivileged uid never needs to read it (the package may live under a directory such as ``/root`` that
-  this uid cannot enter). Nothing in the program reads its own file again afterwards: the worker's frames are cut
-  from tracebacks by their globals, not looked up by file name.
+* the file (and a ``preload`` module's) is read from where the package is installed, with no copy, at start-up, as
+  the user that runs `SandboxTool` and before `setup` changes mounts or drops privileges, so the session's uid never
+  needs to read it (the package may live under ``/root``). Nothing reads it again afterwards: the worker's frames
+  are cut from tracebacks by their globals, not looked up by file name.
 """
 
 from __future__ import annotations
@@ -298,10 +297,32 @@ def drop_capabilities() -> None:
         raise OSError(ctypes.get_errno(), "capset")
 
 
+def own_tree(top: str, uid: int) -> None:
+    """Give `top` and all below it to `uid` (user and group), links not followed; entries it owns are skipped."""
+    for parent, dirs, files in os.walk(top):
+        for path in [parent, *(os.path.join(parent, name) for name in dirs + files)]:
+            st = os.lstat(path)
+            if (st.st_uid, st.st_gid) != (uid, uid):
+                os.lchown(path, uid, uid)
+
+
+def mount_overlay(spec: dict[str, str], workdir: str, metacopy: bool) -> None:
+    """Mount an overlay on `workdir` in this process's mount namespace: ``lower`` below, changes in ``upper``,
+    ``work`` its scratch directory; `metacopy`: a change of owner copies up metadata only, not the data."""
+    escaped = {key: spec[key].replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:") for key in spec}
+    options = ",".join(f"{key}dir={escaped[key]}" for key in ("lower", "upper", "work"))
+    _mount(_libc(), "overlay", workdir, "overlay", _MS_NOSUID | _MS_NODEV, options + ",metacopy=on" * metacopy)
+
+
 def setup(cfg: dict[str, Any]) -> None:
-    """Runs before any user code: namespaces' mounts, limits, privilege drop. Raises on failure."""
+    """Runs before any user code: namespaces' mounts (with ``overlay``, one on the working directory), the working
+    directory given to the session's uid (``own_workdir``), limits, privilege drop. Raises on failure."""
     uid = cfg["uid"]
     workdir = cfg["workdir"]
+    if cfg.get("overlay"):
+        mount_overlay(cfg["overlay"], workdir, metacopy=uid is not None)
+    if uid is not None and cfg.get("own_workdir"):
+        own_tree(workdir, uid)
     if cfg["private_root"]:
         private_root(workdir, uid, cfg["max_file_mb"])
     set_limit(resource.RLIMIT_AS, cfg["memory_limit_mb"] * 1024 * 1024)
@@ -483,8 +504,9 @@ def _start_watchdog(proto_in: int, can_kill_all: bool) -> None:
     threading.Thread(target=watchdog, name="sandbox-watchdog", daemon=True).start()
 
 
-def executor(cfg: dict[str, Any], proto_in: int, proto_out: int) -> None:
-    """Answer the parent's calls until it closes the protocol (then exit)."""
+def executor(cfg: dict[str, Any], proto_in: int, proto_out: int, preload: tuple[str, str] | None = None) -> None:
+    """Answer the parent's calls until it closes the protocol (then exit). ``import_workdir`` (default True) puts
+    the working directory on `sys.path`; `preload` is ``(name, source)`` of a module to import in calls (`main`)."""
     cap = cfg["max_output_bytes"]
     capture_fd = open_capture_file(cfg["workdir"])
     stream = Capture(capture_fd, cap)
@@ -506,13 +528,18 @@ def executor(cfg: dict[str, Any], proto_in: int, proto_out: int) -> None:
     # Python >= 3.12 warns on fork() with threads running: the only other thread is the watchdog.
     warnings.filterwarnings("ignore", message=r".*use of fork\(\) may lead to deadlocks", category=DeprecationWarning)
     sys.argv = [""]
-    sys.path.insert(0, cfg["workdir"])
+    if cfg.get("import_workdir", True):
+        sys.path.insert(0, cfg["workdir"])
+    sys.modules["agentic_rl_sandbox_worker"] = sys.modules[__name__]
     # The user's globals are the `__main__` module: pickle finds functions defined in cells (fork pools), and
     # a `spawn` child does not look for the worker's file, which is not inside the sandbox's root.
     user_main = types.ModuleType("__main__")  # the worker's functions keep their own globals
     user_main.__builtins__ = builtins  # type: ignore[attr-defined]
     sys.modules["__main__"] = user_main
     user_globals: dict[str, Any] = vars(user_main)
+    if preload is not None:  # it may import this module's helpers as ``agentic_rl_sandbox_worker``
+        sys.modules[preload[0]] = module = types.ModuleType(preload[0])
+        exec(compile(preload[1], preload[0], "exec"), vars(module))
     write_frame(proto_out, {"ready": True, "uid": os.getuid()})
     cell = 0
     while True:
@@ -545,6 +572,10 @@ def main(argv: list[str]) -> None:
     proto_in, proto_out = os.dup(0), os.dup(1)  # non-inheritable copies: children never see the protocol
     try:
         cfg = json.loads(argv[1])
+        preload = None
+        if cfg.get("preload"):  # ``{"name", "path"}``, read now: after `setup` the file may be out of sight
+            with open(cfg["preload"]["path"], encoding="utf-8") as fh:
+                preload = (cfg["preload"]["name"], fh.read())
         setup(cfg)
     except BaseException as exc:
         write_frame(proto_out, {"ready": False, "error": f"{type(exc).__name__}: {exc}"})
@@ -554,7 +585,7 @@ def main(argv: list[str]) -> None:
         if child:
             supervise(child)
     try:
-        executor(cfg, proto_in, proto_out)
+        executor(cfg, proto_in, proto_out, preload)
     except BaseException as exc:
         if IS_FORK_CHILD:
             os._exit(1)
