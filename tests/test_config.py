@@ -199,7 +199,8 @@ def test_a_run_with_an_agent_of_your_own_resumes_from_its_recorded_config(tmp_pa
 
 @pytest.mark.parametrize(
     "name",
-    ["train_arithmetic.yaml", "train_arithmetic_2step.yaml", "train_gsm8k.yaml", "sft_tools.yaml", "sft_research.yaml"],
+    ["train_arithmetic.yaml", "train_arithmetic_2step.yaml", "train_gsm8k.yaml", "train_humaneval.yaml", "sft_tools.yaml",
+     "sft_research.yaml"],  # fmt: skip
 )
 def test_the_example_configs_load_and_name_files_that_exist(name, monkeypatch):
     from agentic_rl.data import SHARED_DATA

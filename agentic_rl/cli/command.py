@@ -125,8 +125,16 @@ def _task_options(add: Any) -> None:
     add("--limit", type=_bounded(int, 1), default=32, help="use the first N tasks")
     add(
         "--tools",
-        default="calculator",
-        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none",
+        default=None,
+        help="comma-separated, from: calculator, search, visit, web_search, web_visit; '' = none (default: "
+        "calculator; none with --environment, whose tools come with it)",
+    )
+    add(
+        "--environment",
+        default=None,
+        help="an environment run under the harness instead of the built-in tool agent's: workspace (a private "
+        "copy of each task's code base with bash and file tools; use --reward workspace_tests) or "
+        "package.module:Class",
     )
     add(
         "--reward",

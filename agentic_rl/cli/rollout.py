@@ -167,16 +167,11 @@ def _plan_rollout(args: argparse.Namespace, typed: dict[str, Any], defaults: dic
     from agentic_rl.errors import ConfigError
     from agentic_rl.records import finished_records
     from agentic_rl.rewards.registry import resolve_reward
-    from agentic_rl.tools.registry import TOOL_NAMES
 
     resuming = args.resume is not None
     if resuming:
         args = _resumed_rollout_args(args, typed, defaults)
-    tool_names = [n.strip() for n in args.tools.split(",") if n.strip()]
-    unknown = [n for n in tool_names if n not in TOOL_NAMES]
-    if unknown:
-        raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
-    _mcp_entries(args)  # a malformed --mcp is refused here
+    tool_names = _tool_names(args)  # a malformed --mcp or --environment is refused here too
     tasks = load_tasks(args.data, args.limit, columns=args.data_columns)
     if not tasks:
         raise ConfigError(f"--data {args.data}: no tasks")
@@ -227,15 +222,9 @@ def run_tasks(
         ConfigError, ModelError, TemplateError, FileNotFoundError, OSError: as `agentic-rl rollout`, before the
         engine starts.
     """
-    from agentic_rl.errors import ConfigError
     from agentic_rl.rewards.registry import resolve_reward
-    from agentic_rl.tools.registry import TOOL_NAMES
 
-    tool_names = [n.strip() for n in args.tools.split(",") if n.strip()]
-    unknown = [n for n in tool_names if n not in TOOL_NAMES]
-    if unknown:
-        raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
-    _mcp_entries(args)  # a malformed --mcp is refused here
+    tool_names = _tool_names(args)  # a malformed --mcp or --environment is refused here too
     judge = args.reward == "llm_judge"
     reward_fn = resolve_reward("hotpotqa_f1" if judge else args.reward, also=["llm_judge"])
     system_prompt = _read_system_prompt(args.system_prompt_file)
@@ -260,6 +249,35 @@ def run_tasks(
     spec, _ = _start_agent(plan, console)
     trajectories, _ = _generate(plan, spec, console)
     return trajectories, model_dir
+
+
+def _tool_names(args: argparse.Namespace) -> list[str]:
+    """The tools `--tools` names (default: calculator; none with `--environment`), with `--mcp` and
+    `--environment` checked too (the environment's class is loaded).
+
+    Raises:
+        ConfigError: naming the option: an unknown tool, a malformed MCP server, an environment that cannot be
+            loaded.
+    """
+    from agentic_rl.environments.base import Environment
+    from agentic_rl.errors import ConfigError
+    from agentic_rl.tools.registry import TOOL_NAMES
+
+    given = args.tools if args.tools is not None else ("" if args.environment else "calculator")
+    tool_names = [n.strip() for n in given.split(",") if n.strip()]
+    unknown = [n for n in tool_names if n not in TOOL_NAMES]
+    if unknown:
+        raise ConfigError(f"--tools: unknown tool(s) {', '.join(unknown)}; available: {', '.join(TOOL_NAMES)}")
+    _mcp_entries(args)
+    if args.environment is not None:
+        _environment_ref(args).load(what="--environment", base=Environment)
+    return tool_names
+
+
+def _environment_ref(args: argparse.Namespace) -> Any:
+    from agentic_rl.plugins import PluginRef
+
+    return PluginRef.model_validate(args.environment)
 
 
 def _harness_config(args: argparse.Namespace) -> Any:
@@ -336,6 +354,15 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
         return None, model_dir
     # built first: an MCP server that does not start fails the run before the engine does
     tools = build_tools([*plan.tool_names, *_mcp_entries(args)], corpus=args.corpus)
+    environment = None
+    if args.environment is not None:  # built before the engine: a class that refuses its tools fails first
+        from agentic_rl.loop.sources import build_environment
+
+        try:
+            environment = build_environment(_environment_ref(args), tools, renderer, plan.system_prompt)
+        except BaseException:
+            _close_mcp(tools)
+            raise
     options = {**dtype_option(args), "kv_cache_gib": args.kv_cache_gib, "seed": args.seed}
     try:
         engine = start_engine(
@@ -349,15 +376,14 @@ def _start_agent(plan: _RolloutPlan, console: Any) -> tuple[Any, Path]:
         from agentic_rl.rewards.judge import build_judge
 
         reward_fn = build_judge(engine=engine, renderer=renderer)
-    spec = tool_agent_spec(
-        renderer,
-        engine,
-        tools=tools,
-        config=plan.harness,
-        reward_fn=reward_fn,
-        system_prompt=plan.system_prompt,
-    )
-    return spec, model_dir
+    if environment is None:
+        spec = tool_agent_spec(
+            renderer, engine, tools=tools, config=plan.harness, reward_fn=reward_fn, system_prompt=plan.system_prompt
+        )
+        return spec, model_dir
+    from agentic_rl.rollout.spec import RolloutSpec
+
+    return RolloutSpec(engine, environment, renderer, plan.harness, reward_fn=reward_fn), model_dir
 
 
 def _generate(plan: _RolloutPlan, spec: Any, console: Any) -> tuple[list[Any], float]:

@@ -43,6 +43,7 @@ __all__ = [
     "AgentRollout",
     "SpecRollout",
     "TrainingRollout",
+    "build_environment",
     "build_training_rollout",
     "load_classes",
     "refuse",
@@ -333,21 +334,28 @@ def build_training_rollout(
         return AgentRollout(_build_agent(agent, recording, renderer, tokenizer, harness, n_parallel_agents), ledger)
     built_tools = build_tools(tools)
     check_tools(built_tools)  # as built: a tool may set its schema in its constructor
-    env = _build_environment(environment, built_tools, renderer, system_prompt)
+    env = build_environment(environment, built_tools, renderer, system_prompt)
     return SpecRollout(RolloutSpec(recording, env, renderer, harness, reward_fn=reward_fn), n_parallel_agents, ledger)
 
 
-def _build_environment(
+def build_environment(
     ref: PluginRef | None, tools: list[Any], renderer: ChatRenderer, system_prompt: str | None = None
 ) -> Environment:
-    """The built-in `ToolEnvironment` over `tools` (with `system_prompt`), or the user's environment (given `tools`
-    when its constructor takes them)."""
+    """The built-in `ToolEnvironment` over `tools` (with `system_prompt`), or the environment `ref` names (given
+    `tools` when its constructor takes them; its own system prompt).
+
+    Raises:
+        ConfigError: naming the class and what is wrong with it (`PluginRef.build`, `check_environment`), or tools
+            given to an environment that takes none.
+    """
     if ref is None:
         return ToolEnvironment.for_renderer(tools, renderer, system_prompt)
     cls = ref.load(what="environment", base=Environment)
     extra: dict[str, Any] = {"tools": tools} if _takes_tools(ref, cls, tools) else {}
     if issubclass(cls, ToolEnvironment):
         extra["tools_in_system_prompt"] = not renderer.supports_tools
+        if system_prompt is not None:  # e.g. `agentic-rl rollout --system-prompt-file` (else the class's own)
+            extra["system_prompt"] = system_prompt
     environment = ref.build(what="environment", base=Environment, **extra)
     check_environment(environment, path=ref.path)
     return environment

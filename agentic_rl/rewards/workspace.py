@@ -3,8 +3,9 @@
 Reward 1.0 when the tests pass, else 0.0: every node id of ``fail_to_pass`` and ``pass_to_pass`` passed, or, when
 the task lists none, ``test_command`` exited with status 0. Reported beside it (`RewardWithMetrics`):
 ``tests_passed_share`` (the share of the listed tests that passed; without a list, of the test cases pytest
-reported, else 1.0 / 0.0 as the reward), ``tests_run`` (test cases in pytest's report) and ``workspace_overlay``
-(1: the workspace is an overlay, 0: a copy).
+reported, else 1.0 / 0.0 as the reward), ``tests_run`` (test cases in pytest's report; 0 for a command that is
+not pytest), ``tests_exit_status`` (the test command's exit status) and ``workspace_overlay`` (1: the workspace is
+an overlay, 0: a copy).
 
 A run that could not judge the code is an infrastructure failure, raised as `RewardError` (the harness then fails
 the trajectory as a ``reward`` failure and rolls it out again; it is never trained as a reward of 0): the run passed
@@ -47,7 +48,7 @@ def workspace_tests_reward(task: Mapping[str, Any], messages: Sequence[Mapping[s
         messages: the conversation (not read: the workspace holds the answer).
 
     Returns:
-        1.0 or 0.0, with ``tests_passed_share``, ``tests_run`` and ``workspace_overlay``.
+        1.0 or 0.0, with ``tests_passed_share``, ``tests_run``, ``tests_exit_status`` and ``workspace_overlay``.
 
     Raises:
         RewardError: when the tests could not run or were killed by a limit (see the module docstring).
@@ -71,5 +72,10 @@ def workspace_tests_reward(task: Mapping[str, Any], messages: Sequence[Mapping[s
         share = run.passed / run.total if run.total else float(passed)
     if not passed:
         logger.debug("workspace tests failed (status %s): %s", run.returncode, run.not_passed or run.tail[-300:])
-    metrics = {"tests_passed_share": share, "tests_run": float(run.total), "workspace_overlay": float(run.overlay)}
+    metrics = {
+        "tests_passed_share": share,
+        "tests_run": float(run.total),
+        "tests_exit_status": float(run.returncode),
+        "workspace_overlay": float(run.overlay),
+    }
     return RewardWithMetrics(1.0 if passed else 0.0, metrics)

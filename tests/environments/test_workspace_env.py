@@ -83,7 +83,8 @@ async def test_fixing_the_bug_passes_the_hidden_tests_and_close_removes_the_work
     info = env.workspaces.info(sample.id)
     reward = await _reward(sample)
     assert reward == 1.0
-    assert reward.metrics == {"tests_passed_share": 1.0, "tests_run": 2.0, "workspace_overlay": float(info.overlay)}
+    assert reward.metrics == {"tests_passed_share": 1.0, "tests_run": 2.0, "tests_exit_status": 0.0,
+                              "workspace_overlay": float(info.overlay)}  # fmt: skip
     await env.close(sample)
     assert env.workspaces.info(sample.id) is None and not os.path.exists(os.path.dirname(info.path))
     assert (codebase / "calc.py").read_text() == BUGGY
