@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -490,7 +491,6 @@ def _serve_defaults(pairs: list[str]) -> dict[str, Any]:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    import signal
     import threading
 
     import anyio
@@ -524,6 +524,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `agentic-rl` command.
 
@@ -547,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
             from transformers.utils import logging as transformers_logging
 
             transformers_logging.disable_progress_bar()
+    # SIGTERM (a scheduler's stop, `kill`) ends a command as Ctrl-C does: what it started is closed on the way out
+    # (engines, tools, sandboxes and workspaces), where the default would end the process on the spot.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         if args.command == "rollout":
             from agentic_rl.cli.rollout import run_rollout
