@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from support.leaks import mounts_in, processes_in
 from support.processes import cli_command, start, wait_until
 
 pytestmark = pytest.mark.slow
@@ -22,23 +23,6 @@ def _root(tmp: Path) -> Path:
 def _workspaces(root: Path) -> list[Path]:
     """The workspace folders of every run folder under `root`."""
     return [w for run in root.glob("*") if run.is_dir() for w in run.iterdir() if w.is_dir()] if root.exists() else []
-
-
-def _processes_in(root: Path) -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if cwd.startswith(str(root)):
-            found.append(f"{pid}: {cwd}")
-    return found
-
-
-def _mounts_in(root: Path) -> list[str]:
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        return [line for line in f if str(root) in line]
 
 
 def _rollout(out: Path) -> list[str]:
@@ -62,7 +46,7 @@ def test_a_rollout_stopped_by_sigterm_removes_its_workspaces(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=300) == 130, log.read_text()[-3000:]
     root = _root(tmp)
-    assert _workspaces(root) == [] and _processes_in(root) == [] and _mounts_in(root) == []
+    assert _workspaces(root) == [] and processes_in(root) == [] and mounts_in(root) == []
 
 
 def test_resume_removes_what_a_killed_rollout_left_and_only_that(tmp_path):
@@ -78,7 +62,7 @@ def test_resume_removes_what_a_killed_rollout_left_and_only_that(tmp_path):
                     TMPDIR=str(tmp))  # fmt: skip
     assert resumed.wait(timeout=900) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
     assert not any(w.exists() for w in left)
-    assert _workspaces(root) == [] and _processes_in(root) == [] and _mounts_in(root) == []
+    assert _workspaces(root) == [] and processes_in(root) == [] and mounts_in(root) == []
     assert other.is_dir()
     records = (out / "trajectories.jsonl").read_text().splitlines()
     assert len(records) == 6

@@ -5,11 +5,11 @@ nothing left behind."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from support.leaks import mounts_in, processes_in
 from support.processes import ROOT, cli_command, cli_env
 
 pytestmark = pytest.mark.slow
@@ -32,16 +32,9 @@ def _check_rewarded_by_tests(record: dict) -> None:
 
 
 def _left_in(root: Path) -> list[str]:
-    """Workspace folders under `root` and processes whose working directory is in it."""
-    left = [str(p) for p in root.rglob("*") if p.is_dir() and p.name != root.name] if root.exists() else []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            continue
-        if cwd.startswith(str(root)):
-            left.append(f"process {pid} in {cwd}")
-    return left
+    """Workspace folders under `root`, processes whose working directory is in it and mounts below it."""
+    folders = [str(p) for p in root.rglob("*") if p.is_dir()] if root.exists() else []
+    return folders + processes_in(root) + mounts_in(root)
 
 
 def test_rollout_runs_humaneval_tasks_in_workspaces_rewarded_by_their_hidden_tests(tmp_path):

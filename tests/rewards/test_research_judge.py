@@ -212,20 +212,27 @@ async def test_in_process_judge_awaits_the_loops_engine_and_its_metrics_join_the
     assert engine.served == 6  # three turns and three judge calls
 
 
-@pytest.mark.slow
-def test_research_judge_config_trains_two_steps_on_the_tiny_model_with_the_in_process_judge(tmp_path):
-    out = tmp_path / "run"
-    overrides = ["model=tiny-random-smollm2", f"output_dir={out}", "steps=2", "eval_limit=2", "eval_every=0",
-                 "checkpoint_every=0", "rollout.tasks_per_step=1", "rollout.group_size=2", "rollout.max_steps=2",
-                 "rollout.max_response_length=256", "rollout.sampling.max_tokens=24", "engine.kv_cache_gib=0.1",
-                 "optimizer.micro_batch_size=2"]  # fmt: skip
+def _train_two_steps_on_the_tiny_model(out: Path, *overrides: str) -> list[dict]:
+    """`agentic-rl train` of the research config, sized down to the tiny model (2 steps, 2 held-out questions
+    evaluated before and after, eval_every 0); its metrics rows."""
+    sized = ["model=tiny-random-smollm2", f"output_dir={out}", "steps=2", "eval_limit=2", "eval_every=0",
+             "checkpoint_every=0", "rollout.tasks_per_step=1", "rollout.group_size=2", "rollout.max_steps=2",
+             "rollout.max_response_length=256", "rollout.sampling.max_tokens=24", "engine.kv_cache_gib=0.1",
+             "optimizer.micro_batch_size=2", *overrides]  # fmt: skip
     cmd = [sys.executable, "-m", "agentic_rl.cli", "train", "--config", str(CONFIG), "--no-progress"]
-    for override in overrides:
+    for override in sized:
         cmd += ["--set", override]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=cli_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
+    return rows
+
+
+@pytest.mark.slow
+def test_research_judge_config_trains_two_steps_on_the_tiny_model_with_the_in_process_judge(tmp_path):
+    out = tmp_path / "run"
+    rows = _train_two_steps_on_the_tiny_model(out)
     for row in (rows[0], rows[2]):  # held-out evaluation before the first step and after the last
         records = [
             json.loads(line) for line in (out / "rollouts" / f"eval_step_{row['step']}.jsonl").read_text().splitlines()
@@ -270,18 +277,7 @@ def test_research_judge_config_trains_with_a_judge_endpoint_and_reports_its_diag
     verdict is the endpoint's (a match judge: the reward is the answer's exact match), and the metrics row carries
     the research diagnostics, the sampling entropy, the KL to the start and the held-out standard error."""
     out = tmp_path / "run"
-    overrides = ["model=tiny-random-smollm2", f"output_dir={out}", "steps=2", "eval_limit=2", "checkpoint_every=0",
-                 "rollout.tasks_per_step=1", "rollout.group_size=2", "rollout.max_steps=2",
-                 "rollout.max_response_length=256", "rollout.sampling.max_tokens=24", "engine.kv_cache_gib=0.1",
-                 "optimizer.micro_batch_size=2", f"judge.base_url={match_judge.base_url}",
-                 f"judge.model={MATCH_JUDGE}"]  # fmt: skip
-    cmd = [sys.executable, "-m", "agentic_rl.cli", "train", "--config", str(CONFIG), "--no-progress"]
-    for override in overrides:
-        cmd += ["--set", override]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=cli_env(), cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    rows = _train_two_steps_on_the_tiny_model(out, f"judge.base_url={match_judge.base_url}", f"judge.model={MATCH_JUDGE}")
     files = [out / "rollouts" / f"eval_step_{s}.jsonl" for s in (0, 2)] + sorted(out.glob("rollouts/step_*.jsonl"))
     records = [json.loads(line) for path in files for line in path.read_text().splitlines()]
     assert len([r for r in records if r.get("failed")]) == 0
