@@ -27,7 +27,7 @@ from agentic_rl.tools.workspace import Workspaces  # noqa: E402
 from agentic_rl.tools.workspace_config import TestSpec  # noqa: E402
 
 
-def _codebase(root: Path, files: int) -> Path:
+def make_codebase(root: Path, files: int) -> Path:
     for i in range(files):
         path = root / f"pkg{i % 40}" / f"m{i}.py"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     files, repeats = (200, 3) if args.quick else (args.files, args.repeats)
     with tempfile.TemporaryDirectory() as tmp:
-        codebase = _codebase(Path(tmp) / "code", files)
+        codebase = make_codebase(Path(tmp) / "code", files)
         rows = [("python -c pass", _median(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True), repeats))]
         sandbox = SandboxTool()
         sandbox.isolation  # noqa: B018 - probed once, outside the timings
