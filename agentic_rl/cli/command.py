@@ -140,7 +140,8 @@ def _task_options(add: Any) -> None:
     add(
         "--reward",
         default="gsm8k",
-        help="gsm8k (last number), math (LaTeX answers, e.g. MATH-500), hotpotqa_f1, hotpotqa_em, has_number, "
+        help="gsm8k (last number), math (LaTeX answers, e.g. MATH-500), hotpotqa_f1, hotpotqa_em, "
+        "hotpotqa_short_f1, has_number, workspace_tests (a coding task's tests, with --environment workspace), "
         "llm_judge (asks the run's own model) or module:function",
     )
     add("--system-prompt-file", default=None, help="a text file with the system prompt")

@@ -102,9 +102,14 @@ class WorkspaceEnvironment(ToolEnvironment):
                 "the code base"
             )
         try:
-            TestSpec.from_task(request, default_timeout_s=self.workspaces.config.test_timeout_s)
+            tests = TestSpec.from_task(request, default_timeout_s=self.workspaces.config.test_timeout_s)
         except ConfigError as exc:
             raise EnvStepError(str(exc)) from None
+        if tests is None:  # refused here, not after the episode (where a reward error would be retried)
+            raise EnvStepError(
+                "a workspace task needs its tests: 'test_command' (a shell command, exit status 0 = pass) or "
+                "'fail_to_pass' / 'pass_to_pass' (pytest node ids)"
+            )
         sample = await super().reset(request)
         try:
             key = await anyio.to_thread.run_sync(self.workspaces.register, sample.id, source)

@@ -64,6 +64,8 @@ def workspace_tests_reward(task: Mapping[str, Any], messages: Sequence[Mapping[s
         raise RewardError(f"the test run was killed by {killer} (a sandbox limit); its output ended: {run.tail[-500:]}")
     if run.memory_errors:
         raise RewardError(f"{run.memory_errors} test(s) failed with MemoryError: the sandbox's memory limit bit")
+    if not run.report and run.returncode != 0 and "MemoryError" in run.tail:  # a plain command, no pytest report
+        raise RewardError("the test command failed with MemoryError: the sandbox's memory limit bit")
     if run.listed:
         passed = run.listed_passed == run.listed
         share = run.listed_passed / run.listed

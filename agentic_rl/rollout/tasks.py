@@ -27,6 +27,12 @@ class Task(BaseModel):
     system_prompt: StrictStr | None = None
 
 
+class WorkspaceTask(Task):
+    """A coding task (it names a `workspace`): its tests judge it, so a `ground_truth` is optional."""
+
+    ground_truth: StrictStr | StrictInt | Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None
+
+
 def _first_error(exc: ValidationError) -> tuple[str, Any, str]:
     """`(field, offending value or None when missing, message)` of the first error pydantic reported."""
     err = exc.errors()[0]
@@ -36,7 +42,8 @@ def _first_error(exc: ValidationError) -> tuple[str, Any, str]:
 
 
 def validate_task(task: Any) -> dict[str, Any]:
-    """Check one task and return it as a plain dict.
+    """Check one task and return it as a plain dict. A coding task (one with a `workspace`) needs no
+    `ground_truth`: its tests judge it.
 
     Raises:
         ConfigError: naming the first missing or malformed field.
@@ -44,7 +51,8 @@ def validate_task(task: Any) -> dict[str, Any]:
     if not isinstance(task, dict):
         raise ConfigError(f"a task must be a dict with 'id', 'question', 'ground_truth', got {type(task).__name__}")
     try:
-        return Task.model_validate(task).model_dump(exclude_unset=True)
+        model = WorkspaceTask if task.get("workspace") is not None else Task
+        return model.model_validate(task).model_dump(exclude_unset=True)
     except ValidationError as exc:
         field, value, msg = _first_error(exc)
         shown = "" if value is None else f" ({value!r})"

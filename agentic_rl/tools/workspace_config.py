@@ -8,6 +8,7 @@ import math
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -114,6 +115,10 @@ class TestSpec:
             isinstance(k, str) and k and isinstance(v, str) for k, v in files.items()
         ):
             raise ConfigError("task field 'test_files' must map relative file paths to their text")
+        for name in files:
+            parts = PurePosixPath(name).parts
+            if PurePosixPath(name).is_absolute() or ".." in parts:
+                raise ConfigError(f"task field 'test_files' names {name!r}: give a path inside the workspace")
         timeout_s = task.get("test_timeout_s", default_timeout_s)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < math.inf:
             raise ConfigError(f"task field 'test_timeout_s' must be a positive number of seconds, got {timeout_s!r}")

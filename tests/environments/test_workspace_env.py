@@ -111,6 +111,13 @@ async def test_a_test_run_past_its_time_limit_is_an_infrastructure_failure(env, 
     await env.close(sample)
 
 
+async def test_a_plain_test_command_out_of_memory_is_an_infrastructure_failure(env, codebase):
+    sample = await env.reset(_task(codebase, test_command="python -c 'bytearray(64 * 1024**3)'"))  # past the limit
+    with pytest.raises(RewardError, match="MemoryError"):
+        await _reward(sample)
+    await env.close(sample)
+
+
 async def test_a_test_run_killed_by_a_signal_is_an_infrastructure_failure(env, codebase):
     sample = await env.reset(_task(codebase, test_command="python -c 'import os; os.kill(os.getpid(), 9)'"))
     with pytest.raises(RewardError, match="killed by SIGKILL"):
@@ -122,11 +129,27 @@ async def test_reset_refuses_a_task_without_a_usable_workspace_or_with_malformed
     with pytest.raises(EnvStepError, match="a workspace task needs 'workspace'"):
         await env.reset({"id": 1, "question": "q"})
     with pytest.raises(EnvStepError, match="cannot be read"):
-        await env.reset({"id": 1, "question": "q", "workspace": str(tmp_path / "missing")})
+        await env.reset({"id": 1, "question": "q", "workspace": str(tmp_path / "missing"), "test_command": "true"})
     with pytest.raises(EnvStepError, match="'fail_to_pass' must be a list of pytest node ids"):
         await env.reset(_task(codebase, fail_to_pass="test_calc.py::test_add"))
     with pytest.raises(EnvStepError, match="'test_timeout_s' must be a positive number"):
         await env.reset(_task(codebase, test_command="true", test_timeout_s=0))
+    # What the reward would only find after the episode (and retry as an infrastructure failure) is refused here.
+    no_tests = {k: v for k, v in _task(codebase).items() if k not in ("test_command", "fail_to_pass", "pass_to_pass")}
+    with pytest.raises(EnvStepError, match="needs its tests"):
+        await env.reset(no_tests)
+    for escaping in ("../evil.py", "/tmp/evil.py", "tests/../../evil.py"):
+        with pytest.raises(EnvStepError, match="give a path inside the workspace"):
+            await env.reset(_task(codebase, test_command="true", test_files={escaping: "x = 1\n"}))
+
+
+def test_a_coding_task_needs_no_ground_truth_but_every_other_task_does(codebase):
+    from agentic_rl.rollout.tasks import validate_task
+
+    task = {"id": "c", "question": "Fix add().", "workspace": str(codebase), "test_command": "python -m pytest -q"}
+    assert validate_task(task) == task  # its tests judge it
+    with pytest.raises(ConfigError, match="invalid task field 'ground_truth'"):
+        validate_task({"id": "q", "question": "What is 2 + 2?"})
 
 
 async def test_the_reward_refuses_a_task_without_a_live_workspace(codebase):
