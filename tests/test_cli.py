@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -133,6 +134,24 @@ def test_openai_sdk_example_captures_exact_trajectories():
     for line in lines:  # the first turn is forced to a calculator call; later sampled turns may call again or not
         assert "exact=True" in line and "continuous=True" in line
         assert int(re.search(r"tool_calls=(\d+)", line).group(1)) >= 1, line
+
+
+@pytest.mark.slow
+def test_openai_sdk_coding_agent_example_works_in_workspaces_and_captures_exact_trajectories(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the workspaces' folders: nothing may be left there
+    proc = subprocess.run([sys.executable, "examples/openai_agent/humaneval_openai_agent.py", "--limit", "2",
+                           "--model", "tiny-random-smollm2", "--max-turns", "2"],
+                          cwd=root, capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("HumanEval/")]
+    assert [line.split(":")[0] for line in lines] == ["HumanEval/144", "HumanEval/145"]
+    for line in lines:  # whatever the random model wrote: one exact run, graded by the hidden test
+        assert "exact=True" in line and "runs=1" in line and re.search(r"passed=(True|False)", line), line
+    assert list(tmp_path.glob("agentic-rl-workspaces-*"))  # the workspaces were made there,
+    assert list(tmp_path.glob("agentic-rl-workspaces-*/*")) == [], "and none was left behind"
 
 
 def test_out_of_range_options_are_rejected_before_anything_starts(capsys):

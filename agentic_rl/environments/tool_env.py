@@ -6,18 +6,18 @@ import inspect
 import json
 import logging
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import anyio
 
 from agentic_rl.environments.base import INFRASTRUCTURE_ERRORS_KEY, Environment, Sample, StepResult
 from agentic_rl.errors import ConfigError, EnvStepError, ToolError, ToolUnavailableError
-from agentic_rl.parser import ToolCall, parse_tool_calls, tool_call_format
+from agentic_rl.parser import ToolCall, ToolCallError, parse_tool_calls, to_call, tool_call_format
 from agentic_rl.tools.base import StatefulTool, Tool
 from agentic_rl.tools.prompt import tools_system_prompt
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "ToolEnvironment"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "ToolEnvironment", "ToolReply"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,21 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 MAX_OBSERVATION_CHARS = 8192
+
+
+class ToolReply(NamedTuple):
+    """What one tool call gave (`ToolEnvironment.call_tool`).
+
+    Attributes:
+        content: the tool message's content: the result, or "Error: ..." text meant for the model.
+        ok: False when the call failed (unknown tool, bad arguments, a failing or slow tool).
+        infrastructure: True when the tool's service failed (`ToolUnavailableError`, past its time bound, a crash):
+            not the policy's doing, so a trainer should not score the trajectory on it.
+    """
+
+    content: str
+    ok: bool
+    infrastructure: bool
 
 
 class ToolEnvironment(Environment):
@@ -145,6 +160,28 @@ class ToolEnvironment(Environment):
         if unavailable:
             info[INFRASTRUCTURE_ERRORS_KEY] = unavailable
         return StepResult(observation, False, info)
+
+    async def call_tool(self, sample: Sample, name: str, arguments: str | Mapping[str, Any] | None) -> ToolReply:
+        """Runs one tool call given the way an OpenAI client receives it, for the trajectory of `sample`.
+
+        For an agent that runs its own tool loop against the OpenAI-compatible server (its model calls captured by
+        trajectory id): pass each `tool_calls[i].function.name` and `.arguments` of the reply. The call runs as
+        `step` runs the calls it parses: a stateful tool keeps its session per trajectory until `close`, and the
+        same error texts come back.
+
+        Args:
+            sample: the trajectory, as `reset` returned it.
+            name: the tool's name.
+            arguments: a JSON-encoded object (OpenAI's form), an object, or None / "" for no arguments.
+
+        Returns:
+            a `ToolReply`; its content is cut to `max_observation_chars`. Never raises for a bad call.
+        """
+        call = to_call({"name": name, "arguments": arguments}, "")
+        if isinstance(call, ToolCallError):
+            return ToolReply(self._cap(f"Error: {call.message}"), False, False)
+        ok, text, infrastructure = await self._run_call(sample, call)
+        return ToolReply(self._cap(text), ok, infrastructure)
 
     async def close(self, sample: Sample) -> None:
         with self._lock:

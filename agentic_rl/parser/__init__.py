@@ -48,6 +48,7 @@ from agentic_rl.parser.calls import (
     ParsedToolCall,
     ToolCall,
     ToolCallError,
+    to_call,
 )
 from agentic_rl.parser.json_text import MAX_JSON_DEPTH, json_nesting_exceeds
 from agentic_rl.parser.mistral import is_mistral_call_id, mistral_call_id
@@ -88,5 +89,6 @@ __all__ = [
     "parse_tool_calls",
     "split_thought",
     "strip_thoughts",
+    "to_call",
     "tool_call_format",
 ]

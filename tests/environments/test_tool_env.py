@@ -694,3 +694,38 @@ async def test_aclose_closes_every_tool_once_and_survives_a_failing_one():
     env = ToolEnvironment([Holding("a", fail=True), Holding("b"), CalculatorTool()])
     await env.aclose()
     assert closed == ["a", "b"]  # the failing one is logged, the next one still closed
+
+
+# ------------------------------------------------------------------------------- call_tool (OpenAI-style calls)
+
+
+async def test_call_tool_runs_openai_style_calls_with_the_sessions_and_error_texts_of_step():
+    counter = CounterTool()
+    env = ToolEnvironment([EchoTool(), counter, BoomTool(), SleepingTool()])
+    sample = await env.reset({"question": "q", "id": "s1"})
+    # Arguments as the OpenAI client hands them over (a JSON string), as an object, or none at all.
+    assert await env.call_tool(sample, "echo", '{"text": "hi"}') == ("hi", True, False)
+    assert await env.call_tool(sample, "counter", {"by": 2}) == ("s1:2", True, False)
+    assert await env.call_tool(sample, "counter", None) == ("s1:3", True, False)  # the session is kept
+    assert counter.started == ["s1"]
+    # The policy's mistakes: the texts `step` gives, not an exception.
+    reply = await env.call_tool(sample, "echo", '{"text": ')
+    assert not reply.ok and not reply.infrastructure and "not valid JSON" in reply.content
+    reply = await env.call_tool(sample, "echo", "[1, 2]")
+    assert not reply.ok and "must be a JSON object" in reply.content and '"text"' in reply.content
+    reply = await env.call_tool(sample, "nope", "{}")
+    assert reply.content.startswith("Error: unknown tool 'nope'") and not reply.infrastructure
+    # The tool's own failures are infrastructure failures.
+    reply = await env.call_tool(sample, "boom", "{}")
+    assert not reply.ok and reply.infrastructure and "kaboom" in reply.content
+    reply = await env.call_tool(sample, "sleepy", "{}")
+    assert not reply.ok and reply.infrastructure and "timed out" in reply.content
+    await env.close(sample)
+    assert counter.ended == ["s1"]
+
+
+async def test_call_tool_cuts_long_results_like_step():
+    env = ToolEnvironment([EchoTool()], max_observation_chars=10)
+    sample = await env.reset({"question": "q", "id": "s2"})
+    reply = await env.call_tool(sample, "echo", {"text": "x" * 25})
+    assert reply.content == "x" * 10 + "\n...[truncated 15 characters]"
