@@ -413,3 +413,14 @@ def test_a_chat_template_the_rollout_cannot_follow_is_refused_before_the_output_
     err = capsys.readouterr().err
     assert "<think> blocks of earlier assistant turns" in err and "template_rewrites new_run" in err
     assert not out.exists()
+
+
+def test_help_shows_defaults_but_never_none(capsys):
+    from agentic_rl.cli import main
+
+    for command in ("rollout", "eval", "train", "sft", "serve", "plan", "merge", "view"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = capsys.readouterr().out
+        assert "(default: None)" not in text, command
+        assert command != "rollout" or "use the first N tasks (default: 32)" in text

@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import Any
 
+from agentic_rl.cli.help import DefaultsHelp
 from agentic_rl.cli.plan import add_plan_parser, run_plan
 from agentic_rl.cli.rollout import ROLLOUT_ARGS, dtype_option
 
@@ -52,7 +53,7 @@ def _config_command(
 ) -> None:
     """A subcommand run from a YAML config (`--config`) with `--set KEY=VALUE` overrides; with `resume` (its help),
     also `--resume RUN_DIR`, which stands instead of `--config` (checked by the command)."""
-    p = sub.add_parser(name, help=help_text, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(name, help=help_text, formatter_class=DefaultsHelp)
     p.add_argument(
         "--config",
         required=required and resume is None,
@@ -77,7 +78,7 @@ def _serve_parser(sub: Any) -> None:
     s = sub.add_parser(
         "serve",
         help="serve a model over the OpenAI API on 127.0.0.1 (Ctrl-C to stop)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     s.add_argument("--model", default="smollm2-135m-instruct", help="registry name, local HF folder or hub id")
     s.add_argument("--name", default=None, help="model name clients pass (default: the --model value)")
@@ -231,7 +232,7 @@ def _rollout_parser(sub: Any, *, typed_only: bool) -> None:
     r = sub.add_parser(
         "rollout",
         help="run tool-using agents on a task file or dataset and save trajectories",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     options: list[argparse.Action] = []
 
@@ -264,7 +265,7 @@ def _eval_parser(sub: Any) -> None:
     e = sub.add_parser(
         "eval",
         help="evaluate a model on tasks: pass@k, avg@K, maj@K over K samples per task (and --compare OTHER)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     add = e.add_argument
     _task_options(add)
@@ -285,7 +286,7 @@ def _merge_parser(sub: Any) -> None:
     m = sub.add_parser(
         "merge",
         help="write a plain model folder: a LoRA adapter folded into its base, or a training checkpoint's model",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     source = m.add_mutually_exclusive_group(required=True)
     source.add_argument(
@@ -319,7 +320,7 @@ def _view_parser(sub: Any) -> None:
     v = sub.add_parser(
         "view",
         help="write a self-contained HTML page to browse a run's trajectories",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     v.add_argument("run_dir", help="a folder written by 'agentic-rl rollout' or 'agentic-rl train'")
     v.add_argument("--output", default=None, help="the HTML file (default: RUN_DIR/view.html)")

@@ -13,6 +13,8 @@ import argparse
 import json
 from typing import Any
 
+from agentic_rl.cli.help import DefaultsHelp
+
 __all__ = ["add_plan_parser", "run_plan"]
 
 
@@ -21,7 +23,7 @@ def add_plan_parser(sub: Any) -> None:
     p = sub.add_parser(
         "plan",
         help="per-card memory plan of a training run (trainer + engine) from a model's config.json, no weights",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelp,
     )
     p.add_argument(
         "--model", default=None, help="config.json, a model folder or a registry name (default: the config's)"

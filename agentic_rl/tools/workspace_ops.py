@@ -42,7 +42,12 @@ MAX_LISTED = 400
 SNIPPET_CONTEXT = 4
 """Lines shown before and after an edit."""
 _STATE: dict[str, str] = {}  # "cwd": the shell's working directory, kept between the calls of this interpreter
-_BASH = 'trap \'pwd -P > "$0"\' EXIT\n__agentic_rl_command=$1\nset --\neval "$__agentic_rl_command"'
+# One line, with $0 "bash", so that the shell's own messages read "bash: line N: ..." with N the line of the command,
+# as under a plain `bash -c`; $1 is the file the working directory is written to when the shell exits, $2 the command.
+_BASH = (
+    "__agentic_rl_pwd=$1; __agentic_rl_command=$2; set --; trap 'pwd -P > \"$__agentic_rl_pwd\"' EXIT; "
+    'eval "$__agentic_rl_command"'
+)
 _OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 
 
@@ -295,7 +300,7 @@ def bash(root: str, args: dict[str, Any]) -> str:
     os.close(fd)
     try:
         with tempfile.TemporaryFile() as out:
-            status = _run(["bash", "-c", _BASH, pwd_file, args["command"]], cwd, args["timeout_s"], out)
+            status = _run(["bash", "-c", _BASH, "bash", pwd_file, args["command"]], cwd, args["timeout_s"], out)
             output = _capped(out, args["max_output_bytes"])
         with open(pwd_file, encoding="utf-8", errors="surrogateescape") as fh:
             pwd = fh.read().rstrip("\n")

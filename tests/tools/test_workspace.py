@@ -213,6 +213,11 @@ def test_bash_keeps_the_working_directory_and_reports_the_exit_code(session):
     assert session("bash", command="pwd").splitlines()[0].endswith("/pkg")
     assert session("bash", command="true") == "(no output)\n[exit code: 0]"
     assert session("bash", command="cd ..; ls -A") == ".hidden\nlink_inside\nnotes.txt\npkg\n[exit code: 0]"  # nothing of the tools
+    # The shell's own messages read as under a plain `bash -c`: nothing of the wrapper's files or variables.
+    assert session("bash", command="no_such_command_x") == (
+        "bash: line 1: no_such_command_x: command not found\n[exit code: 127]"
+    )
+    assert session("bash", command='echo "$0 $# $1"') == "bash 0 \n[exit code: 0]"
 
 
 def test_bash_past_its_timeout_kills_the_command_group_but_the_session_survives(session):
