@@ -95,7 +95,15 @@ class WorkspaceTool(StatefulTool):
         """
         if not isinstance(arguments, dict):
             raise ToolError(f"{self.name} takes a JSON object of arguments")
-        args = self.check(arguments)
+        try:
+            args = self.check(arguments)
+        except ToolError as exc:  # name the arguments it does not take: often a misnamed one is why
+            known = self.parameters["properties"]
+            unknown = [name for name in arguments if name not in known]
+            if not unknown:
+                raise
+            names = ", ".join(repr(name) for name in unknown)
+            raise ToolError(f"{exc}; unknown argument(s) {names}: {self.name} takes {', '.join(known)}") from None
         args["max_output_bytes"] = self.workspaces.config.max_output_bytes
         result = self.workspaces.call(session_id, self.op, args, timeout_s=self._limit(args) + _GRACE_S)
         return _clean(str(result))

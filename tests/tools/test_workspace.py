@@ -243,6 +243,14 @@ def test_bash_arguments_are_checked(session):
         session("bash")
     with pytest.raises(ToolError, match="timeout_s must be a number of seconds above 0 and at most 300"):
         session("bash", command="true", timeout_s=10_000)
+    # A misnamed argument is named beside what is missing; extra arguments of a complete call are ignored.
+    with pytest.raises(ToolError) as info:
+        session("insert", path="pkg/calc.py", line=1, text="# top")
+    assert str(info.value) == (
+        "the 'insert_line' argument is required and must be an integer, got None; unknown argument(s) 'line', "
+        "'text': insert takes path, insert_line, new_str"
+    )
+    assert session("bash", command="echo ok", cwd="pkg") == "ok\n[exit code: 0]"
 
 
 # --------------------------------------------------------------------------------------------------- file tools
