@@ -14,6 +14,7 @@ Only the standard library is imported, plus the worker's own helpers (the worker
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -41,11 +42,13 @@ MAX_LISTED = 400
 """Most entries a directory's `view` lists."""
 SNIPPET_CONTEXT = 4
 """Lines shown before and after an edit."""
-_STATE: dict[str, str] = {}  # "cwd": the shell's working directory, kept between the calls of this interpreter
+_STATE: dict[str, str] = {}  # "cwd", "env": the shell's working directory and exported variables, kept between calls
 # One line, with $0 "bash", so that the shell's own messages read "bash: line N: ..." with N the line of the command,
-# as under a plain `bash -c`; $1 is the file the working directory is written to when the shell exits, $2 the command.
+# as under a plain `bash -c`. $1 is a file holding the variables the previous command exported (sourced first, then
+# $PWD made right again) and $1.pwd the working directory; both are written when the shell exits; $2 is the command.
 _BASH = (
-    "__agentic_rl_pwd=$1; __agentic_rl_command=$2; set --; trap 'pwd -P > \"$__agentic_rl_pwd\"' EXIT; "
+    '__agentic_rl_state=$1; __agentic_rl_command=$2; set --; . "$__agentic_rl_state"; cd -P . 2>/dev/null; '
+    'trap \'export -p > "$__agentic_rl_state"; pwd -P > "$__agentic_rl_state.pwd"\' EXIT; '
     'eval "$__agentic_rl_command"'
 )
 _OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
@@ -267,6 +270,15 @@ def _capped(fh: Any, cap: int) -> str:
     return head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
 
 
+def _read(path: str) -> str:
+    """The text of `path`, "" when it is missing (a shell killed before its exit trap ran)."""
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return ""
+
+
 def _run(command: list[str], cwd: str, timeout_s: float, out: Any, env: dict[str, str] | None = None) -> int | None:
     """Runs `command` in its own process group, output to the file `out`; past `timeout_s` the whole group is
     killed. Returns the exit status (negative: killed by that signal), or None when it timed out."""
@@ -291,27 +303,30 @@ def _run(command: list[str], cwd: str, timeout_s: float, out: Any, env: dict[str
 
 
 def bash(root: str, args: dict[str, Any]) -> str:
-    """Runs `command` with ``bash -c`` in the shell's working directory (kept between calls) and returns its output
-    (stdout and stderr as they interleave), cut to `max_output_bytes`, with the exit status."""
+    """Runs `command` with ``bash -c`` in the shell's working directory, with the variables it exported before (both
+    kept between calls, unless a call timed out), and returns its output (stdout and stderr as they interleave), cut
+    to `max_output_bytes`, with the exit status."""
     cwd, note = _STATE.get("cwd", root), ""
     if not os.path.isdir(cwd):
         cwd, note = root, f"[the working directory {_STATE['cwd']} is gone: this command ran in {root}]\n"
-    fd, pwd_file = tempfile.mkstemp(prefix="pwd-")
-    os.close(fd)
+    fd, state_file = tempfile.mkstemp(prefix="shell-")
+    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
+        fh.write(_STATE.get("env", ""))
     try:
         with tempfile.TemporaryFile() as out:
-            status = _run(["bash", "-c", _BASH, "bash", pwd_file, args["command"]], cwd, args["timeout_s"], out)
+            status = _run(["bash", "-c", _BASH, "bash", state_file, args["command"]], cwd, args["timeout_s"], out)
             output = _capped(out, args["max_output_bytes"])
-        with open(pwd_file, encoding="utf-8", errors="surrogateescape") as fh:
-            pwd = fh.read().rstrip("\n")
+        pwd, env = (_read(path) for path in (state_file + ".pwd", state_file))
     finally:
-        os.unlink(pwd_file)
-    if status is not None and pwd and os.path.isdir(pwd):
-        _STATE["cwd"] = pwd
+        for path in (state_file, state_file + ".pwd"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    if status is not None and pwd and os.path.isdir(pwd.rstrip("\n")):
+        _STATE["cwd"], _STATE["env"] = pwd.rstrip("\n"), env
     if status is None:
         end = (
             f"[command timed out after {args['timeout_s']:g} s: it and every process of its process group were "
-            "killed; the working directory is unchanged. Run long jobs in the background (cmd > log 2>&1 &) "
+            "killed; the working directory and variables are unchanged. Run long jobs in the background (cmd > log 2>&1 &) "
             "or pass a larger timeout_s]"
         )
     elif status < 0:

@@ -117,7 +117,7 @@ class WorkspaceTool(StatefulTool):
 
 
 class BashTool(WorkspaceTool):
-    """``bash``: a shell command in the workspace, its working directory kept between calls."""
+    """``bash``: a shell command in the workspace, its working directory and exported variables kept between calls."""
 
     name = "bash"
     op = "bash"
@@ -136,7 +136,7 @@ class BashTool(WorkspaceTool):
         config = workspaces.config
         self.description = (
             "Run a bash command in the workspace, which starts in the code base's root folder. The working "
-            "directory persists between calls (a `cd` holds); shell variables do not. Returns stdout and stderr "
+            "directory and exported variables persist between calls (a `cd` or an `export` holds). Returns stdout and stderr "
             f"together (the first and last bytes of longer output, {config.max_output_bytes} bytes in all) and "
             f"the exit code. A command still running after timeout_s seconds (default {config.bash_timeout_s:g}, "
             f"at most {config.bash_max_timeout_s:g}) is killed. There is no network access."

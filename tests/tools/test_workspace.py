@@ -205,9 +205,10 @@ def test_the_workspace_is_what_the_model_works_in_and_the_interpreter_cannot_lea
 
 
 def test_bash_keeps_the_working_directory_and_reports_the_exit_code(session):
-    assert session("bash", command="cd pkg && export X=1").endswith("[exit code: 0]")
-    out = session("bash", command="pwd; ls; echo ${X:-unset}; exit 3")
-    assert out.splitlines()[0].endswith("/pkg") and "calc.py" in out and "unset" in out
+    assert session("bash", command="cd pkg && export X='a b' && Y=2").endswith("[exit code: 0]")
+    out = session("bash", command="pwd; ls; echo \"$X ${Y:-unset}\"; exit 3")
+    # The working directory and exported variables are kept (a plain shell variable is not, as between shells).
+    assert out.splitlines()[0].endswith("/pkg") and "calc.py" in out and "a b unset" in out
     assert out.endswith("[exit code: 3]")
     assert session("bash", command="cd /nonexistent").endswith("[exit code: 1]")
     assert session("bash", command="pwd").splitlines()[0].endswith("/pkg")
@@ -223,10 +224,13 @@ def test_bash_keeps_the_working_directory_and_reports_the_exit_code(session):
 def test_bash_past_its_timeout_kills_the_command_group_but_the_session_survives(session):
     marker = str(900 + uuid.uuid4().int % 99)  # a unique argument of the processes to find
     out = session("bash", command=f"cd pkg; echo started; sleep {marker} & sleep {marker}", timeout_s=1)
-    assert out.startswith("started\n") and "timed out after 1 s" in out and "working directory is unchanged" in out
+    assert out.startswith("started\n") and "timed out after 1 s" in out and "working directory and variables are unchanged" in out
     assert _wait_until(lambda: not _processes_with(marker)), _processes_with(marker)
     after = session("bash", command="pwd; echo alive")
     assert not after.splitlines()[0].endswith("/pkg") and "alive" in after  # the timed-out `cd` did not hold
+    session("bash", command="export Z=kept")
+    session("bash", command="export Z=lost; sleep 5", timeout_s=1)
+    assert session("bash", command="echo $Z").startswith("kept\n")  # nor did its export
 
 
 def test_bash_output_is_cut_between_whole_characters_keeping_head_and_tail(session):
