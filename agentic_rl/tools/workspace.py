@@ -92,7 +92,8 @@ class WorkspaceInfo:
 
     Attributes:
         session_id: its session (trajectory).
-        path: the workspace root as the sandbox's code sees it (in overlay mode an empty mount point on the host).
+        path: the workspace root as the sandbox's code sees it (in overlay mode an empty mount point on the host;
+            with a container backend `CONTAINER_ROOT`, in the container).
         folder: the host folder holding the workspace's files: the copy, or the overlay's ``upper`` (changes only).
         codebase: the folder the code base came from (an archive's unpacked folder), or None for an empty one.
         overlay: True when the workspace is an overlay on the code base, False for a copy; None before it started.
@@ -141,6 +142,7 @@ class _Workspace:
     closed: bool = False
     image: str | None = None  # container backends: the image it runs in
     container: str | None = None  # container backends: the running container
+    calls: threading.Lock = field(default_factory=threading.Lock)  # container backends: one exec call at a time
 
 
 def _close_run(sandbox: SandboxTool, run_root: str, containers: ContainerBackend | None) -> None:
@@ -181,10 +183,8 @@ class Workspaces:
         base = config.root or os.path.join(tempfile.gettempdir(), f"agentic-rl-workspaces-{os.geteuid()}")
         os.makedirs(base, mode=0o711, exist_ok=True)
         self.root = os.path.realpath(base)
-        self._token = uuid.uuid4().hex[:12]
-        self.containers = None if config.backend == "sandbox" else ContainerBackend(config, self._token)
-        if self.containers is not None:
-            sweep_stale_containers(self.containers.binary)  # before their folders go
+        if config.backend != "sandbox":
+            sweep_stale_containers(config.backend)  # before their folders go
         sweep_stale_workspaces(self.root)
         self.run_root = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root)
         os.chmod(self.run_root, 0o711)  # a per-session uid (mode "uid") must reach its workspace below it
@@ -194,6 +194,8 @@ class Workspaces:
         self._starts = threading.BoundedSemaphore(config.max_concurrent_starts)
         self._workspaces: dict[str, _Workspace] = {}
         self._lock = threading.Lock()
+        self._token = uuid.uuid4().hex[:12]
+        self.containers = None if config.backend == "sandbox" else ContainerBackend(config, self._token, self.run_root)
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_run, self.sandbox, self.run_root, self.containers)
 
@@ -287,7 +289,8 @@ class Workspaces:
         self._start(ws)
         if self.containers is not None and ws.container is not None:
             request = json.dumps({"op": op, "root": CONTAINER_ROOT, "args": args, "state": STATE_FILE})
-            text = self.containers.call(ws.container, request, timeout_s=timeout_s)
+            with ws.calls:  # one call at a time, as in a sandbox session
+                text = self.containers.call(ws.container, request, timeout_s=timeout_s)
         else:
             request = json.dumps({"op": op, "root": ws.workdir, "args": args})
             code = f"import {_PRELOAD} as _ops\n_ops.main({request!r})"
@@ -298,6 +301,8 @@ class Workspaces:
         except ValueError:
             reply = None
         if not isinstance(reply, dict) or not ("ok" in reply or "error" in reply):
+            if ws.closed:
+                raise ToolError("the workspace was removed")
             raise ToolUnavailableError(f"the workspace sandbox did not answer {op!r} as expected: {text[-2000:]}")
         if "error" in reply:
             raise ToolError(str(reply["error"]))
@@ -315,7 +320,8 @@ class Workspaces:
         ws = self._get(session_id)
         self._start(ws)
         if self.containers is not None and ws.container is not None:
-            self.containers.kill_all(ws.container)
+            with ws.calls:  # after the model's running call, if any
+                self.containers.kill_all(ws.container)
         else:
             self.sandbox.restart(session_id)
         started = time.perf_counter()

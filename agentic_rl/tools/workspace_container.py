@@ -7,7 +7,7 @@ container's (``memory_limit_mb`` -> ``--memory`` of the whole container, no swap
 ``--pids-limit``; ``cpu_time_limit_s`` and ``max_file_mb`` -> per-process ``--ulimit cpu`` / ``fsize``;
 ``container_cpus`` -> ``--cpus``), a private ``/tmp`` tmpfs of ``max_file_mb``, every capability dropped, no new
 privileges, and labels naming the run and its owner process (`owner_marker`). The container's first process is a
-small Python loop that reaps orphans, so the image must have ``python3`` (3.8 or later) on its ``PATH``; images are
+small Python loop that reaps orphans, so the image must have ``python3`` (3.9 or later) on its ``PATH``; images are
 never pulled (``--pull never``): pull or build them beforehand.
 
 Every tool call runs `workspace_ops` (bind-mounted read-only with the helpers it imports) in a fresh
@@ -113,11 +113,12 @@ def exec_command(binary: str, container: str, code: str = _EXEC) -> list[str]:
     return [binary, "exec", "-i", "--workdir", CONTAINER_ROOT, container, "python3", "-c", code]
 
 
-def _cli(command: list[str], timeout_s: float = _CLI_TIMEOUT_S, stdin: str | None = None) -> tuple[int, str, str]:
-    """Runs a CLI command; ``(status, stdout, stderr)``, status -1 when it could not run or passed `timeout_s`."""
+def _cli(command: list[str], timeout_s: float = _CLI_TIMEOUT_S, cwd: str | None = None) -> tuple[int, str, str]:
+    """Runs a CLI command in `cwd`; ``(status, stdout, stderr)``, status -1 when it could not run or passed
+    `timeout_s`."""
     try:
         done = subprocess.run(
-            command, input=stdin, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False
+            command, cwd=cwd, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False
         )
     except subprocess.TimeoutExpired:
         return -1, "", f"{command[0]} {command[1]} did not answer in {timeout_s:g} s"
@@ -193,14 +194,21 @@ class ContainerBackend:
     Args:
         config: the workspaces' settings (`backend` names the binary).
         run: the run's token, the value of `RUN_LABEL`.
+        folder: the run's folder, the working directory of the CLI's processes (podman's conmon may leave a file
+            named ``oom`` in its working directory after an out-of-memory kill in an exec).
     """
 
-    def __init__(self, config: WorkspaceConfig, run: str) -> None:
+    def __init__(self, config: WorkspaceConfig, run: str, folder: str) -> None:
         self.config = config
+        self.folder = folder
         self.binary = config.backend
         self.labels = {RUN_LABEL: run, OWNER_LABEL: json.dumps(owner_marker(), separators=(",", ":"))}
         self.live: set[str] = set()  # containers started and not removed yet
         self._lock = threading.Lock()
+
+    @property
+    def _cwd(self) -> str | None:
+        return self.folder if os.path.isdir(self.folder) else None
 
     def start(self, name: str, image: str, folder: str) -> str:
         """Starts the container `name` of the workspace `folder` from `image`.
@@ -217,7 +225,7 @@ class ContainerBackend:
         command = run_command(self.binary, self.config, name=name, image=image, folder=folder, labels=self.labels)
         with self._lock:
             self.live.add(name)  # removed on failure too: a timed-out `run` may still create it
-        status, _, err = _cli(command, self.config.startup_timeout_s)
+        status, _, err = _cli(command, self.config.startup_timeout_s, self._cwd)
         if status != 0:
             self.remove(name)
             raise ToolUnavailableError(
@@ -237,6 +245,7 @@ class ContainerBackend:
             done = subprocess.run(
                 exec_command(self.binary, container),
                 input=request.encode("utf-8", "surrogatepass"),
+                cwd=self._cwd,
                 capture_output=True,
                 timeout=timeout_s,
                 check=False,
@@ -253,11 +262,11 @@ class ContainerBackend:
 
     def kill_all(self, container: str) -> None:
         """Kills every process of `container` but its first (the model's commands, whatever they left running)."""
-        _cli(exec_command(self.binary, container, _KILL_ALL))
+        _cli(exec_command(self.binary, container, _KILL_ALL), cwd=self._cwd)
 
     def remove(self, container: str) -> None:
         """Removes `container` with all its processes (``rm -f``). Idempotent; never raises (a failure is logged)."""
-        status, _, err = _cli([self.binary, "rm", "--force", container])
+        status, _, err = _cli([self.binary, "rm", "--force", container], cwd=self._cwd)
         if status != 0 and "no such container" not in err.lower() and "no container with" not in err.lower():
             logger.warning("could not remove the container %s: %s", container, err.strip()[-300:])
         with self._lock:
