@@ -5,7 +5,7 @@ directory, a file edit, the tests as the reward, and nothing left once the traje
 SIGTERM, or killed with SIGKILL and swept by the next run. Each is skipped, with the reason, where the binary is
 missing, its daemon or runtime does not answer (``<binary> info``, or a trial ``run`` of the image fails), or the
 image is not present locally; nothing is ever pulled. The image: ``AGENTIC_RL_TEST_IMAGE`` (default
-``python:3.11-slim``; it needs ``python3`` and ``pytest``); more ``run`` arguments: ``AGENTIC_RL_TEST_CONTAINER_ARGS``
+``python:3.11-slim``; it needs ``python3``; the tests are plain Python, no pytest in the image); more ``run`` arguments: ``AGENTIC_RL_TEST_CONTAINER_ARGS``
 (shell words, e.g. ``--runtime runc``). The unit tests below them need no binary.
 """
 
@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = os.environ.get("AGENTIC_RL_TEST_IMAGE", "python:3.11-slim")
 RUN_ARGS = shlex.split(os.environ.get("AGENTIC_RL_TEST_CONTAINER_ARGS", ""))
 BUGGY = "def add(a, b):\n    return a - b\n"
-TESTS = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+TESTS = "from calc import add\n\nassert add(2, 3) == 5\n"
 _WHY_NOT: dict[str, str | None] = {}
 
 
@@ -58,7 +58,7 @@ def _why_not(binary: str) -> str | None:
         if why is None:
             trial = [binary, "run", "--rm", "--pull", "never", "--network", "none", *RUN_ARGS, IMAGE]
             try:
-                done = subprocess.run([*trial, "python3", "-c", "import pytest"], capture_output=True, timeout=120)
+                done = subprocess.run([*trial, "python3", "-c", "pass"], capture_output=True, timeout=120)
                 if done.returncode != 0:
                     why = f"a trial container of {IMAGE} failed: {done.stderr.decode(errors='replace')[-300:]}"
             except subprocess.TimeoutExpired:
@@ -118,7 +118,7 @@ async def _act(env: WorkspaceEnvironment, sample: Any, name: str, **arguments: A
 
 def _task(codebase: Path, **more: Any) -> dict[str, Any]:
     return {"id": "t", "question": "Fix add.", "workspace": str(codebase), "trajectory_id": os.urandom(4).hex(),
-            "image": IMAGE, "test_files": {"test_calc.py": TESTS}, "fail_to_pass": ["test_calc.py::test_add"],
+            "image": IMAGE, "test_files": {"test_calc.py": TESTS}, "test_command": "python3 test_calc.py",
             **more}  # fmt: skip
 
 
@@ -140,13 +140,14 @@ async def test_a_task_runs_in_its_container_is_rewarded_by_its_tests_and_close_l
     assert "leads outside the workspace through a symbolic link" in await _act(env, sample, "view", path="leak")
     cut = await _act(env, sample, "bash", command="python3 -c \"print('é' * 20000)\"")
     assert "bytes of output left out" in cut and "\ufffd" not in cut
+    assert await _reward(sample) == 0.0  # the bug is still there
     fixed = await _act(env, sample, "str_replace", path="calc.py", old_str="a - b", new_str="a + b")
     assert fixed.startswith("Edited calc.py")
     info = env.workspaces.info(sample.id)
     assert info.path == CONTAINER_ROOT and info.overlay is False and _exists(backend, info.container)
     assert (Path(info.folder) / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
     reward = await _reward(sample)
-    assert reward == 1.0 and reward.metrics["tests_run"] == 1.0 and reward.metrics["workspace_overlay"] == 0.0
+    assert reward == 1.0 and reward.metrics["tests_exit_status"] == 0.0 and reward.metrics["workspace_overlay"] == 0.0
     await env.close(sample)
     assert not _exists(backend, info.container) and not os.path.exists(info.folder)
     assert (codebase / "calc.py").read_text() == BUGGY
