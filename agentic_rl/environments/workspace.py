@@ -2,7 +2,8 @@
 
 A task names its code base in ``workspace`` (a folder, or a ``.tar``, ``.tar.gz`` / ``.tgz``, ``.zip`` archive) and
 its tests in ``test_command``, ``test_files``, ``fail_to_pass`` / ``pass_to_pass`` and ``test_timeout_s``
-(`agentic_rl.tools.workspace_config.TestSpec`). `reset` registers the code base for the trajectory's id before any
+(`agentic_rl.tools.workspace_config.TestSpec`), and with a container backend (``workspace: {backend: podman}``) the
+image its container starts from in ``image`` (default `WorkspaceConfig.image`). `reset` registers the code base for the trajectory's id before any
 tool runs (a tool's `session_start` gets only that id) and adds ``workspace_session`` to the task the reward reads;
 the tools' sessions share that one workspace; `close` ends the tools' sessions and lets the workspace go, which
 removes it. The ``workspace_tests`` reward (`agentic_rl.rewards.workspace`) runs the tests in it in between (the
@@ -90,10 +91,12 @@ class WorkspaceEnvironment(ToolEnvironment):
 
     async def reset(self, request: dict[str, Any]) -> Sample:
         """Starts a trajectory: checks the task's ``workspace`` and test fields, registers its code base (an archive
-        is unpacked here, once per run) and adds ``workspace_session`` to the task.
+        is unpacked here, once per run) and its container ``image`` (container backends only) and adds
+        ``workspace_session`` to the task.
 
         Raises:
-            EnvStepError: for a task without a usable ``workspace``, or with malformed test fields.
+            EnvStepError: for a task without a usable ``workspace``, with malformed test fields, naming an ``image``
+                under the sandbox backend, or without one under a container backend whose config names none.
         """
         source = request.get("workspace")
         if not isinstance(source, str | os.PathLike) or not os.fspath(source).strip():
@@ -112,7 +115,7 @@ class WorkspaceEnvironment(ToolEnvironment):
             )
         sample = await super().reset(request)
         try:
-            key = await anyio.to_thread.run_sync(self.workspaces.register, sample.id, source)
+            key = await anyio.to_thread.run_sync(self.workspaces.register, sample.id, source, request.get("image"))
         except ConfigError as exc:
             raise EnvStepError(str(exc)) from None
         except BaseException:  # cancelled (past env_timeout_s) once the thread had registered it: no close follows

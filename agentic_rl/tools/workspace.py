@@ -28,6 +28,11 @@ run with `run_tests` in the trajectory's workspace after the episode, in a fresh
 process it started, killed first); `run_workspace_tests` finds a live workspace from the task's
 ``workspace_session``, which the environment adds.
 
+Backends (`WorkspaceConfig.backend`): ``"sandbox"`` (the default, above), or ``"podman"`` / ``"docker"``: the
+workspace is a copy whose folder is bind-mounted into a container of its own, started from the task's ``image`` (else
+`WorkspaceConfig.image`), where every tool call and the test run execute (`agentic_rl.tools.workspace_container`);
+the container is removed with the workspace, and `sweep_stale_containers` removes those of dead runs.
+
 Bounded: the code base's size (`WorkspaceConfig.max_codebase_mb`), each file written (``max_file_mb``), ``/tmp``;
 not bounded: the total a trajectory writes into its workspace (its ``upper`` folder or copy, on the host's disk).
 """
@@ -37,7 +42,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import tempfile
 import threading
 import time
@@ -51,9 +55,11 @@ from agentic_rl.errors import ConfigError, ToolError, ToolUnavailableError
 from agentic_rl.tools import workspace_ops
 from agentic_rl.tools.sandbox import SandboxIsolation, SandboxTool, SessionPlacement
 from agentic_rl.tools.sandbox_isolation import IsolationMode
-from agentic_rl.tools.sandbox_processes import remove_tree, reserve_uid, start_ticks
+from agentic_rl.tools.sandbox_processes import remove_tree, reserve_uid
 from agentic_rl.tools.workspace_codebase import CodebaseCache, copy_codebase
 from agentic_rl.tools.workspace_config import TestRun, TestSpec, WorkspaceConfig
+from agentic_rl.tools.workspace_container import CONTAINER_ROOT, STATE_FILE, ContainerBackend, sweep_stale_containers
+from agentic_rl.tools.workspace_owner import OWNER_FILE, owner_marker, sweep_stale_workspaces
 
 __all__ = [
     "ENVIRONMENT_HOLDER",
@@ -69,8 +75,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-OWNER_FILE = "owner.json"
-"""The marker in each run folder: ``{"pid", "start_ticks", "boot_id", "pid_namespace"}`` of the process owning it."""
 ENVIRONMENT_HOLDER = "environment"
 """The holder name `register` gives the environment (tools hold a workspace under their own names)."""
 _PRELOAD = "agentic_rl_workspace_ops"
@@ -88,12 +92,15 @@ class WorkspaceInfo:
 
     Attributes:
         session_id: its session (trajectory).
-        path: the workspace root as the sandbox's code sees it (in overlay mode an empty mount point on the host).
+        path: the workspace root as the sandbox's code sees it (in overlay mode an empty mount point on the host;
+            with a container backend `CONTAINER_ROOT`, in the container).
         folder: the host folder holding the workspace's files: the copy, or the overlay's ``upper`` (changes only).
         codebase: the folder the code base came from (an archive's unpacked folder), or None for an empty one.
         overlay: True when the workspace is an overlay on the code base, False for a copy; None before it started.
         uid: the session's uid, or None when the code runs as the calling user.
-        pids: host process ids of its sandbox when its interpreter last started (empty when it is not running).
+        pids: host process ids of its sandbox when its interpreter last started (empty when it is not running, and
+            with a container backend).
+        container: the name of its container (container backends), or None.
     """
 
     session_id: str
@@ -103,6 +110,7 @@ class WorkspaceInfo:
     overlay: bool | None
     uid: int | None
     pids: tuple[int, ...]
+    container: str | None = None
 
 
 class WorkspaceSandbox(SandboxTool):
@@ -132,78 +140,16 @@ class _Workspace:
     uid_lock_fd: int | None = None
     started: bool = False
     closed: bool = False
+    image: str | None = None  # container backends: the image it runs in
+    container: str | None = None  # container backends: the running container
+    calls: threading.Lock = field(default_factory=threading.Lock)  # container backends: one exec call at a time
 
 
-def owner_marker(pid: int | None = None) -> dict[str, Any]:
-    """What names the process `pid` (default: this one) across pid reuse, PID namespaces and reboots."""
-    pid = os.getpid() if pid is None else pid
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-        pid_namespace = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        boot, pid_namespace = "", 0
-    return {"pid": pid, "start_ticks": start_ticks(pid), "boot_id": boot, "pid_namespace": pid_namespace}
-
-
-def _mount_points() -> list[str]:
-    """This process's mount points (``/proc/self/mountinfo``), octal escapes decoded."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return []
-    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[4]) for line in lines]
-
-
-def _owner_dead(owner: dict[str, Any], here: dict[str, Any]) -> bool | None:
-    """Whether the process an ``owner.json`` names is gone (None: unknown, a process of another PID namespace)."""
-    if owner.get("boot_id") != here["boot_id"]:
-        return True  # the machine restarted since
-    if owner.get("pid_namespace") != here["pid_namespace"]:
-        return None
-    return start_ticks(int(owner["pid"])) != owner["start_ticks"]
-
-
-def sweep_stale_workspaces(root: str | os.PathLike[str]) -> list[str]:
-    """Removes the run folders under `root` that a dead process left: those whose ``owner.json`` names a process
-    that no longer runs (its pid gone or reused by a later process, or the machine restarted since). A live
-    owner's folders, those of an owner in another PID namespace (which cannot be told), folders without a marker
-    (not ours, or being made) and folders with a mount below them are left alone.
-
-    Returns:
-        The folders removed.
-    """
-    root = os.fspath(root)
-    removed: list[str] = []
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return removed
-    mounts, here = None, owner_marker()
-    for entry in entries:
-        if not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            with open(os.path.join(entry.path, OWNER_FILE), encoding="utf-8") as fh:
-                owner = json.load(fh)
-            if not _owner_dead(owner, here):
-                continue  # its owner still runs, or it cannot be told
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        mounts = _mount_points() if mounts is None else mounts
-        if any(m == entry.path or m.startswith(entry.path + "/") for m in mounts):
-            logger.warning("stale workspace folder %s still has a mount below it; left in place", entry.path)
-            continue
-        remove_tree(entry.path)
-        removed.append(entry.path)
-        logger.info("removed the stale workspace folder %s of dead process %s", entry.path, owner["pid"])
-    return removed
-
-
-def _close_run(sandbox: SandboxTool, run_root: str) -> None:
-    """At exit, for a `Workspaces` never closed: end its sandboxes, remove its run folder."""
+def _close_run(sandbox: SandboxTool, run_root: str, containers: ContainerBackend | None) -> None:
+    """At exit, for a `Workspaces` never closed: end its sandboxes and containers, remove its run folder."""
     sandbox.close()
+    if containers is not None:
+        containers.remove_all()
     remove_tree(run_root)
 
 
@@ -237,6 +183,8 @@ class Workspaces:
         base = config.root or os.path.join(tempfile.gettempdir(), f"agentic-rl-workspaces-{os.geteuid()}")
         os.makedirs(base, mode=0o711, exist_ok=True)
         self.root = os.path.realpath(base)
+        if config.backend != "sandbox":
+            sweep_stale_containers(config.backend)  # before their folders go
         sweep_stale_workspaces(self.root)
         self.run_root = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=self.root)
         os.chmod(self.run_root, 0o711)  # a per-session uid (mode "uid") must reach its workspace below it
@@ -247,8 +195,9 @@ class Workspaces:
         self._workspaces: dict[str, _Workspace] = {}
         self._lock = threading.Lock()
         self._token = uuid.uuid4().hex[:12]
+        self.containers = None if config.backend == "sandbox" else ContainerBackend(config, self._token, self.run_root)
         self._closed = False
-        self._finalizer = weakref.finalize(self, _close_run, self.sandbox, self.run_root)
+        self._finalizer = weakref.finalize(self, _close_run, self.sandbox, self.run_root, self.containers)
 
     # ------------------------------------------------------------------------------------------ public API
 
@@ -259,21 +208,28 @@ class Workspaces:
 
     @property
     def overlay(self) -> bool:
-        """Whether workspaces are overlays on their code base here (False: copies); probed once per process."""
-        return self._overlay_works(self.sandbox.isolation)
+        """Whether workspaces are overlays on their code base here (False: copies, always with a container
+        backend); probed once per process."""
+        return self.containers is None and self._overlay_works(self.sandbox.isolation)
 
-    def register(self, session_id: str, codebase: str | os.PathLike[str] | None) -> str:
+    def register(self, session_id: str, codebase: str | os.PathLike[str] | None, image: Any = None) -> str:
         """Names the code base of session `session_id`'s workspace, before any tool uses it, and holds the workspace
         for the environment (`ENVIRONMENT_HOLDER`) until it releases it. An archive is unpacked now (once per run).
+
+        Args:
+            image: the task's container image (a task's ``image``), overriding `WorkspaceConfig.image`; only with a
+                container backend.
 
         Returns:
             The workspace's key, unique in this process: the task's ``workspace_session`` (`live_workspace`).
 
         Raises:
-            ConfigError: for a code base that cannot be used (see `CodebaseCache.folder`), or a session id that
-                already has a workspace.
+            ConfigError: for a code base that cannot be used (see `CodebaseCache.folder`), a session id that
+                already has a workspace, an image under the sandbox backend, or a container backend without an image
+                (neither the task's nor the config's).
             ToolError: after `close`.
         """
+        image = self._image(image)
         folder = None if codebase is None else self._codebases.folder(codebase)
         key = f"{self._token}/{session_id}"
         with self._lock:
@@ -281,7 +237,7 @@ class Workspaces:
                 raise ToolError("the workspaces were closed")
             if session_id in self._workspaces:
                 raise ConfigError(f"session {session_id!r} already has a workspace")
-            self._workspaces[session_id] = _Workspace(session_id, key, folder, {ENVIRONMENT_HOLDER})
+            self._workspaces[session_id] = _Workspace(session_id, key, folder, {ENVIRONMENT_HOLDER}, image=image)
         with _LIVE_LOCK:
             _LIVE[key] = (weakref.ref(self), session_id)
         return key
@@ -331,15 +287,22 @@ class Workspaces:
         """
         ws = self._get(session_id)
         self._start(ws)
-        request = json.dumps({"op": op, "root": ws.workdir, "args": args})
-        code = f"import {_PRELOAD} as _ops\n_ops.main({request!r})"
-        text = self.sandbox.run_code(session_id, code, timeout_s=timeout_s)
+        if self.containers is not None and ws.container is not None:
+            request = json.dumps({"op": op, "root": CONTAINER_ROOT, "args": args, "state": STATE_FILE})
+            with ws.calls:  # one call at a time, as in a sandbox session
+                text = self.containers.call(ws.container, request, timeout_s=timeout_s)
+        else:
+            request = json.dumps({"op": op, "root": ws.workdir, "args": args})
+            code = f"import {_PRELOAD} as _ops\n_ops.main({request!r})"
+            text = self.sandbox.run_code(session_id, code, timeout_s=timeout_s)
         at = text.rfind(workspace_ops.REPLY_MARKER)
         try:
             reply = json.loads(text[at + len(workspace_ops.REPLY_MARKER) :]) if at >= 0 else None
         except ValueError:
             reply = None
         if not isinstance(reply, dict) or not ("ok" in reply or "error" in reply):
+            if ws.closed:
+                raise ToolError("the workspace was removed")
             raise ToolUnavailableError(f"the workspace sandbox did not answer {op!r} as expected: {text[-2000:]}")
         if "error" in reply:
             raise ToolError(str(reply["error"]))
@@ -347,7 +310,8 @@ class Workspaces:
 
     def run_tests(self, session_id: str, spec: TestSpec) -> TestRun:
         """Runs `spec` in session `session_id`'s workspace in a fresh interpreter: the model's interpreter and every
-        process of the session are killed first, then the hidden test files are written and the command runs.
+        process of the session (of its container, with a container backend) are killed first, then the hidden test
+        files are written and the command runs.
 
         Raises:
             ToolError: if the session has no workspace, a test file's path leaves the workspace, or the interpreter
@@ -355,7 +319,11 @@ class Workspaces:
         """
         ws = self._get(session_id)
         self._start(ws)
-        self.sandbox.restart(session_id)
+        if self.containers is not None and ws.container is not None:
+            with ws.calls:  # after the model's running call, if any
+                self.containers.kill_all(ws.container)
+        else:
+            self.sandbox.restart(session_id)
         started = time.perf_counter()
         args = {"command": spec.command, "files": spec.files, "listed": list(spec.listed), "timeout_s": spec.timeout_s}
         result = self.call(session_id, "run_tests", args, timeout_s=spec.timeout_s + _GRACE_S)  # its start: apart
@@ -381,7 +349,8 @@ class Workspaces:
             return None
         sandbox = self.sandbox.session_info(session_id)
         pids = sandbox.pids if sandbox is not None else ()
-        return WorkspaceInfo(session_id, ws.workdir, ws.folder, ws.codebase, ws.overlay, ws.uid, pids)
+        path = CONTAINER_ROOT if ws.container is not None else ws.workdir
+        return WorkspaceInfo(session_id, path, ws.folder, ws.codebase, ws.overlay, ws.uid, pids, ws.container)
 
     def close(self) -> None:
         """Removes every workspace (processes, directories, uids) and the run folder. Idempotent; never raises."""
@@ -409,8 +378,11 @@ class Workspaces:
                 raise ToolError("the workspace was removed")
             with self._starts:
                 try:
-                    self._make(ws, self._overlay_works(self.sandbox.isolation))
-                    self.sandbox.session_start(ws.session_id)
+                    if self.containers is not None:
+                        self._start_container(ws)
+                    else:
+                        self._make(ws, self._overlay_works(self.sandbox.isolation))
+                        self.sandbox.session_start(ws.session_id)
                 except BaseException:
                     self._remove(ws)
                     raise
@@ -422,10 +394,7 @@ class Workspaces:
         if isolation.unprivileged_uid:
             ws.uid, ws.uid_lock_fd = reserve_uid()
         try:
-            ws.directory = tempfile.mkdtemp(prefix="ws-", dir=self.run_root)
-            os.chmod(ws.directory, 0o711)
-            ws.workdir = os.path.join(ws.directory, "work")
-            os.mkdir(ws.workdir, 0o755)
+            self._folders(ws, copy=not overlay)
             options: dict[str, Any] = {"preload": {"name": _PRELOAD, "path": _OPS_PATH}, "import_workdir": False}
             options["own_workdir"] = True
             if overlay:
@@ -435,10 +404,6 @@ class Workspaces:
                 lower = ws.codebase or self._empty_folder()
                 options["overlay"] = {"lower": lower, "upper": upper, "work": scratch}
                 ws.folder = upper
-            else:
-                if ws.codebase is not None:
-                    copy_codebase(ws.codebase, ws.workdir)
-                ws.folder = ws.workdir
             tmpdir = "/tmp"  # the session's private tmpfs; without one, a folder beside (not in) the workspace
             if not isolation.private_tmp:
                 tmpdir = os.path.join(ws.directory, "tmp")
@@ -449,6 +414,49 @@ class Workspaces:
             raise ToolUnavailableError(f"could not prepare the workspace: {exc}") from exc
         ws.overlay = overlay
         self.sandbox.placements[ws.session_id] = SessionPlacement(ws.workdir, ws.uid, tmpdir, options)
+
+    def _folders(self, ws: _Workspace, copy: bool) -> None:
+        """The workspace's directory and its ``work`` folder, holding a copy of the code base when `copy`.
+        Raises `OSError`."""
+        ws.directory = tempfile.mkdtemp(prefix="ws-", dir=self.run_root)
+        os.chmod(ws.directory, 0o711)
+        ws.workdir = os.path.join(ws.directory, "work")
+        os.mkdir(ws.workdir, 0o755)
+        if copy:
+            if ws.codebase is not None:
+                copy_codebase(ws.codebase, ws.workdir)
+            ws.folder = ws.workdir
+
+    def _start_container(self, ws: _Workspace) -> None:
+        """The workspace's copy, in a container of its own (container backends). Raises `ToolUnavailableError`."""
+        assert self.containers is not None
+        image = ws.image or self.config.image
+        if image is None:
+            raise ToolUnavailableError("no container image: set WorkspaceConfig.image")
+        try:
+            self._folders(ws, copy=True)
+        except OSError as exc:
+            raise ToolUnavailableError(f"could not prepare the workspace: {exc}") from exc
+        ws.overlay = False
+        name = f"agentic-rl-{self._token}-{uuid.uuid4().hex[:8]}"
+        ws.container = self.containers.start(name, image, ws.workdir)
+
+    def _image(self, image: Any) -> str | None:
+        """The image of a workspace whose task names `image` (None: the config's). Raises `ConfigError` for an
+        image under the sandbox backend, one that is not a non-empty string, or none at all with a container one."""
+        if image is not None and self.containers is None:
+            raise ConfigError(
+                f"the task names the container image {image!r}, but the workspaces use the sandbox backend: set "
+                "WorkspaceConfig.backend to 'podman' or 'docker', or drop the task's 'image'"
+            )
+        if image is not None and (not isinstance(image, str) or not image.strip()):
+            raise ConfigError(f"task field 'image' must name a container image, got {image!r}")
+        image = image or self.config.image
+        if image is None and self.containers is not None:
+            raise ConfigError(
+                f"backend {self.config.backend!r} needs an image: the task's 'image' or WorkspaceConfig.image"
+            )
+        return image
 
     def _empty_folder(self) -> str:
         path = os.path.join(self.run_root, "empty")
@@ -465,8 +473,11 @@ class Workspaces:
             self._remove(ws)
 
     def _remove(self, ws: _Workspace) -> None:
-        """Ends the session and removes what `_make` made. Caller holds `ws.lock`."""
+        """Ends the session (or removes the container) and removes what `_make` made. Caller holds `ws.lock`."""
         self.sandbox.session_end(ws.session_id)
+        if self.containers is not None and ws.container is not None:
+            self.containers.remove(ws.container)
+            ws.container = None
         self.sandbox.placements.pop(ws.session_id, None)
         if ws.directory is not None:
             remove_tree(ws.directory)

@@ -21,7 +21,13 @@ __all__ = ["TestRun", "TestSpec", "WorkspaceConfig"]
 
 class WorkspaceConfig(Config):
     """How coding workspaces are made and bounded (`agentic_rl.tools.workspace.Workspaces`). Every bound applies to
-    the workspace's sandbox (`agentic_rl.tools.sandbox.SandboxTool` has the details)."""
+    the workspace's sandbox (`agentic_rl.tools.sandbox.SandboxTool` has the details), or with a container backend
+    to its container (`agentic_rl.tools.workspace_container` maps them).
+
+    Raises:
+        ConfigError: for a bad field, bash_timeout_s above bash_max_timeout_s, an `image` under the sandbox backend,
+            or copy_mode ``"overlay"`` with a container backend.
+    """
 
     root: str | None = Field(
         default=None,
@@ -48,11 +54,30 @@ class WorkspaceConfig(Config):
     isolation: Literal["auto", "namespaces", "userns", "uid", "none"] = Field(
         default="auto", description="the sandbox's isolation mode (auto: the strongest that works here)"
     )
+    backend: Literal["sandbox", "podman", "docker"] = Field(
+        default="sandbox",
+        description="where workspaces run: the namespaces sandbox, or one podman / docker container per workspace",
+    )
+    image: str | None = Field(
+        default=None,
+        description="container backends: the image of a task that names none (present locally: never pulled)",
+    )
+    container_cpus: float | None = Field(default=None, gt=0, description="container backends: CPUs per container")
+    container_args: list[str] = Field(
+        default_factory=list,
+        description="container backends: more arguments of `<backend> run`, e.g. ['--runtime', 'runc']",
+    )
 
     @model_validator(mode="after")
     def _timeouts(self) -> WorkspaceConfig:
         if self.bash_timeout_s > self.bash_max_timeout_s:
             raise ValueError(f"bash_timeout_s={self.bash_timeout_s:g} exceeds bash_max_timeout_s")
+        if self.backend == "sandbox" and self.image is not None:
+            raise ValueError("image is for the container backends: set backend to 'podman' or 'docker'")
+        if self.backend != "sandbox" and self.copy_mode == "overlay":
+            raise ValueError(f"copy_mode 'overlay' needs backend 'sandbox' (a {self.backend} workspace is a copy)")
+        if self.image is not None and not self.image.strip():
+            raise ValueError("image must name a container image, e.g. 'python:3.11-slim'")
         return self
 
 

@@ -424,11 +424,27 @@ OPS: dict[str, Callable[[str, dict[str, Any]], Any]] = {
 """The calls `main` runs, by name: each takes the workspace root and the call's checked arguments."""
 
 
+def _state(path: str, save: bool) -> None:
+    """Loads `_STATE` from the JSON file `path` (missing or unreadable: left as it is), or saves it there."""
+    try:
+        if save:
+            with open(path, "w", encoding="utf-8") as fh:
+                json.dump(_STATE, fh)
+        else:
+            with open(path, encoding="utf-8") as fh:
+                _STATE.update({k: v for k, v in json.load(fh).items() if isinstance(v, str)})
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(request: str) -> None:
-    """Runs the call `request` (JSON ``{"op", "root", "args"}``) and prints `REPLY_MARKER` and the JSON reply:
-    ``{"ok": result}``, or ``{"error": message}`` for a failure the call caused (an `OpError`, or an `OSError`
-    such as a permission denied), all non-ASCII characters escaped."""
+    """Runs the call `request` (JSON ``{"op", "root", "args"}``, optionally ``"state"``: a file keeping the shell's
+    working directory between processes, for callers that start one per call) and prints `REPLY_MARKER` and the
+    JSON reply: ``{"ok": result}``, or ``{"error": message}`` for a failure the call caused (an `OpError`, or an
+    `OSError` such as a permission denied), all non-ASCII characters escaped."""
     call = json.loads(request)
+    if call.get("state"):
+        _state(call["state"], save=False)
     try:
         reply: dict[str, Any] = {"ok": OPS[call["op"]](call["root"], call["args"])}
     except OpError as exc:
@@ -438,4 +454,6 @@ def main(request: str) -> None:
         reply = {"error": f"{call['op']} failed: {exc.strerror or exc}{where}"}
     except MemoryError:
         reply = {"error": f"{call['op']} ran out of memory in the sandbox: work on smaller pieces (use bash)"}
+    if call.get("state"):
+        _state(call["state"], save=True)
     sys.stdout.write(REPLY_MARKER + json.dumps(reply))
