@@ -326,8 +326,8 @@ def bash(root: str, args: dict[str, Any]) -> str:
     if status is None:
         end = (
             f"[command timed out after {args['timeout_s']:g} s: it and every process of its process group were "
-            "killed; the working directory and variables are unchanged. Run long jobs in the background (cmd > log 2>&1 &) "
-            "or pass a larger timeout_s]"
+            "killed; the working directory and variables are unchanged. Run long jobs in the background "
+            "(cmd > log 2>&1 &) or pass a larger timeout_s]"
         )
     elif status < 0:
         end = f"[killed by signal {signal.Signals(-status).name}]"
@@ -439,9 +439,9 @@ def _state(path: str, save: bool) -> None:
 
 def main(request: str) -> None:
     """Runs the call `request` (JSON ``{"op", "root", "args"}``, optionally ``"state"``: a file keeping the shell's
-    working directory between processes, for callers that start one per call) and prints `REPLY_MARKER` and the
-    JSON reply: ``{"ok": result}``, or ``{"error": message}`` for a failure the call caused (an `OpError`, or an
-    `OSError` such as a permission denied), all non-ASCII characters escaped."""
+    working directory and exported variables between processes, for callers that start one per call) and prints
+    `REPLY_MARKER` and the JSON reply: ``{"ok": result}``, or ``{"error": message}`` for a failure the call caused
+    (an `OpError`, or an `OSError` such as a permission denied), all non-ASCII characters escaped."""
     call = json.loads(request)
     if call.get("state"):
         _state(call["state"], save=False)

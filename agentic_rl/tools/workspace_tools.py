@@ -136,10 +136,11 @@ class BashTool(WorkspaceTool):
         config = workspaces.config
         self.description = (
             "Run a bash command in the workspace, which starts in the code base's root folder. The working "
-            "directory and exported variables persist between calls (a `cd` or an `export` holds). Returns stdout and stderr "
-            f"together (the first and last bytes of longer output, {config.max_output_bytes} bytes in all) and "
-            f"the exit code. A command still running after timeout_s seconds (default {config.bash_timeout_s:g}, "
-            f"at most {config.bash_max_timeout_s:g}) is killed. There is no network access."
+            "directory and exported variables persist between calls (a `cd` or an `export` holds). Returns stdout "
+            "and stderr together (the first and last bytes of longer output, "
+            f"{config.max_output_bytes} bytes in all) and the exit code. A command still running after timeout_s "
+            f"seconds (default {config.bash_timeout_s:g}, at most {config.bash_max_timeout_s:g}) is killed. There is "
+            "no network access."
         )
 
     @property

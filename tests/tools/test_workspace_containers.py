@@ -132,7 +132,8 @@ async def _reward(sample: Any) -> Any:
 async def test_a_task_runs_in_its_container_is_rewarded_by_its_tests_and_close_leaves_nothing(env, backend, codebase):
     sample = await env.reset(_task(codebase))
     assert "/workspace/pkg\n[exit code: 0]" in await _act(env, sample, "bash", command="mkdir -p pkg && cd pkg && pwd")
-    assert await _act(env, sample, "bash", command="pwd; exit 3") == "/workspace/pkg\n[exit code: 3]"
+    assert await _act(env, sample, "bash", command="export V=1; pwd; exit 3") == "/workspace/pkg\n[exit code: 3]"
+    assert await _act(env, sample, "bash", command="echo $V") == "1\n[exit code: 0]"
     offline = "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\""
     assert "[exit code: 0]" not in await _act(env, sample, "bash", command=offline)
     assert "outside the workspace" in await _act(env, sample, "view", path="../etc/passwd")
@@ -293,7 +294,7 @@ def test_container_unavailable_names_a_missing_binary():
     assert container_unavailable(missing) == f"{missing} is not installed (not on PATH)"
 
 
-def test_the_shell_working_directory_survives_a_new_process_through_the_state_file(tmp_path, capsys):
+def test_the_shell_working_directory_and_exports_survive_a_new_process_through_the_state_file(tmp_path, capsys):
     (tmp_path / "sub").mkdir()
     state = str(tmp_path / "state.json")
 
@@ -304,6 +305,6 @@ def test_the_shell_working_directory_survives_a_new_process_through_the_state_fi
         workspace_ops.main(json.dumps(request))
         return json.loads(capsys.readouterr().out.split(workspace_ops.REPLY_MARKER)[1])["ok"]
 
-    assert bash("cd sub") == "(no output)\n[exit code: 0]"
-    assert bash("pwd") == f"{tmp_path}/sub\n[exit code: 0]"
+    assert bash("cd sub && export V='é 1'") == "(no output)\n[exit code: 0]"
+    assert bash('pwd; echo "$V"') == f"{tmp_path}/sub\né 1\n[exit code: 0]"
     workspace_ops._STATE.clear()
