@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 
 from agentic_rl.environments.base import Sample, StepResult
-from agentic_rl.environments.tool_env import MAX_OBSERVATION_CHARS, ToolEnvironment
+from agentic_rl.environments.tool_env import MAX_OBSERVATION_CHARS, ToolEnvironment, ToolReply
 from agentic_rl.errors import ConfigError, EnvStepError
 from agentic_rl.tools.base import Tool
 from agentic_rl.tools.workspace import ENVIRONMENT_HOLDER, Workspaces
@@ -124,14 +124,35 @@ class WorkspaceEnvironment(ToolEnvironment):
         sample.task = {**sample.task, "workspace_session": key}
         return sample
 
+    def _live(self, sample: Sample) -> None:
+        if self.workspaces.info(sample.id) is None:  # else a tool call would start an empty workspace for it
+            raise EnvStepError(
+                f"trajectory {sample.id!r} has no workspace: it was closed, or the sample did not come from this "
+                "environment's reset"
+            )
+
     async def step(self, sample: Sample) -> StepResult:
         """`ToolEnvironment.step`; its info also says whether the workspace is an overlay (``workspace_overlay``:
-        1, 0 for a copy) once the workspace runs."""
+        1, 0 for a copy) once the workspace runs.
+
+        Raises:
+            EnvStepError: for a sample that was closed or did not come from this environment's `reset`.
+        """
+        self._live(sample)
         result = await super().step(sample)
         info = self.workspaces.info(sample.id)
         if info is not None and info.overlay is not None:
             result.info["workspace_overlay"] = int(info.overlay)
         return result
+
+    async def call_tool(self, sample: Sample, name: str, arguments: str | Mapping[str, Any] | None) -> ToolReply:
+        """`ToolEnvironment.call_tool` in the trajectory's workspace.
+
+        Raises:
+            EnvStepError: for a sample that was closed or did not come from this environment's `reset`.
+        """
+        self._live(sample)
+        return await super().call_tool(sample, name, arguments)
 
     async def close(self, sample: Sample) -> None:
         """Ends the tools' sessions, then lets the workspace go: its processes, folder and uid are removed."""

@@ -236,7 +236,10 @@ class Workspaces:
             if self._closed:
                 raise ToolError("the workspaces were closed")
             if session_id in self._workspaces:
-                raise ConfigError(f"session {session_id!r} already has a workspace")
+                raise ConfigError(
+                    f"session {session_id!r} already has a workspace: give each trajectory its own id (a task's "
+                    "'trajectory_id'; n samples of one task at once need one each)"
+                )
             self._workspaces[session_id] = _Workspace(session_id, key, folder, {ENVIRONMENT_HOLDER}, image=image)
         with _LIVE_LOCK:
             _LIVE[key] = (weakref.ref(self), session_id)
@@ -545,7 +548,10 @@ def live_workspace(key: str) -> tuple[Workspaces, str]:
         ref, session_id = _LIVE.get(key, (None, ""))
     manager = ref() if ref is not None else None
     if manager is None:
-        raise ToolError(f"no live workspace {key!r}: the task must come from a WorkspaceEnvironment's reset")
+        raise ToolError(
+            f"no live workspace {key!r}: it was closed already, or the task did not come from a WorkspaceEnvironment's "
+            "reset"
+        )
     return manager, session_id
 
 

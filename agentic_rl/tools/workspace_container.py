@@ -66,7 +66,11 @@ _INIT = (
     "import os, time\nwhile True:\n    try:\n        os.wait()\n    except ChildProcessError:\n        time.sleep(1)"
 )
 _EXEC = f"import sys; sys.path.insert(0, {_OPS_DIR!r}); import agentic_rl_workspace_ops as o; o.main(sys.stdin.read())"
-_KILL_ALL = "import os, signal; os.kill(-1, signal.SIGKILL)"  # every process but the first and this one
+# Every process but the first and this one, and the shell's kept state (as a restarted sandbox session forgets it).
+_KILL_ALL = (
+    f"import contextlib, os, signal\nwith contextlib.suppress(FileNotFoundError): os.unlink({STATE_FILE!r})\n"
+    "with contextlib.suppress(ProcessLookupError): os.kill(-1, signal.SIGKILL)"  # ESRCH: there was none
+)
 _CLI_TIMEOUT_S = 60.0  # one `ps`, `inspect`, `rm`
 
 
@@ -261,7 +265,8 @@ class ContainerBackend:
         return (done.stderr[-2000:] + done.stdout).decode("utf-8", "replace")  # the reply last: it is parsed
 
     def kill_all(self, container: str) -> None:
-        """Kills every process of `container` but its first (the model's commands, whatever they left running)."""
+        """Kills every process of `container` but its first (the model's commands, whatever they left running), and
+        forgets the shell's working directory and exports."""
         _cli(exec_command(self.binary, container, _KILL_ALL), cwd=self._cwd)
 
     def remove(self, container: str) -> None:

@@ -15,15 +15,17 @@ Only the standard library is imported, plus the worker's own helpers (the worker
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 try:  # inside the sandbox: the running worker's own module
@@ -113,8 +115,30 @@ def _read_text(path: str, shown: str) -> str:
 
 
 def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
+    """Writes `text` to `path` whole or not at all: into a new file beside it (the old one's permissions), then
+    renamed over it, so that a write that fails (past the file-size limit, a full disk) leaves the file as it was."""
+    folder, name = os.path.split(path)
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise PermissionError(errno.EACCES, "Permission denied", path)
+    fd, scratch = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(scratch, os.stat(path).st_mode & 0o7777)
+        if not os.path.exists(path):
+            os.chmod(scratch, 0o666 & ~_umask())
+        os.replace(scratch, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _numbered(lines: list[str], first: int) -> str:
@@ -187,8 +211,8 @@ def _listing(path: str, shown: str) -> str:
 def create(root: str, args: dict[str, Any]) -> str:
     """Writes a new file (parent directories created); an existing one only with `overwrite`."""
     path, shown = resolve(root, args["path"])
-    if os.path.isdir(path):
-        raise OpError(f"{shown} is a directory; give the path of a file to create")
+    if os.path.isdir(path) or args["path"].endswith("/"):
+        raise OpError(f"{shown}/ names a directory; give the path of a file to create")
     existed = os.path.lexists(path)
     if existed and not args.get("overwrite"):
         raise OpError(
@@ -372,8 +396,44 @@ def read_junit(path: str) -> tuple[dict[tuple[str, str], str], int]:
     return outcomes, memory_errors
 
 
+@contextlib.contextmanager
+def _hidden_files(root: str, files: dict[str, str]) -> Iterator[None]:
+    """Writes the hidden test `files` (workspace path -> text) for the test run only: afterwards the files they
+    replaced are back as they were, and the files and folders they added are gone (the run writes no bytecode of
+    them: `run_tests` sets ``PYTHONDONTWRITEBYTECODE``)."""
+    saved: list[tuple[str, bytes | None]] = []
+    made: list[str] = []
+    try:
+        for relative, content in files.items():
+            path, _ = resolve(root, relative)
+            missing = []
+            parent = os.path.dirname(path)
+            while not os.path.exists(parent):
+                missing.append(parent)
+                parent = os.path.dirname(parent)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            made += reversed(missing)
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                with open(path, "rb") as fh:
+                    saved.append((path, fh.read()))
+            if not saved or saved[-1][0] != path:
+                saved.append((path, None))
+            _write_text(path, content)
+        yield
+    finally:
+        for path, before in reversed(saved):
+            with contextlib.suppress(OSError):
+                if before is None:
+                    os.unlink(path)
+                else:
+                    with open(path, "wb") as fh:
+                        fh.write(before)
+        for folder in made:  # made for the hidden files: all in them came from the test run
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_tests(root: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Writes the hidden `files` into the workspace, runs `command` with ``bash -c`` in its root with pytest told to
+    """Writes the hidden `files` into the workspace (for the run only: `_hidden_files`), runs `command` with ``bash -c`` in its root with pytest told to
     write a JUnit XML report (``PYTEST_ADDOPTS``), at most `timeout_s` seconds, and reads the report.
 
     Returns:
@@ -381,14 +441,11 @@ def run_tests(root: str, args: dict[str, Any]) -> dict[str, Any]:
         cases, ``memory_errors``, ``listed_passed`` (how many of `listed`, pytest node ids, passed), ``not_passed``
         (up to 20 listed ids that did not pass, with their outcome or ``missing``) and ``tail`` (the output's end).
     """
-    for relative, content in args["files"].items():
-        path, _ = resolve(root, relative)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        _write_text(path, content)
     report = os.path.join(tempfile.mkdtemp(prefix="tests-"), "junit.xml")
     env = dict(os.environ)
     env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} --junitxml={shlex.quote(report)}".strip()
-    with tempfile.TemporaryFile() as out:
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # no trace of the hidden tests stays behind
+    with _hidden_files(root, args["files"]), tempfile.TemporaryFile() as out:
         status = _run(["bash", "-c", args["command"]], root, args["timeout_s"], out, env)
         size = os.fstat(out.fileno()).st_size
         tail = os.pread(out.fileno(), 2000, max(0, size - 2000)).decode("utf-8", "replace")

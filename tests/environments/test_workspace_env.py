@@ -159,6 +159,23 @@ async def test_the_reward_refuses_a_task_without_a_live_workspace(codebase):
         await anyio.to_thread.run_sync(REWARDS["workspace_tests"], {"workspace_session": "gone/0"}, [])
 
 
+async def test_a_closed_or_foreign_sample_gets_no_new_workspace_and_a_reused_id_is_named(env, codebase, root):
+    task = _task(codebase, test_command="true")
+    sample = await env.reset(task)
+    with pytest.raises(EnvStepError, match="trajectory_id"):  # n samples of one task need an id each
+        await env.reset(task)
+    assert (await env.call_tool(sample, "bash", '{"command": "echo hi"}')).content == "hi\n[exit code: 0]"
+    await env.close(sample)
+    for gone in (sample, type(sample)(id="never-reset", task={}, messages=[], tools=[])):
+        with pytest.raises(EnvStepError, match="has no workspace: it was closed, or the sample did not come"):
+            await env.call_tool(gone, "bash", '{"command": "ls"}')
+        with pytest.raises(EnvStepError, match="has no workspace"):
+            await _act(env, gone, {"name": "bash", "arguments": {"command": "ls"}})
+    with pytest.raises(RewardError, match="it was closed already"):
+        await anyio.to_thread.run_sync(REWARDS["workspace_tests"], sample.task, [])
+    assert [p for p in root.rglob("ws-*")] == []  # no workspace was started for them
+
+
 def test_a_config_names_the_environment_by_its_short_name_and_the_reward_by_name(root):
     from agentic_rl.loop.config import TrainConfig
     from agentic_rl.loop.sources import load_classes

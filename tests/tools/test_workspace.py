@@ -296,7 +296,7 @@ def test_create_makes_parents_and_refuses_an_existing_file_unless_overwrite(sess
         session("create", path="deep/er/new.py", file_text="c = 3\n")
     assert "already exists; change it with str_replace or insert, or call create with \"overwrite\": true" in str(error.value)
     assert session("create", path="deep/er/new.py", file_text="c = 3\n", overwrite=True).startswith("Overwrote")
-    with pytest.raises(ToolError, match="pkg is a directory"):
+    with pytest.raises(ToolError, match="pkg/ names a directory"):
         session("create", path="pkg", file_text="")
 
 
@@ -341,10 +341,21 @@ def test_a_test_run_in_a_fresh_interpreter_sees_the_edits_and_the_hidden_files(s
     run = session.manager.run_tests(session.id, spec)
     assert (run.returncode, run.report, run.total, run.passed, run.listed_passed) == (1, True, 2, 1, 1)
     assert not _processes_with("944")
-    failing = TestSpec("python -m pytest -q tests", {}, ("tests/test_hidden.py::test_sub", "tests/test_x.py::test_gone"), 120.0)
+    failing = TestSpec("python -m pytest -q tests", hidden, ("tests/test_hidden.py::test_sub", "tests/test_x.py::test_gone"), 120.0)
     run = session.manager.run_tests(session.id, failing)
     assert run.listed_passed == 0 and run.not_passed == {"tests/test_hidden.py::test_sub": "failed",
                                                          "tests/test_x.py::test_gone": "missing"}  # fmt: skip
+    # The hidden files were there for the runs only: the folder they made is gone again, and so is the shell state.
+    assert "No such file" in session("bash", command="ls tests")
+
+
+def test_hidden_test_files_replace_the_workspace_s_own_for_the_run_only(session):
+    session("bash", command="mkdir -p pkg/deep && echo 'mine = 1' > pkg/own.py && cd pkg && export KEPT=1")
+    hidden = {"pkg/own.py": "assert False, 'the hidden version ran'\n", "pkg/deep/new/test_x.py": "x = 1\n"}
+    run = session.manager.run_tests(session.id, TestSpec("python pkg/own.py && cat pkg/deep/new/test_x.py", hidden, (), 60.0))
+    assert run.returncode == 1 and "the hidden version ran" in run.tail
+    out = session("bash", command="pwd; echo ${KEPT:-forgotten}; cat pkg/own.py; find pkg/deep")
+    assert out.splitlines()[1:] == ["forgotten", "mine = 1", "pkg/deep", "[exit code: 0]"], out
 
 
 def test_a_test_run_past_its_time_limit_is_reported_as_timed_out(session):

@@ -149,6 +149,9 @@ async def test_a_task_runs_in_its_container_is_rewarded_by_its_tests_and_close_l
     assert (Path(info.folder) / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
     reward = await _reward(sample)
     assert reward == 1.0 and reward.metrics["tests_exit_status"] == 0.0 and reward.metrics["workspace_overlay"] == 0.0
+    # As under the sandbox: the hidden test was there for the run only, and the shell starts afresh after it.
+    after = await _act(env, sample, "bash", command="pwd; echo ${V:-forgotten}; ls")
+    assert after.splitlines()[:2] == ["/workspace", "forgotten"] and "test_calc.py" not in after, after
     await env.close(sample)
     assert not _exists(backend, info.container) and not os.path.exists(info.folder)
     assert (codebase / "calc.py").read_text() == BUGGY
