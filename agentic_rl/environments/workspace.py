@@ -45,6 +45,7 @@ WORKSPACE_SYSTEM_PROMPT = (
 )
 
 _RELEASE_TIMEOUT_S = 60.0  # killing a workspace's processes and removing its folder
+_RESULT_NOTES = 192  # characters beside a tool's capped output: the exit code, a cut's marker, a view's hint
 
 
 class WorkspaceEnvironment(ToolEnvironment):
@@ -59,7 +60,8 @@ class WorkspaceEnvironment(ToolEnvironment):
             `ToolEnvironment`.
 
     Raises:
-        ConfigError: for a bad setting or tool name, or two tools with one name.
+        ConfigError: for a bad setting or tool name, two tools with one name, or a `max_observation_chars` below
+            the workspace's `max_output_bytes` (plus room for a result's notes).
     """
 
     def __init__(
@@ -76,6 +78,13 @@ class WorkspaceEnvironment(ToolEnvironment):
     ) -> None:
         self.workspaces = Workspaces(workspace)
         try:
+            room = self.workspaces.config.max_output_bytes + _RESULT_NOTES
+            if max_observation_chars < room:  # else the environment's cut would drop a result's tail and exit code
+                raise ConfigError(
+                    f"max_observation_chars={max_observation_chars} is below the workspace's max_output_bytes="
+                    f"{self.workspaces.config.max_output_bytes} plus {_RESULT_NOTES} for a result's notes: raise "
+                    f"max_observation_chars to {room} or more"
+                )
             own: list[Tool] = list(build_workspace_tools(self.workspaces, workspace_tools))
             super().__init__(
                 [*own, *tools],
@@ -96,7 +105,8 @@ class WorkspaceEnvironment(ToolEnvironment):
 
         Raises:
             EnvStepError: for a task without a usable ``workspace``, with malformed test fields, naming an ``image``
-                under the sandbox backend, or without one under a container backend whose config names none.
+                under the sandbox backend, without one under a container backend whose config names none, or whose
+                image the container backend cannot run (not present locally, no daemon answering).
         """
         source = request.get("workspace")
         if not isinstance(source, str | os.PathLike) or not os.fspath(source).strip():

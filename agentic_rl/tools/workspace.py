@@ -226,10 +226,12 @@ class Workspaces:
         Raises:
             ConfigError: for a code base that cannot be used (see `CodebaseCache.folder`), a session id that
                 already has a workspace, an image under the sandbox backend, or a container backend without an image
-                (neither the task's nor the config's).
+                (neither the task's nor the config's), whose binary does not answer or lacks the image locally.
             ToolError: after `close`.
         """
         image = self._image(image)
+        if self.containers is not None and image is not None:
+            self.containers.check_image(image)
         folder = None if codebase is None else self._codebases.folder(codebase)
         key = f"{self._token}/{session_id}"
         with self._lock:

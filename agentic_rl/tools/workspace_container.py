@@ -29,7 +29,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from agentic_rl.errors import ToolError, ToolUnavailableError
+from agentic_rl.errors import ConfigError, ToolError, ToolUnavailableError
 from agentic_rl.tools import sandbox_worker, workspace_ops
 from agentic_rl.tools.workspace_config import WorkspaceConfig
 from agentic_rl.tools.workspace_owner import owner_dead, owner_marker
@@ -208,6 +208,7 @@ class ContainerBackend:
         self.binary = config.backend
         self.labels = {RUN_LABEL: run, OWNER_LABEL: json.dumps(owner_marker(), separators=(",", ":"))}
         self.live: set[str] = set()  # containers started and not removed yet
+        self._images: set[str] = set()  # images found present
         self._lock = threading.Lock()
 
     @property
@@ -233,10 +234,24 @@ class ContainerBackend:
         if status != 0:
             self.remove(name)
             raise ToolUnavailableError(
-                f"the {self.binary} container of the workspace did not start from image {image!r} (it must be "
-                f"present locally, `{self.binary} pull {image}`: it is never pulled): {err.strip()[-1000:]}"
+                f"the {self.binary} container of the workspace did not start: {err.strip()[-1000:]}"
             )
         return name
+
+    def check_image(self, image: str) -> None:
+        """Checks once per image that the backend answers and `image` is present locally (it is never pulled).
+
+        Raises:
+            ConfigError: saying why not (`container_unavailable`).
+        """
+        with self._lock:
+            if image in self._images:
+                return
+        reason = container_unavailable(self.binary, image)
+        if reason is not None:
+            raise ConfigError(f"backend {self.binary!r} cannot run image {image!r}: {reason}")
+        with self._lock:
+            self._images.add(image)
 
     def call(self, container: str, request: str, *, timeout_s: float) -> str:
         """Runs one `workspace_ops` call (JSON `request`) in a fresh exec in `container`; returns its stdout.

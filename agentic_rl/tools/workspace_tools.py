@@ -95,15 +95,16 @@ class WorkspaceTool(StatefulTool):
         """
         if not isinstance(arguments, dict):
             raise ToolError(f"{self.name} takes a JSON object of arguments")
+        known = self.parameters["properties"]
+        unknown = ", ".join(repr(name) for name in arguments if name not in known)
         try:
             args = self.check(arguments)
-        except ToolError as exc:  # name the arguments it does not take: often a misnamed one is why
-            known = self.parameters["properties"]
-            unknown = [name for name in arguments if name not in known]
-            if not unknown:
-                raise
-            names = ", ".join(repr(name) for name in unknown)
-            raise ToolError(f"{exc}; unknown argument(s) {names}: {self.name} takes {', '.join(known)}") from None
+        except ToolError as exc:  # a misnamed argument is often why one is missing: name both
+            if unknown:
+                raise ToolError(f"{exc}; unknown argument(s) {unknown}: {self.name} takes {', '.join(known)}") from None
+            raise
+        if unknown:  # the schema allows no others: an argument the tool would ignore is refused, not dropped
+            raise ToolError(f"unknown argument(s) {unknown}: {self.name} takes {', '.join(known)}")
         args["max_output_bytes"] = self.workspaces.config.max_output_bytes
         result = self.workspaces.call(session_id, self.op, args, timeout_s=self._limit(args) + _GRACE_S)
         return _clean(str(result))
@@ -150,7 +151,8 @@ class BashTool(WorkspaceTool):
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
         config = self.workspaces.config
         command = _text(arguments, "command", empty=False)
-        timeout_s = arguments.get("timeout_s", config.bash_timeout_s)
+        timeout_s = arguments.get("timeout_s")
+        timeout_s = config.bash_timeout_s if timeout_s is None else timeout_s  # null: not given (OpenAI strict mode)
         valid = isinstance(timeout_s, int | float) and not isinstance(timeout_s, bool)
         if not valid or not 0 < timeout_s <= config.bash_max_timeout_s:
             raise ToolError(
@@ -180,6 +182,8 @@ class ViewTool(WorkspaceTool):
             "view_range": {
                 "type": "array",
                 "items": {"type": "integer"},
+                "minItems": 2,
+                "maxItems": 2,
                 "description": "Optional [start, end] line range of a file.",
             },
         },
@@ -221,7 +225,8 @@ class CreateTool(WorkspaceTool):
     def check(self, arguments: dict[str, Any]) -> dict[str, Any]:
         args = super().check(arguments)
         args["file_text"] = _text(arguments, "file_text")
-        overwrite = arguments.get("overwrite", False)
+        overwrite = arguments.get("overwrite")
+        overwrite = False if overwrite is None else overwrite
         if not isinstance(overwrite, bool):
             raise ToolError(f"overwrite must be true or false, got {overwrite!r}")
         args["overwrite"] = overwrite

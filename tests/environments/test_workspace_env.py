@@ -176,6 +176,14 @@ async def test_a_closed_or_foreign_sample_gets_no_new_workspace_and_a_reused_id_
     assert [p for p in root.rglob("ws-*")] == []  # no workspace was started for them
 
 
+async def test_a_tool_result_the_environment_would_cut_short_is_refused_when_it_is_built(root):
+    with pytest.raises(ConfigError, match="raise max_observation_chars to 20192 or more"):
+        WorkspaceEnvironment(workspace={"root": str(root), "max_output_bytes": 20000})
+    env = WorkspaceEnvironment(workspace={"root": str(root), "max_output_bytes": 20000}, max_observation_chars=20192)
+    await env.aclose()
+    assert os.listdir(root) == []
+
+
 def test_a_config_names_the_environment_by_its_short_name_and_the_reward_by_name(root):
     from agentic_rl.loop.config import TrainConfig
     from agentic_rl.loop.sources import load_classes

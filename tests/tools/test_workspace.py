@@ -254,7 +254,12 @@ def test_bash_arguments_are_checked(session):
         "the 'insert_line' argument is required and must be an integer, got None; unknown argument(s) 'line', "
         "'text': insert takes path, insert_line, new_str"
     )
-    assert session("bash", command="echo ok", cwd="pkg") == "ok\n[exit code: 0]"
+    # An argument the schema does not have is refused rather than dropped; null is an optional one left out.
+    with pytest.raises(ToolError, match=r"^unknown argument\(s\) 'cwd': bash takes command, timeout_s$"):
+        session("bash", command="echo ok", cwd="pkg")
+    assert session("bash", command="echo ok", timeout_s=None) == "ok\n[exit code: 0]"
+    assert session("create", path="n.txt", file_text="x\n", overwrite=None) == "Created n.txt (1 lines)"
+    assert session("view", path="n.txt", view_range=None) == "     1\tx"
 
 
 # --------------------------------------------------------------------------------------------------- file tools

@@ -260,6 +260,22 @@ async def test_a_task_naming_an_image_under_the_sandbox_backend_is_refused_at_re
     assert os.listdir(root) == []
 
 
+@pytest.mark.parametrize("binary", ["podman", "docker"])
+async def test_a_container_backend_that_cannot_run_the_task_s_image_refuses_the_task_at_reset(tmp_path, codebase, binary):
+    # Whatever this machine has (no binary, no daemon, or the binary without this image), the task is refused when
+    # its trajectory starts, saying why; no tool call is left to fail and be retried.
+    image = "localhost/agentic-rl-no-such-image"
+    why = container_unavailable(binary, image)
+    assert why is not None
+    env = WorkspaceEnvironment(workspace={"root": str(tmp_path / "ws"), "backend": binary})
+    try:
+        with pytest.raises(EnvStepError) as info:
+            await env.reset(_task(codebase, image=image))
+        assert str(info.value) == f"backend {binary!r} cannot run image {image!r}: {why}"
+    finally:
+        await env.aclose()
+
+
 def test_the_run_command_isolates_bounds_labels_and_mounts_the_workspace():
     config = WorkspaceConfig(backend="podman", memory_limit_mb=512, max_processes=64, max_file_mb=8,
                              cpu_time_limit_s=90, container_cpus=1.5, container_args=["--runtime", "runc"])  # fmt: skip
