@@ -264,6 +264,28 @@ def test_research_judge_config_trains_two_steps_on_the_tiny_model_with_the_in_pr
     assert calls > 0  # the judge was asked
 
 
+@pytest.mark.slow
+def test_research_config_trains_with_short_answer_f1_step_level_credit_and_milestones(tmp_path):
+    """The config with what its runs without a judge use (BENCHMARKS 9c): the short-answer F1 reward, step-level
+    advantages, and a milestone reward for each supporting document a turn's search or visit first shows."""
+    out = tmp_path / "run"
+    rows = _train_two_steps_on_the_tiny_model(
+        out, "reward=hotpotqa_short_f1", "optimizer.advantage=step", "optimizer.gamma=0.9",
+        "rollout.milestone_weight=0.5", "data_columns.milestones=supporting_doc_ids",
+    )  # fmt: skip
+    for row in rows[1:]:
+        records = [json.loads(line) for line in (out / "rollouts" / f"step_{row['step']}.jsonl").read_text().splitlines()]
+        assert len(records) == 2 * row["groups_drawn"] and row["groups_kept"] <= row["groups_drawn"]
+        for r in records:
+            assert not r["failed"], r["error"]
+            metrics, turns = r["metrics"], sum(step["reward"] for step in r["steps"])
+            # The answer's reward is the short answer's F1 (the plain F1, or 0 for a long or untagged answer) ...
+            assert metrics["res_reward"] in (0.0, pytest.approx(metrics["hotpotqa_f1"]))
+            assert r["trajectory_reward"] == pytest.approx(metrics["res_reward"])
+            # ... and the turns add the milestones' process reward to it: at most 0.5 for all supporting documents.
+            assert -1e-6 <= turns - r["trajectory_reward"] <= 0.5 + 1e-6
+
+
 def test_the_match_judge_endpoint_says_yes_to_a_normalized_match_only(match_judge):
     judge = LLMJudgeReward(match_judge.base_url, model=MATCH_JUDGE, max_retries=0)
     said = [{"role": "assistant", "content": "<answer>" + text + "</answer>"} for text in ("The Paris.", "Paris, France")]
