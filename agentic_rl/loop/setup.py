@@ -346,8 +346,15 @@ def _memory_plan(config: TrainConfig, model_dir: Path, dist: DistContext) -> Mem
     except (ConfigError, OSError, RuntimeError, ValueError) as exc:  # a plan informs; it never stops a run
         logger.info("no memory plan for %s: %s", config.model, exc)
         return None
-    if dist.is_main:
+    if dist.is_main and plan.fits:
         logger.info(plan.summary())
+    elif dist.is_main:  # the run goes on (the plan is a worst case: every row at full length), but may be killed
+        logger.warning(
+            "%s. The run may run out of memory on a step of long rows: a smaller optimizer.micro_batch_size, "
+            "optimizer.precision bf16 or optimizer.activation_checkpointing lowers the trainer's part (`agentic-rl "
+            "plan --config ...` shows each part)",
+            plan.summary(),
+        )
     return plan
 
 

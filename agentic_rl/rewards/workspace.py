@@ -61,7 +61,9 @@ def workspace_tests_reward(task: Mapping[str, Any], messages: Sequence[Mapping[s
         raise RewardError(f"the test run passed its time limit and was killed; its output ended: {run.tail[-500:]}")
     killer = _killed_by(run.returncode)
     if killer is not None:
-        raise RewardError(f"the test run was killed by {killer} (a workspace limit); its output ended: {run.tail[-500:]}")
+        raise RewardError(
+            f"the test run was killed by {killer} (a workspace limit); its output ended: {run.tail[-500:]}"
+        )
     if run.memory_errors:
         raise RewardError(f"{run.memory_errors} test(s) failed with MemoryError: the sandbox's memory limit bit")
     if not run.report and run.returncode != 0 and "MemoryError" in run.tail:  # a plain command, no pytest report
