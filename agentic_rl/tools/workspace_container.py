@@ -257,7 +257,8 @@ class ContainerBackend:
         """Runs one `workspace_ops` call (JSON `request`) in a fresh exec in `container`; returns its stdout.
 
         Raises:
-            ToolError: past `timeout_s` seconds (every process of the container is killed then; the files stay).
+            ToolError: past `timeout_s` seconds (every process of the container is killed then, and the shell's kept
+                state forgotten; the files stay).
             ToolUnavailableError: if the exec could not start.
         """
         try:
