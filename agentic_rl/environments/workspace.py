@@ -3,10 +3,10 @@
 A task names its code base in ``workspace`` (a folder, or a ``.tar``, ``.tar.gz`` / ``.tgz``, ``.zip`` archive) and
 its tests in ``test_command``, ``test_files``, ``fail_to_pass`` / ``pass_to_pass`` and ``test_timeout_s``
 (`agentic_rl.tools.workspace_config.TestSpec`), and with a container backend (``workspace: {backend: podman}``) the
-image its container starts from in ``image`` (default `WorkspaceConfig.image`). `reset` registers the code base for the trajectory's id before any
-tool runs (a tool's `session_start` gets only that id) and adds ``workspace_session`` to the task the reward reads;
-the tools' sessions share that one workspace; `close` ends the tools' sessions and lets the workspace go, which
-removes it. The ``workspace_tests`` reward (`agentic_rl.rewards.workspace`) runs the tests in it in between (the
+image its container starts from in ``image`` (default `WorkspaceConfig.image`). `reset` registers the code base for
+the trajectory's id before any tool runs (a tool's `session_start` gets only that id) and adds ``workspace_session``
+to the task the reward reads; the tools' sessions share that one workspace; `close` ends the tools' sessions and
+lets the workspace go, which removes it. The ``workspace_tests`` reward (`agentic_rl.rewards.workspace`) runs the tests in it in between (the
 harness calls the reward before `close`).
 
 In a training config::

@@ -120,14 +120,15 @@ def _write_text(path: str, text: str) -> None:
     folder, name = os.path.split(path)
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise PermissionError(errno.EACCES, "Permission denied", path)
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~_umask()  # what open(path, "w") would have given a new file
     fd, scratch = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
-        with contextlib.suppress(FileNotFoundError):
-            os.chmod(scratch, os.stat(path).st_mode & 0o7777)
-        if not os.path.exists(path):
-            os.chmod(scratch, 0o666 & ~_umask())
+        os.chmod(scratch, mode)
         os.replace(scratch, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -413,11 +414,12 @@ def _hidden_files(root: str, files: dict[str, str]) -> Iterator[None]:
                 parent = os.path.dirname(parent)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             made += reversed(missing)
-            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            try:
                 with open(path, "rb") as fh:
-                    saved.append((path, fh.read()))
-            if not saved or saved[-1][0] != path:
-                saved.append((path, None))
+                    before: bytes | None = fh.read()
+            except (FileNotFoundError, IsADirectoryError):
+                before = None
+            saved.append((path, before))
             _write_text(path, content)
         yield
     finally:
@@ -433,8 +435,9 @@ def _hidden_files(root: str, files: dict[str, str]) -> Iterator[None]:
 
 
 def run_tests(root: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Writes the hidden `files` into the workspace (for the run only: `_hidden_files`), runs `command` with ``bash -c`` in its root with pytest told to
-    write a JUnit XML report (``PYTEST_ADDOPTS``), at most `timeout_s` seconds, and reads the report.
+    """Writes the hidden `files` into the workspace (for the run only: `_hidden_files`), runs `command` with
+    ``bash -c`` in its root with pytest told to write a JUnit XML report (``PYTEST_ADDOPTS``), at most `timeout_s`
+    seconds, and reads the report.
 
     Returns:
         ``returncode`` (None: timed out), ``report`` (whether a report was read), ``total`` and ``passed`` test

@@ -97,14 +97,15 @@ class WorkspaceTool(StatefulTool):
             raise ToolError(f"{self.name} takes a JSON object of arguments")
         known = self.parameters["properties"]
         unknown = ", ".join(repr(name) for name in arguments if name not in known)
+        extra = f"unknown argument(s) {unknown}: {self.name} takes {', '.join(known)}" if unknown else ""
         try:
             args = self.check(arguments)
         except ToolError as exc:  # a misnamed argument is often why one is missing: name both
-            if unknown:
-                raise ToolError(f"{exc}; unknown argument(s) {unknown}: {self.name} takes {', '.join(known)}") from None
+            if extra:
+                raise ToolError(f"{exc}; {extra}") from None
             raise
-        if unknown:  # the schema allows no others: an argument the tool would ignore is refused, not dropped
-            raise ToolError(f"unknown argument(s) {unknown}: {self.name} takes {', '.join(known)}")
+        if extra:  # the schema allows no others: an argument the tool would ignore is refused, not dropped
+            raise ToolError(extra)
         args["max_output_bytes"] = self.workspaces.config.max_output_bytes
         result = self.workspaces.call(session_id, self.op, args, timeout_s=self._limit(args) + _GRACE_S)
         return _clean(str(result))
